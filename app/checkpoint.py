@@ -1,0 +1,129 @@
+"""Checkpoints: atomic save, `latest`, pruning, resume, and the loss scaler's state.
+
+Layout: `<output_dir>/checkpoints/step-<N>/`, N = optimizer steps. A checkpoint is written by `accelerator.save_state`
+into `.staging-step-<N>` and renamed into place only when every rank has written its part, so `latest` (the highest
+complete `step-<N>`) never picks a half-written one. Checkpoints are taken only right after an optimizer step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from app.errors import UsageError
+from app.state import TrainState
+
+STATE_FILE = "trainer_state.json"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class ScalerCheckpoint:
+    """The loss scaler as Accelerate checkpoints it: registered whether AMP is on or off, and safe to toggle.
+
+    A disabled GradScaler saves `{}`, and an enabled one refuses to load that; so the enabled flag is saved alongside,
+    and a resume that toggles loss scaling starts a fresh scaler and says so (see `toggled`).
+    """
+
+    def __init__(self, scaler: torch.amp.GradScaler):
+        self.scaler = scaler
+        self.toggled: str | None = None  # "on -> off" or "off -> on" after a load that toggled loss scaling
+
+    def state_dict(self) -> dict:
+        return {"enabled": self.scaler.is_enabled(), "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        enabled = self.scaler.is_enabled()
+        if saved["enabled"] != enabled:
+            self.toggled = f"{'on' if saved['enabled'] else 'off'} -> {'on' if enabled else 'off'}"
+            return
+        self.scaler.load_state_dict(saved["scaler"])
+
+
+class Checkpoints:
+    def __init__(self, accelerator, output_dir: Path, save_total_limit: int | None):
+        self.accelerator = accelerator
+        self.root = Path(output_dir) / "checkpoints"
+        self.save_total_limit = save_total_limit
+        self.last_saved: Path | None = None
+
+    def remove_staging(self) -> None:
+        """Drop what a run killed mid-save left behind. Main process, at start."""
+        if self.accelerator.is_main_process and self.root.is_dir():
+            for leftover in self.root.glob(".staging-*"):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+    def save(self, state: TrainState, run_info: dict) -> Path:
+        """Write a checkpoint of this step on every rank, publish it atomically, then prune. Collective."""
+        final = self.root / f"step-{state.opt_step}"
+        if final == self.last_saved:
+            return final  # e.g. a preemption right after a periodic save of the same step
+        staging = self.root / f".staging-step-{state.opt_step}"
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
+        if acc.is_main_process:
+            payload = {"state": dataclasses.asdict(state), **run_info}
+            _write_atomically(staging / STATE_FILE, json.dumps(payload, indent=2))
+        # Without this barrier a slow rank's RNG file could still be missing when the folder is renamed.
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            if final.exists():  # a stale copy of this step from an earlier, interrupted attempt
+                shutil.rmtree(final)
+            os.replace(staging, final)
+            self._prune(keep=final)
+        acc.wait_for_everyone()
+        self.last_saved = final
+        return final
+
+    def _prune(self, keep: Path) -> None:
+        if self.save_total_limit is None:
+            return
+        old = [p for p in completed_checkpoints(self.root) if p != keep]
+        for path in old[: max(0, len(old) + 1 - self.save_total_limit)]:
+            shutil.rmtree(path, ignore_errors=True)
+
+    def load(self, path: Path) -> tuple[TrainState, dict]:
+        """Restore model, optimizer, schedule, scaler and RNG states on every rank; return the counters and run info."""
+        self.accelerator.load_state(str(path))
+        info = json.loads((path / STATE_FILE).read_text())
+        self.last_saved = path
+        return TrainState(**info.pop("state")), info
+
+
+def completed_checkpoints(root: Path) -> list[Path]:
+    """The complete `step-<N>` checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
+    return [path for _, path in sorted(found)]
+
+
+def find_checkpoint(spec: str, output_dir: str | None) -> Path:
+    """The folder `--resume_from_checkpoint` names: "latest" in `output_dir`, or a path. UsageError if there is none."""
+    if spec != "latest":
+        if not (Path(spec) / STATE_FILE).is_file():
+            raise UsageError(f"--resume_from_checkpoint {spec}: not a complete checkpoint folder (no {STATE_FILE})")
+        return Path(spec)
+    if not output_dir:
+        raise UsageError("--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue")
+    found = completed_checkpoints(Path(output_dir) / "checkpoints")
+    if not found:
+        raise UsageError(f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh")
+    return found[-1]
+
+
+def read_run_info(path: Path) -> dict:
+    """The run info a checkpoint was saved with, without loading it (to reuse its run name before logging starts)."""
+    return json.loads((path / STATE_FILE).read_text())
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

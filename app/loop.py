@@ -1,0 +1,174 @@
+"""The training loop: one function for fp32, fp16 and bf16, a small optimizer-step helper, and evaluation.
+
+There is no `if amp:` here. `policy.autocast()` and the scaler are called the same way in every mode; with AMP off
+they are exact no-ops. Host syncs per optimizer step: none with AMP off; with fp16, the one `scaler.step` makes anyway
+(`found_overflow` reads the same flags just before it), plus a loss-scale read on skipped steps only. Everything else
+is read at log steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator, skip_first_batches
+from sklearn.metrics import f1_score
+
+from app import metrics
+from app.config import TrainConfig
+from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
+from app.guards import LossWatch, ScaleWatch
+from app.optim import build_optimizer, build_schedule, total_optimizer_steps
+from app.precision import PrecisionPolicy, found_overflow
+from app.preemption import StopRequest
+from app.runtime import backend_name
+from app.state import TrainState
+
+
+@dataclass
+class Trainables:
+    """What the loop drives, already passed through `accelerator.prepare` (the schedule is not: see optim.py)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_loader: torch.utils.data.DataLoader
+    eval_loader: torch.utils.data.DataLoader
+
+
+def build_trainables(cfg: TrainConfig, accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module,
+                     train_loader, eval_loader) -> tuple[Trainables, int]:
+    """Compile (if asked), prepare, and add the schedule and the scaler. Returns the parts and the total steps."""
+    if cfg.torch_compile:
+        model = torch.compile(model)  # the model only: autocast and the scaler stay eager
+    optimizer = build_optimizer(model, cfg)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    total_steps = total_optimizer_steps(cfg, len(train_loader))
+    # Not prepared: a prepared schedule would step once per process, and even on skipped steps.
+    schedule = build_schedule(optimizer, cfg, total_steps)
+    scaler = policy.make_scaler(cfg.init_loss_scale, cfg.loss_scale_growth_interval, backend_name(accelerator))
+    return Trainables(model, optimizer, schedule, scaler, train_loader, eval_loader), total_steps
+
+
+def optimizer_step(accelerator: Accelerator, parts: Trainables, max_grad_norm: float) -> tuple[bool, torch.Tensor]:
+    """Unscale, clip, step, update; the schedule advances only if the update was applied.
+
+    Returns:
+        Whether the scaler skipped the update (fp16 overflow), and the unscaled gradient norm (inf/NaN when skipped).
+    """
+    parts.scaler.unscale_(parts.optimizer)
+    # With clipping off, the norm is still computed (for telemetry); an infinite bound leaves the gradients as they are.
+    grad_norm = accelerator.clip_grad_norm_(parts.model.parameters(), max_grad_norm or float("inf"))
+    skipped = found_overflow(parts.scaler, parts.optimizer)
+    parts.scaler.step(parts.optimizer)
+    parts.scaler.update()
+    parts.optimizer.zero_grad(set_to_none=True)
+    if not skipped:
+        parts.schedule.step()
+    return skipped, grad_norm
+
+
+def train(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    policy: PrecisionPolicy,
+    parts: Trainables,
+    state: TrainState,
+    total_steps: int,
+    telemetry: metrics.Telemetry,
+    save_checkpoint: Callable[[TrainState], str],
+    stop: StopRequest,
+) -> dict[str, float]:
+    """Train until `total_steps` optimizer steps, from `state` on; return the final evaluation.
+
+    Raises:
+        TrainingHalted: on a loss-scale alarm (after checkpointing), a numeric fault, or an agreed stop signal.
+    """
+    model, scaler = parts.model, parts.scaler
+    scale_watch = ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips)
+    loss_watch = LossWatch(accelerator)
+    batches_per_epoch = len(parts.train_loader)
+    last_checkpoint = None
+    first_step = state.opt_step + 1  # of this process: after a resume, warm-up happens again
+    model.train()
+    while state.opt_step < total_steps:
+        parts.train_loader.set_epoch(state.epoch)
+        # On resume, skip what this epoch already consumed: the seedable sampler replays the same order.
+        batches = skip_first_batches(parts.train_loader, state.batches_in_epoch) if state.batches_in_epoch else parts.train_loader
+        for batch in batches:
+            with accelerator.accumulate(model):
+                with policy.autocast():
+                    loss = model(**batch).loss
+                accelerator.backward(scaler.scale(loss))
+            state.micro_step += 1
+            state.batches_in_epoch += 1
+            telemetry.add_micro_batch(loss, batch)
+            loss_watch.add_micro_loss(loss)
+            if not accelerator.sync_gradients:
+                continue  # still accumulating: no optimizer step on this micro-batch
+
+            skipped, grad_norm = optimizer_step(accelerator, parts, cfg.max_grad_norm)
+            state.record_step(skipped)
+            telemetry.add_optimizer_step(grad_norm, skipped)
+            loss_watch.after_step(skipped)
+            step = state.opt_step
+            if step == first_step:
+                telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
+
+            alarm = scale_watch.after_step(state, skipped, scaler)
+            if step % cfg.logging_steps == 0 or alarm:
+                loss_watch.check(step, last_checkpoint)
+                telemetry.log(step, state, parts.schedule.get_last_lr()[0], scaler.get_scale(),
+                              state.epoch + state.batches_in_epoch / batches_per_epoch)
+            if alarm:
+                accelerator.print(alarm)
+                if cfg.on_scale_collapse == "stop":
+                    with telemetry.paused():
+                        path = save_checkpoint(state)
+                    raise TrainingHalted(f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE)
+            if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
+                with telemetry.paused():
+                    telemetry.log_eval(step, evaluate(accelerator, policy, model, parts.eval_loader))
+            if cfg.save_steps and step % cfg.save_steps == 0:
+                loss_watch.check(step, last_checkpoint)
+                with telemetry.paused():
+                    last_checkpoint = save_checkpoint(state)
+            signum = stop.agreed()
+            if signum:
+                loss_watch.check(step, last_checkpoint)
+                path = save_checkpoint(state)
+                raise TrainingHalted(f"stopped by signal {signum} at optimizer step {step}; resume from {path}",
+                                     stop.exit_code(signum))
+            if step >= total_steps:
+                break
+        else:
+            state.epoch += 1
+            state.batches_in_epoch = 0
+    loss_watch.check(state.opt_step, last_checkpoint)
+    final = evaluate(accelerator, policy, model, parts.eval_loader)
+    telemetry.log_eval(state.opt_step, final)
+    return final
+
+
+@torch.no_grad()
+def evaluate(accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module, loader) -> dict[str, float]:
+    """Loss, accuracy and macro-F1 over the whole validation set, gathered from every rank without duplicates."""
+    model.eval()
+    losses, predictions, references = [], [], []
+    for batch in loader:
+        with policy.autocast():
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        per_example = F.cross_entropy(logits.float(), batch["labels"], reduction="none")
+        gathered = accelerator.gather_for_metrics((per_example, logits.argmax(dim=-1), batch["labels"]))
+        for store, values in zip((losses, predictions, references), gathered):
+            store.append(values)
+    model.train()
+    loss, predicted, labels = (torch.cat(values).cpu() for values in (losses, predictions, references))
+    return {
+        metrics.EVAL_LOSS: loss.mean().item(),
+        metrics.EVAL_ACCURACY: (predicted == labels).float().mean().item(),
+        metrics.EVAL_F1: float(f1_score(labels.numpy(), predicted.numpy(), average="macro")),
+    }

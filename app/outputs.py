@@ -1,0 +1,90 @@
+"""The run's folders: its name, the checks that keep earlier work safe, and the final model.
+
+Nothing is created or deleted until every input has been checked: `check_*` only look, and `prepare` (main process,
+after the checks) creates folders and, with `--overwrite_output_dir` only, deletes the old checkpoints.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from accelerate.utils import broadcast_object_list
+
+from app.config import TrainConfig
+from app.errors import UsageError
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    run_name: str
+    output_dir: Path
+    log_dir: Path  # <logdir>/<run_name>: this run's TensorBoard folder
+
+
+def resolve_paths(cfg: TrainConfig, mode: str, resume_run_name: str | None, resume_output_dir: Path | None) -> RunPaths:
+    """Name the run and place its folders; a resumed run keeps its name, so its curves continue in TensorBoard."""
+    run_name = cfg.run_name or resume_run_name or _unique_run_name(mode)
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else resume_output_dir or Path("outputs") / run_name
+    return RunPaths(run_name, output_dir, Path(cfg.logdir) / run_name)
+
+
+def _unique_run_name(mode: str) -> str:
+    # Ranks may straddle a second boundary: the main process names the run for all.
+    stamp = [datetime.datetime.now().strftime("%Y%m%d-%H%M%S")]
+    broadcast_object_list(stamp)
+    return f"{stamp[0]}-{'fp32' if mode == 'no' else mode}"
+
+
+def check_output_dir(paths: RunPaths, resuming: bool, overwrite: bool) -> None:
+    _check_writable(paths.output_dir, "--output_dir")
+    busy = paths.output_dir.is_dir() and any(paths.output_dir.iterdir())
+    if busy and not (resuming or overwrite):
+        raise UsageError(
+            f"--output_dir {paths.output_dir} is not empty; pass --resume_from_checkpoint latest to continue that run, "
+            "--overwrite_output_dir to replace it, or another --output_dir"
+        )
+
+
+def check_log_dir(paths: RunPaths, resuming: bool) -> None:
+    _check_writable(paths.log_dir, "--logdir")
+    if not resuming and paths.log_dir.is_dir() and any(paths.log_dir.glob("events.out.tfevents.*")):
+        raise UsageError(
+            f"TensorBoard run {paths.log_dir} already exists and would mix two runs; "
+            "pass another --run_name, or leave it unset for a unique one"
+        )
+
+
+def _check_writable(path: Path, flag: str) -> None:
+    """Look, without creating anything: the nearest existing ancestor must be a writable folder."""
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path} cannot be created: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path} cannot be written: no write permission on {existing}")
+
+
+def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> None:
+    """Create the folders and record the resolved config in both. Main process, after all checks."""
+    if overwrite_checkpoints:
+        shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
+    for folder in (paths.output_dir, paths.log_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "train_config.yaml").write_text(yaml.safe_dump(cfg.to_dict() | {"run_name": paths.run_name}, sort_keys=False))
+
+
+def save_final_model(accelerator, model, tokenizer, output_dir: Path) -> None:
+    """`save_pretrained` of the full model (gathered from shards where there are any) and the tokenizer. Collective."""
+    state_dict = accelerator.get_state_dict(model)
+    accelerator.unwrap_model(model).save_pretrained(
+        output_dir, state_dict=state_dict, is_main_process=accelerator.is_main_process, save_function=accelerator.save
+    )
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(output_dir)
+    accelerator.wait_for_everyone()

@@ -1,0 +1,44 @@
+"""Preemption: SIGTERM and SIGINT ask the run to stop; the ranks agree, checkpoint and exit with 128 + signal.
+
+The handler only sets a flag. The loop reads it after every micro-step and asks the ranks to agree once per
+optimizer step (a checkpoint must hold whole optimizer steps), on a CPU process group so that the check never waits
+on the GPU. A second signal of the same kind falls through to the default handler and stops at once.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import torch
+import torch.distributed as dist
+
+HANDLED = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequest:
+    def __init__(self, num_processes: int):
+        self.signum = 0
+        self._group = None
+        if num_processes > 1:
+            # Collective on every rank, once: gloo reduces a CPU tensor without touching the GPU stream.
+            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
+
+    def _handle(self, signum: int, frame) -> None:
+        self.signum = signum
+        signal.signal(signum, self._previous[signum])  # a second signal is not held back
+
+    def agreed(self) -> int:
+        """The signal that any rank received (0 if none). Collective when there are several processes."""
+        if self._group is None:
+            return self.signum
+        flag = torch.tensor([self.signum])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return int(flag.item())
+
+    def exit_code(self, signum: int) -> int:
+        return 128 + signum
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,82 @@
+"""The runtime: the Accelerator, seeding, printing on the main process, and what actually runs.
+
+Accelerate owns processes, devices, data sharding and gathering. It never owns precision here: the Accelerator is
+built with `mixed_precision="no"` whatever the launcher says, and precision.py reads the launcher's choice instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import DistributedType, set_seed
+
+from app.config import TrainConfig
+from app.errors import UsageError
+
+
+def has_accelerator() -> bool:
+    """Whether a GPU-like device is present; without one, Accelerate is told to use the CPU (and gloo)."""
+    if hasattr(torch, "accelerator"):
+        return torch.accelerator.is_available()
+    return torch.cuda.is_available()
+
+
+def build_accelerator(cfg: TrainConfig) -> Accelerator:
+    """The Accelerator for this run, after checking that the launched processes really form one job."""
+    accelerator = Accelerator(
+        # The app autocasts and scales itself; Accelerate's AMP would override our autocast and scale again.
+        mixed_precision="no",
+        # Without this, a multi-process launch on a machine with no GPU starts N unconnected copies.
+        cpu=not has_accelerator(),
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+    )
+    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    if launched > 1 and accelerator.num_processes == 1:
+        raise UsageError(
+            f"{launched} processes were launched but they are not connected (Accelerate sees 1); on CPU, launch with "
+            "--config_file accelerate_configs/cpu_multi.yaml or set ACCELERATE_USE_CPU=1"
+        )
+    set_seed(cfg.seed)
+    if not accelerator.is_main_process:
+        _quiet_libraries()
+    return accelerator
+
+
+def _quiet_libraries() -> None:
+    """Other ranks would repeat every library warning and progress bar of the main process."""
+    import datasets
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    datasets.utils.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+
+
+def backend_name(accelerator: Accelerator) -> str:
+    names = {
+        DistributedType.NO: "single process",
+        DistributedType.MULTI_GPU: "DDP",
+        DistributedType.MULTI_CPU: "DDP",
+        DistributedType.FSDP: "FSDP2" if getattr(accelerator, "is_fsdp2", False) else "FSDP1",
+        DistributedType.DEEPSPEED: "DeepSpeed",
+    }
+    return names.get(accelerator.distributed_type, str(accelerator.distributed_type))
+
+
+def describe_backend(accelerator: Accelerator) -> str:
+    """One line on what runs: backend, process count and device, plus CPU threads where they matter."""
+    device = accelerator.device
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    line = f"backend: {backend_name(accelerator)}, {accelerator.num_processes} process(es) on {where}"
+    if accelerator.num_processes > 1 and torch.distributed.is_initialized():
+        line += f" ({torch.distributed.get_backend()})"
+    if device.type == "cpu":
+        # accelerate launch sets OMP_NUM_THREADS=1 unless told otherwise: a silent slowdown worth showing.
+        line += f", {torch.get_num_threads()} CPU thread(s) per process"
+        if torch.get_num_threads() == 1 and (os.cpu_count() or 1) > 1 and accelerator.num_processes == 1:
+            line += f" (pass --num_cpu_threads_per_process {os.cpu_count()} to accelerate launch to use all cores)"
+    return line

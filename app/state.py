@@ -1,0 +1,22 @@
+"""TrainState: the counters that say where training stands. Saved in every checkpoint; a resume continues from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainState:
+    epoch: int = 0
+    batches_in_epoch: int = 0  # micro-batches of this epoch already consumed, per rank: the data position
+    micro_step: int = 0
+    opt_step: int = 0  # optimizer steps taken, applied or skipped
+    applied_updates: int = 0  # steps whose update reached the weights; the LR schedule follows these
+    skipped_steps: int = 0  # steps the scaler skipped because the fp16 gradients overflowed
+    consecutive_skips: int = 0
+
+    def record_step(self, skipped: bool) -> None:
+        self.opt_step += 1
+        self.applied_updates += not skipped
+        self.skipped_steps += skipped
+        self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0

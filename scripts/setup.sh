@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv with the project and its test tools. Safe to re-run: it only installs what is missing.
+#   bash scripts/setup.sh [VENV_DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${1:-.venv}"
+python3 -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
+
+# On a machine without an NVIDIA GPU, install torch's CPU build first: the default PyPI wheel on Linux bundles
+# CUDA (several GB). A local wheelhouse (PIP_FIND_LINKS) is tried first, then PyTorch's CPU index.
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null && ! command -v nvidia-smi >/dev/null 2>&1; then
+    "${pip[@]}" install --no-index --no-deps "torch>=2.4" 2>/dev/null \
+        || "${pip[@]}" install "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
+fi
+"${pip[@]}" install -e ".[test]"
