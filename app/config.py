@@ -49,7 +49,7 @@ class TrainConfig:
     text_pair_column: Optional[str] = _help("Optional second text column, for sentence-pair tasks.", default=None)
     label_column: Optional[str] = _help('Column with the labels (int or str). Default: "score" embedded, else "label".', default=None)
     validation_split_percentage: int = _help("Percent of the training data held out when there is no validation split.", default=10)
-    max_length: int = _help("Tokens per example; longer texts are truncated (22% of the default reviews are).", default=128)
+    max_length: int = _help("Tokens per example; longer texts are truncated (22%% of the default reviews are).", default=128)
     max_train_samples: Optional[int] = _help("Keep only the first N training examples (quick runs).", default=None)
     max_eval_samples: Optional[int] = _help("Keep only the first N validation examples (quick runs).", default=None)
 

@@ -10,10 +10,12 @@ Every check that can fail on user input runs here, before the model's weights ar
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
+import datasets
 import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from torch.utils.data import DataLoader
@@ -45,6 +47,33 @@ class LabelSpace:
 
 def load_raw(cfg: TrainConfig) -> DatasetDict:
     """The examples as "train" and "validation" splits, with no column checks yet."""
+    # Loading bars and logs would bury the one-line error of a bad file; tokenizing keeps its bar.
+    with _quiet_loading():
+        raw = _load_splits(cfg)
+    for split, limit in (("train", cfg.max_train_samples), ("validation", cfg.max_eval_samples)):
+        if limit is not None:
+            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+    if len(raw["train"]) == 0:
+        raise UsageError("the training split is empty; check --train_file, --dataset_name or --max_train_samples")
+    if len(raw["validation"]) == 0:
+        raise UsageError("the validation split is empty; give --validation_file or raise --validation_split_percentage")
+    return raw
+
+
+@contextlib.contextmanager
+def _quiet_loading():
+    bars_were_on, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars_were_on:
+            datasets.enable_progress_bars()
+
+
+def _load_splits(cfg: TrainConfig) -> DatasetDict:
     if cfg.train_file:
         raw = _load_files(cfg.train_file, cfg.validation_file)
     elif cfg.dataset_name:
@@ -54,13 +83,6 @@ def load_raw(cfg: TrainConfig) -> DatasetDict:
     if "validation" not in raw:
         held_out = raw["train"].train_test_split(test_size=cfg.validation_split_percentage / 100, seed=cfg.seed)
         raw = DatasetDict(train=held_out["train"], validation=held_out["test"])
-    for split, limit in (("train", cfg.max_train_samples), ("validation", cfg.max_eval_samples)):
-        if limit is not None:
-            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
-    if len(raw["train"]) == 0:
-        raise UsageError("the training split is empty; check --train_file, --dataset_name or --max_train_samples")
-    if len(raw["validation"]) == 0:
-        raise UsageError("the validation split is empty; give --validation_file or raise --validation_split_percentage")
     return raw
 
 
@@ -89,10 +111,32 @@ def _load_files(train_file: str, validation_file: str | None) -> DatasetDict:
     kinds = {DATA_FILE_TYPES[Path(path).suffix.lower()] for path in files.values()}
     if len(kinds) > 1:
         raise UsageError(f"--train_file and --validation_file must have the same format, got {' and '.join(sorted(kinds))}")
+    kind = kinds.pop()
     try:
-        return load_dataset(kinds.pop(), data_files=files)
+        return load_dataset(kind, data_files=files)
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
-        raise UsageError(f"cannot read {', '.join(files.values())}: {_first_line(e)}; check the file's format") from None
+        for split, path in files.items():
+            if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
+                raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
+        raise UsageError(f"cannot read {', '.join(files.values())}: {_root_cause(e).rstrip('.')}; check the file's format") from None
+
+
+def _row_count(path: str, kind: str) -> int | None:
+    """Rows in a data file by pandas' reading, or None if pandas cannot read it either (error path only)."""
+    import pandas as pd
+
+    readers = {"csv": pd.read_csv, "parquet": pd.read_parquet,
+               "json": lambda p: pd.read_json(p, lines=p.endswith(".jsonl"))}
+    try:
+        return len(readers[kind](path))
+    except Exception:
+        return None
+
+
+def _root_cause(error: BaseException) -> str:
+    while error.__cause__ or error.__context__:
+        error = error.__cause__ or error.__context__
+    return _first_line(error)
 
 
 def _load_named(name: str, config_name: str | None) -> DatasetDict:

@@ -14,7 +14,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, skip_first_batches
-from sklearn.metrics import f1_score
 
 from app import metrics
 from app.config import TrainConfig
@@ -170,5 +169,15 @@ def evaluate(accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.
     return {
         metrics.EVAL_LOSS: loss.mean().item(),
         metrics.EVAL_ACCURACY: (predicted == labels).float().mean().item(),
-        metrics.EVAL_F1: float(f1_score(labels.numpy(), predicted.numpy(), average="macro")),
+        metrics.EVAL_F1: macro_f1(predicted, labels),
     }
+
+
+def macro_f1(predicted: torch.Tensor, labels: torch.Tensor) -> float:
+    """F1 averaged over the classes that occur in the labels or the predictions (as sklearn's average="macro")."""
+    scores = []
+    for cls in torch.unique(torch.cat([predicted, labels])):
+        true_pos = ((predicted == cls) & (labels == cls)).sum()
+        errors = (predicted == cls).sum() + (labels == cls).sum() - 2 * true_pos  # false positives + false negatives
+        scores.append(2 * true_pos / (2 * true_pos + errors))
+    return torch.stack(scores).mean().item()

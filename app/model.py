@@ -34,6 +34,8 @@ def resolve_model_path(model_name_or_path: str | None) -> str:
 
 def load_model_config(name: str) -> PretrainedConfig:
     """The model's config.json: cheap to read, and it proves the model exists before any weights are loaded."""
+    if _looks_like_a_path(name) and not Path(name).exists():
+        raise UsageError(f"--model_name_or_path {name}: no such folder; give a local model folder or a hub id")
     try:
         return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
@@ -42,6 +44,11 @@ def load_model_config(name: str) -> PretrainedConfig:
             f"--model_name_or_path {name!r} cannot be loaded: {first_line} "
             "(give a local folder with a config.json, or a hub id that is cached or reachable)"
         ) from None
+
+
+def _looks_like_a_path(name: str) -> bool:
+    """Hub ids are "name" or "owner/name"; anything else (absolute, relative, nested) can only be a folder."""
+    return Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1 or "\\" in name
 
 
 def load_tokenizer(name: str):

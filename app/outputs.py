@@ -51,7 +51,7 @@ def check_output_dir(paths: RunPaths, resuming: bool, overwrite: bool) -> None:
 
 
 def check_log_dir(paths: RunPaths, resuming: bool) -> None:
-    _check_writable(paths.log_dir, "--logdir")
+    _check_writable(paths.log_dir.parent, "--logdir")
     if not resuming and paths.log_dir.is_dir() and any(paths.log_dir.glob("events.out.tfevents.*")):
         raise UsageError(
             f"TensorBoard run {paths.log_dir} already exists and would mix two runs; "

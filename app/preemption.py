@@ -2,7 +2,8 @@
 
 The handler only sets a flag. The loop reads it after every micro-step and asks the ranks to agree once per
 optimizer step (a checkpoint must hold whole optimizer steps), on a CPU process group so that the check never waits
-on the GPU. A second signal of the same kind falls through to the default handler and stops at once.
+on the GPU. Repeated signals change nothing: launchers such as torchrun forward a signal the workers already got,
+and that must not cut the checkpoint short. SIGKILL stops a run at once.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ class StopRequest:
         self._previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
 
     def _handle(self, signum: int, frame) -> None:
-        self.signum = signum
-        signal.signal(signum, self._previous[signum])  # a second signal is not held back
+        self.signum = self.signum or signum
 
     def agreed(self) -> int:
         """The signal that any rank received (0 if none). Collective when there are several processes."""

@@ -16,24 +16,27 @@ from app.config import TrainConfig
 from app.errors import UsageError
 
 
-def has_accelerator() -> bool:
-    """Whether a GPU-like device is present; without one, Accelerate is told to use the CPU (and gloo)."""
-    if hasattr(torch, "accelerator"):
-        return torch.accelerator.is_available()
-    return torch.cuda.is_available()
+def device_type() -> str:
+    """The device type Accelerate will train on: the GPU-like accelerator if there is one, else the CPU."""
+    if hasattr(torch, "accelerator") and torch.accelerator.is_available():
+        return torch.accelerator.current_accelerator().type
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def build_accelerator(cfg: TrainConfig) -> Accelerator:
     """The Accelerator for this run, after checking that the launched processes really form one job."""
-    accelerator = Accelerator(
-        # The app autocasts and scales itself; Accelerate's AMP would override our autocast and scale again.
-        mixed_precision="no",
-        # Without this, a multi-process launch on a machine with no GPU starts N unconnected copies.
-        cpu=not has_accelerator(),
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
-    )
+    try:
+        accelerator = Accelerator(
+            # The app autocasts and scales itself; Accelerate's AMP would override our autocast and scale again.
+            mixed_precision="no",
+            # Without this, a multi-process launch on a machine with no GPU starts N unconnected copies.
+            cpu=device_type() == "cpu",
+            gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+            # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+        )
+    except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
+        raise UsageError(f"Accelerate cannot set up this launch: {str(e).splitlines()[0]}; check the launch config") from None
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes == 1:
         raise UsageError(

@@ -30,18 +30,21 @@ from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
 from app.loop import build_trainables, train
 from app.metrics import NullWriter, Telemetry, TensorBoardWriter
-from app.precision import check_backend, launcher_choice, resolve_precision
+from app.precision import PrecisionPolicy, check_backend, launcher_choice, resolve_precision
 from app.preemption import StopRequest
-from app.runtime import build_accelerator, describe_backend
+from app.runtime import build_accelerator, describe_backend, device_type
 from app.state import TrainState
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv)
+        # One precision decision, before any heavy work; Accelerate never sees it.
+        policy, notes = resolve_precision(cfg.amp, cfg.mixed_precision, device_type(), launcher_choice())
+        check_backend(policy)
         accelerator = build_accelerator(cfg)
         try:
-            return run(cfg, accelerator)
+            return run(cfg, accelerator, policy, notes)
         finally:
             _end(accelerator)
     except (UsageError, TrainingHalted) as stop:
@@ -50,11 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         return stop.exit_code
 
 
-def run(cfg: TrainConfig, accelerator) -> int:
+def run(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]) -> int:
     started = time.perf_counter()
-    # ---- runtime and precision: one decision, printed with its reason --------------------------------------------
-    policy, notes = resolve_precision(cfg.amp, cfg.mixed_precision, accelerator.device.type, launcher_choice())
-    check_backend(policy)
+    # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
     for line in (policy.describe(), *notes, describe_backend(accelerator)):
         accelerator.print(line)
 

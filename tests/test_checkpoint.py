@@ -1,0 +1,157 @@
+"""Checkpoints: exact resume after kill -9, atomic writes, preemption, the scaler's state, numeric faults."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from app import metrics
+from app.checkpoint import completed_checkpoints, find_checkpoint
+from tests import tb
+from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, python_app, run_app
+from tests.test_telemetry import free_port
+
+KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
+
+
+def data_args(tiny_model_dir, review_files) -> list:
+    return ["--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"],
+            "--validation_file", review_files["validation"], "--per_device_train_batch_size", "8", "--max_length", "64",
+            "--disable_tqdm", "--logging_steps", "1", "--eval_steps", "0", "--seed", "7"]
+
+
+def kill_run(tmp_path, point: str, nth: int, args: list) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(KILLER), point, str(nth), *map(str, args)]
+    return subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("precision, extra", [
+    ("no", ["--gradient_accumulation_steps", "2", "--max_steps", "10", "--save_steps", "4"]),  # epoch ends at step 6
+    ("fp16", ["--max_steps", "16", "--save_steps", "5", "--loss_scale_growth_interval", "3"]),  # epoch ends at step 12
+])
+def test_kill_9_then_resume_is_bitwise(tmp_path, tiny_model_dir, review_files, precision, extra):
+    common = [*data_args(tiny_model_dir, review_files), "--mixed_precision", precision, "--run_name", "r", *extra]
+    here = ["--output_dir", tmp_path / "run", "--logdir", tmp_path / "runs"]
+    with ThreadPoolExecutor(2) as pool:
+        reference = pool.submit(python_app, tmp_path, [*common, "--output_dir", tmp_path / "ref", "--logdir", tmp_path / "ref_runs"])
+        killed = pool.submit(kill_run, tmp_path, "published", 1, [*common, *here])
+        reference, killed = reference.result(), killed.result()
+    assert reference.returncode == 0, reference.stderr[-2000:]
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (tmp_path / "run" / "model.safetensors").exists(), "the killed run must not have finished"
+    first = completed_checkpoints(tmp_path / "run" / "checkpoints")
+    assert [p.name for p in first] == [f"step-{extra[-1] if precision == 'no' else 5}"]
+
+    resumed = python_app(tmp_path, [*common, *here, "--resume_from_checkpoint", "latest"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {first[0]}" in resumed.stdout
+
+    expected, got = load_file(tmp_path / "ref" / "model.safetensors"), load_file(tmp_path / "run" / "model.safetensors")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs from the uninterrupted run"
+    reference_curves, resumed_curves = tb.scalars(tmp_path / "ref_runs" / "r"), tb.scalars(tmp_path / "runs" / "r")
+    for tag in (metrics.TRAIN_LOSS, metrics.AMP_LOSS_SCALE, metrics.TRAIN_LR, metrics.AMP_SKIPPED_STEPS):
+        assert resumed_curves[tag] == reference_curves[tag], f"{tag}: the resumed curve departs from the uninterrupted one"
+
+
+def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_model_dir, review_files):
+    args = [*data_args(tiny_model_dir, review_files), "--mixed_precision", "no", "--max_steps", "12", "--save_steps", "4",
+            "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "w"]
+    killed = kill_run(tmp_path, "staged", 2, args)  # dies after writing step 8's state, before publishing it
+    assert killed.returncode == -signal.SIGKILL
+    root = tmp_path / "out" / "checkpoints"
+    assert (root / ".staging-step-8" / "model.safetensors").is_file(), "the kill should land mid-write"
+    assert [p.name for p in completed_checkpoints(root)] == ["step-4"]
+    assert find_checkpoint("latest", str(tmp_path / "out")) == root / "step-4"
+
+    resumed = python_app(tmp_path, [*args, "--resume_from_checkpoint", "latest"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list(root.glob(".staging-*")), "leftover staging folders are removed"
+    assert [p.name for p in completed_checkpoints(root)] == ["step-8", "step-12"], "pruned to --save_total_limit 2"
+
+
+def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tiny_model_dir, review_files):
+    """Two gloo ranks started as srun/torchrun start them; the scheduler sends SIGTERM to both."""
+    args = [*data_args(tiny_model_dir, review_files), "--mixed_precision", "no", "--max_steps", "100000",
+            "--save_steps", "0", "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]
+    port = free_port()
+    ranks = [subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), *map(str, args)], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=clean_env(tmp_path, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"))
+             for r in (0, 1)]
+    try:
+        for line in ranks[0].stdout:
+            if line.startswith("run "):  # training is about to start
+                break
+        time.sleep(1)
+        for rank in ranks:
+            rank.send_signal(signal.SIGTERM)
+        outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert [rank.returncode for rank in ranks] == [143, 143], outputs
+    saved = completed_checkpoints(tmp_path / "out" / "checkpoints")
+    assert len(saved) == 1, saved
+    assert {p.name for p in saved[0].glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
+    assert f"stopped by signal 15 at optimizer step {saved[0].name.removeprefix('step-')}" in outputs[0]
+
+
+def test_sigint_checkpoints_and_exits_130(tmp_path, quick_args):
+    process = subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), *map(str, quick_args), "--max_steps", "100000",
+                                "--eval_steps", "0", "--save_steps", "0"], env=clean_env(tmp_path), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    for line in process.stdout:
+        if line.startswith("run "):
+            break
+    time.sleep(1)
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output[-2000:]
+    assert len(completed_checkpoints(tmp_path / "out" / "checkpoints")) == 1
+
+
+def test_scaler_state_survives_a_resume(tmp_path, quick_args, capfd):
+    # A low start keeps fp16 clear of overflow, so the scale only grows: 1024 -> 8192 after 6 steps.
+    scaler_flags = ["--amp", "--init_loss_scale", "1024", "--loss_scale_growth_interval", "2", "--eval_steps", "0"]
+    assert run_app([*quick_args, *scaler_flags, "--max_steps", "6", "--save_steps", "6"]) == 0
+    before = tb.scalars(tmp_path / "runs" / "test")[metrics.AMP_LOSS_SCALE][6]
+    assert before == 8192, "the scale should have grown before the save"
+    resume = [*quick_args, *scaler_flags, "--max_steps", "7", "--resume_from_checkpoint", tmp_path / "out" / "checkpoints" / "step-6"]
+    assert run_app(resume) == 0
+    after = tb.scalars(tmp_path / "runs" / "test")[metrics.AMP_LOSS_SCALE][7]
+    assert after == before, "the loss scale was reset by the resume (a fresh scaler would be back at 1024)"
+    capfd.readouterr()
+
+
+@pytest.mark.parametrize("saved_with, resumed_with, toggle", [("no", "--amp", "off -> on"), ("fp16", "--mixed_precision=no", "on -> off")])
+def test_toggling_amp_between_save_and_resume(tmp_path, quick_args, capfd, saved_with, resumed_with, toggle):
+    assert run_app([*quick_args, "--mixed_precision", saved_with, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"]) == 0
+    capfd.readouterr()
+    code = run_app([*quick_args, resumed_with, "--max_steps", "3", "--eval_steps", "0", "--resume_from_checkpoint", "latest"])
+    out = capfd.readouterr().out
+    assert code == 0
+    assert f"note: loss scaling toggled since the checkpoint ({toggle}): starting a fresh scaler state" in out
+    assert out.count("note: loss scaling toggled") == 1
+    scale = tb.scalars(tmp_path / "runs" / "test")[metrics.AMP_LOSS_SCALE][3]
+    assert scale == (65536.0 if toggle == "off -> on" else 1.0)
+
+
+def test_non_finite_loss_without_amp_stops_with_exit_3_and_keeps_the_last_good_checkpoint(tmp_path, quick_args, capfd):
+    # An absurd learning rate blows the weights up after the first update; the second loss is NaN.
+    code = run_app([*quick_args, "--mixed_precision", "no", "--learning_rate", "1e30", "--warmup_ratio", "0",
+                    "--max_steps", "10", "--save_steps", "1", "--logging_steps", "5", "--eval_steps", "0"])
+    err = capfd.readouterr().err
+    assert code == 3
+    assert "numeric fault: a NaN/inf loss was applied to the weights between optimizer steps 2 and 2" in err
+    assert [p.name for p in completed_checkpoints(tmp_path / "out" / "checkpoints")] == ["step-1"]
+    assert "the last good checkpoint is kept" in err and "step-1" in err
