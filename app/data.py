@@ -250,9 +250,11 @@ def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_mul
     sees the same dropout masks as an uninterrupted one.
     """
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    pin = torch.cuda.is_available()  # pinned batches let the copy to the GPU run without a host sync
     train_loader = DataLoader(
         tokenized["train"], batch_size=cfg.per_device_train_batch_size, shuffle=True, collate_fn=collate,
-        generator=torch.Generator().manual_seed(cfg.seed),
+        generator=torch.Generator().manual_seed(cfg.seed), pin_memory=pin,
     )
-    eval_loader = DataLoader(tokenized["validation"], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate)
+    eval_loader = DataLoader(tokenized["validation"], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate,
+                             pin_memory=pin)
     return train_loader, eval_loader

@@ -80,8 +80,8 @@ def train(
     telemetry: metrics.Telemetry,
     save_checkpoint: Callable[[TrainState], str],
     stop: StopRequest,
-) -> dict[str, float]:
-    """Train until `total_steps` optimizer steps, from `state` on; return the final evaluation.
+) -> None:
+    """Train from `state` until it reaches `total_steps` optimizer steps; `state` is updated in place.
 
     Raises:
         TrainingHalted: on a loss-scale alarm (after checkpointing), a numeric fault, or an agreed stop signal.
@@ -147,9 +147,6 @@ def train(
             state.epoch += 1
             state.batches_in_epoch = 0
     loss_watch.check(state.opt_step, last_checkpoint)
-    final = evaluate(accelerator, policy, model, parts.eval_loader)
-    telemetry.log_eval(state.opt_step, final)
-    return final
 
 
 @torch.no_grad()

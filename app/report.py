@@ -10,15 +10,13 @@ import yaml
 from app import metrics
 from app.config import TrainConfig
 from app.precision import PrecisionPolicy
-from app.runtime import backend_name
+from app.runtime import backend_name, device_name
 
 
 def write_start_texts(writer, cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str], run_name: str) -> None:
-    device = accelerator.device
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     environment = {
         "torch": torch.__version__, "accelerate": accelerate.__version__, "transformers": transformers.__version__,
-        "device": device_name, "processes": accelerator.num_processes, "backend": backend_name(accelerator),
+        "device": device_name(accelerator.device), "processes": accelerator.num_processes, "backend": backend_name(accelerator),
     }
     tf32 = {
         "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,

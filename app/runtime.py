@@ -33,7 +33,9 @@ def build_accelerator(cfg: TrainConfig) -> Accelerator:
             cpu=device_type() == "cpu",
             gradient_accumulation_steps=cfg.gradient_accumulation_steps,
             # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+            # On a GPU, batches come from pinned memory and are copied without blocking: a blocking copy is a host sync.
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed,
+                                                      non_blocking=device_type() == "cuda"),
         )
     except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
         raise UsageError(f"Accelerate cannot set up this launch: {str(e).splitlines()[0]}; check the launch config") from None
@@ -59,6 +61,18 @@ def _quiet_libraries() -> None:
     datasets.disable_progress_bars()
 
 
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model name where the OS says it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
+        return f"cpu ({model})"
+    except (OSError, StopIteration):
+        return device.type
+
+
 def backend_name(accelerator: Accelerator) -> str:
     names = {
         DistributedType.NO: "single process",
@@ -73,8 +87,7 @@ def backend_name(accelerator: Accelerator) -> str:
 def describe_backend(accelerator: Accelerator) -> str:
     """One line on what runs: backend, process count and device, plus CPU threads where they matter."""
     device = accelerator.device
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    line = f"backend: {backend_name(accelerator)}, {accelerator.num_processes} process(es) on {where}"
+    line = f"backend: {backend_name(accelerator)}, {accelerator.num_processes} process(es) on {device_name(device)}"
     if accelerator.num_processes > 1 and torch.distributed.is_initialized():
         line += f" ({torch.distributed.get_backend()})"
     if device.type == "cpu":

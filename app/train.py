@@ -28,7 +28,7 @@ import time
 from app import checkpoint, data, model as model_lib, outputs, report
 from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
-from app.loop import build_trainables, train
+from app.loop import build_trainables, evaluate, train
 from app.metrics import NullWriter, Telemetry, TensorBoardWriter
 from app.precision import PrecisionPolicy, check_backend, launcher_choice, resolve_precision
 from app.preemption import StopRequest
@@ -111,8 +111,10 @@ def run(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]
     # ---- train, then save ---------------------------------------------------------------------------------------
     stop = StopRequest(accelerator.num_processes)
     try:
-        final = train(cfg, accelerator, policy, parts, state, total_steps, telemetry,
-                      lambda s: str(checkpoints.save(s, run_info)), stop)
+        train(cfg, accelerator, policy, parts, state, total_steps, telemetry,
+              lambda s: str(checkpoints.save(s, run_info)), stop)
+        final = evaluate(accelerator, policy, parts.model, parts.eval_loader)
+        telemetry.log_eval(state.opt_step, final)
         outputs.save_final_model(accelerator, parts.model, tokenizer, paths.output_dir)
         writer.hparams(report.hparams(cfg, policy, accelerator), report.HPARAM_METRICS)
     finally:

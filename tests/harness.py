@@ -28,7 +28,7 @@ class Run:
     total_steps: int
     state: TrainState
 
-    def train(self, save_checkpoint=lambda state: "") -> dict[str, float]:
+    def train(self, save_checkpoint=lambda state: "") -> None:
         telemetry = Telemetry(self.accelerator, NullWriter(), self.parts.model, self.policy.mode, self.total_steps,
                               self.state.opt_step, disable_progress=True)
         stop = StopRequest(self.accelerator.num_processes)

@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
+from app.loop import evaluate  # noqa: E402
 from tests.harness import build_run  # noqa: E402
 
 out, model_dir, train_csv, val_csv = map(Path, sys.argv[1:5])
@@ -26,7 +27,8 @@ def record(module, args, kwargs):
 
 
 run.parts.model.register_forward_pre_hook(record, with_kwargs=True)
-final = run.train()
+run.train()
+final = evaluate(run.accelerator, run.policy, run.parts.model, run.parts.eval_loader)
 rank = run.accelerator.process_index
 torch.save({n: p.detach().clone() for n, p in run.accelerator.unwrap_model(run.parts.model).named_parameters()},
            out / f"params-{rank}.pt")
