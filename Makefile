@@ -15,4 +15,4 @@ train: setup
 	$(VENV)/bin/accelerate launch --num_processes 1 --num_cpu_threads_per_process $(THREADS) app/train.py --mixed_precision auto
 
 test: setup
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q -n 2

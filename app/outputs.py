@@ -12,6 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import yaml
 from accelerate.utils import broadcast_object_list
 
@@ -81,10 +82,29 @@ def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> N
 
 def save_final_model(accelerator, model, tokenizer, output_dir: Path) -> None:
     """`save_pretrained` of the full model (gathered from shards where there are any) and the tokenizer. Collective."""
-    state_dict = accelerator.get_state_dict(model)
+    state_dict = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
     accelerator.unwrap_model(model).save_pretrained(
         output_dir, state_dict=state_dict, is_main_process=accelerator.is_main_process, save_function=accelerator.save
     )
     if accelerator.is_main_process:
         tokenizer.save_pretrained(output_dir)
     accelerator.wait_for_everyone()
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Sharded by FSDP1 (wrapper modules) or FSDP2 (DTensor parameters)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(m, FullyShardedDataParallel) for m in model.modules()) or any(
+        isinstance(p, DTensor) for p in model.parameters())
+
+
+def full_state_dict(model: torch.nn.Module) -> dict:
+    """The whole model gathered into CPU memory on the main process (other ranks get an empty dict). Collective.
+
+    accelerator.get_state_dict would hand back shards under FSDP, which save_pretrained cannot write as one model.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

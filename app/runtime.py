@@ -84,10 +84,23 @@ def backend_name(accelerator: Accelerator) -> str:
     return names.get(accelerator.distributed_type, str(accelerator.distributed_type))
 
 
-def describe_backend(accelerator: Accelerator) -> str:
-    """One line on what runs: backend, process count and device, plus CPU threads where they matter."""
-    device = accelerator.device
-    line = f"backend: {backend_name(accelerator)}, {accelerator.num_processes} process(es) on {device_name(device)}"
+def requested_backend() -> str | None:
+    """What the launch config asked for, as `accelerate launch` tells the script through its environment."""
+    if _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        return "DeepSpeed"
+    if _env_flag("ACCELERATE_USE_FSDP"):
+        return f"FSDP{os.environ.get('FSDP_VERSION', '1')}"
+    return None
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+
+
+def describe_backend(accelerator: Accelerator) -> list[str]:
+    """What runs (backend, process count, device) in one line, then one line per way it differs from the request."""
+    device, running = accelerator.device, backend_name(accelerator)
+    line = f"backend: {running}, {accelerator.num_processes} process(es) on {device_name(device)}"
     if accelerator.num_processes > 1 and torch.distributed.is_initialized():
         line += f" ({torch.distributed.get_backend()})"
     if device.type == "cpu":
@@ -95,4 +108,23 @@ def describe_backend(accelerator: Accelerator) -> str:
         line += f", {torch.get_num_threads()} CPU thread(s) per process"
         if torch.get_num_threads() == 1 and (os.cpu_count() or 1) > 1 and accelerator.num_processes == 1:
             line += f" (pass --num_cpu_threads_per_process {os.cpu_count()} to accelerate launch to use all cores)"
-    return line
+    lines = [line]
+    asked = requested_backend()
+    if asked and not running.startswith(asked[:4]):
+        why = {"cpu": "Accelerate switches to FSDP and DeepSpeed only on GPUs"}.get(device.type, "Accelerate chose otherwise")
+        lines.append(f"note: {asked} requested, but Accelerate runs {running} on {device.type} ({why}): "
+                     f"training continues as {running}")
+    elif asked and asked != running:
+        lines.append(f"note: {asked} requested, but Accelerate runs {running}: training continues as {running}")
+    multi_cpu_without_mpi = (os.environ.get("MASTER_ADDR") and "WORLD_SIZE" not in os.environ
+                             and not any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")))
+    if multi_cpu_without_mpi and accelerator.num_processes == 1:
+        lines.append("note: a multi-CPU launch (MULTI_CPU, or --cpu with --num_processes) starts one process without "
+                     "mpirun: training runs as 1 process; use --config_file accelerate_configs/cpu_multi.yaml for gloo")
+    if device.type == "cuda":
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if per_node > torch.cuda.device_count():
+            lines.append(f"note: {per_node} processes on this node but {torch.cuda.device_count()} GPU(s): they share GPUs")
+    elif torch.cuda.is_available():
+        lines.append(f"note: training on the CPU although {torch.cuda.device_count()} GPU(s) are visible (use_cpu / --cpu)")
+    return lines

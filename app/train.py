@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 def run(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]) -> int:
     started = time.perf_counter()
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
-    for line in (policy.describe(), *notes, describe_backend(accelerator)):
+    for line in (policy.describe(), *notes, *describe_backend(accelerator)):
         accelerator.print(line)
 
     # ---- folders: decide and check, create nothing yet ------------------------------------------------------------

@@ -7,6 +7,10 @@ so it loads through the same AutoModel/AutoTokenizer path as any user model, wit
 from __future__ import annotations
 
 import os
+
+# Tests never touch the hub; huggingface_hub reads these once, at import, so they are set before anything imports it.
+os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,20 +24,30 @@ TRAIN_SCRIPT = ROOT / "app" / "train.py"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
+def save_tiny_bert(path: Path, dropout: float) -> Path:
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     from app.model import embedded_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
     config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
+                        attention_probs_dropout_prob=dropout)
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-bert")
     BertModel(config).save_pretrained(path)  # a base model, like the default: the classification head is new
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), dropout=0.1)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_no_dropout(tmp_path_factory) -> Path:
+    """For comparisons across process counts or compilation, where each draws dropout masks differently."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-no-dropout"), dropout=0.0)
 
 
 @pytest.fixture(scope="session")
@@ -67,6 +81,13 @@ def fresh_accelerate_state():
     yield
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+def free_port() -> int:
+    """A port for a rendezvous or server, so that tests running side by side never collide."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_app(args: list) -> int:

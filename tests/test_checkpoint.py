@@ -15,8 +15,7 @@ from safetensors.torch import load_file
 from app import metrics
 from app.checkpoint import completed_checkpoints, find_checkpoint
 from tests import tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, python_app, run_app
-from tests.test_telemetry import free_port
+from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, free_port, python_app, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 

@@ -65,8 +65,7 @@ def test_a_trained_head_keeps_its_label_order():
         data.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
 
 
-def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, capfd):
     code = run_app(["--model_name_or_path", "nobody-here/no-such-model", "--output_dir", tmp_path / "out",
                     "--logdir", tmp_path / "runs"])
     err = capfd.readouterr().err.strip()

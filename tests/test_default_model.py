@@ -8,8 +8,7 @@ from app.model import embedded_model_dir
 from tests.conftest import run_app
 
 
-def test_a_few_steps_of_the_real_default(tmp_path, capfd, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_a_few_steps_of_the_real_default(tmp_path, capfd):
     out = tmp_path / "out"
     code = run_app(["--max_steps", "3", "--max_eval_samples", "64", "--per_device_train_batch_size", "8",
                     "--output_dir", out, "--logdir", tmp_path / "runs", "--disable_tqdm", "--logging_steps", "1"])

@@ -63,7 +63,9 @@ PRECISION_LINE = re.compile(r"^precision: .*$", re.MULTILINE)
 
 
 def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
-    """Real `accelerate launch` subprocesses: its flag, a --config_file YAML, the wizard's default config, --amp."""
+    """Real `accelerate launch` subprocesses: its flag, a --config_file YAML, the wizard's default config, --amp.
+
+    The YAML case says bf16 and the app flag overrides it, so its note shows the YAML was read."""
     bf16_yaml = tmp_path / "bf16.yaml"
     bf16_yaml.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nuse_cpu: true\n"
                          "num_processes: 1\nmixed_precision: bf16\n")
@@ -75,7 +77,6 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
         "launcher fp16": (["--mixed_precision", "fp16"], [], {}, "precision: fp16 autocast on cpu, loss scaling on (from accelerate launch", None),
         "launcher no": (["--mixed_precision", "no"], [], {}, "precision: fp32, no autocast, on cpu, loss scaling off (from accelerate launch", None),
         "--amp over launcher default": ([], ["--amp"], {}, "precision: fp16 autocast on cpu, loss scaling on (from --amp", "note: --amp (fp16) overrides the launcher's mixed_precision 'no'"),
-        "yaml bf16": (["--config_file", bf16_yaml], [], {}, "precision: bf16 autocast on cpu, loss scaling off (from accelerate launch", None),
         "app flag over yaml": (["--config_file", bf16_yaml], ["--mixed_precision", "no"], {}, "precision: fp32, no autocast", "note: --mixed_precision (no) overrides the launcher's mixed_precision 'bf16'"),
         "wizard default config": ([], [], {"HF_HOME": str(wizard_home)}, "precision: fp16 autocast on cpu, loss scaling on (from accelerate launch", None),
     }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from app import metrics
 from tests import tb
-from tests.conftest import clean_env, run_app
+from tests.conftest import clean_env, free_port, run_app
 
 TRAIN_TAGS = {metrics.TRAIN_LOSS, metrics.TRAIN_LR, metrics.TRAIN_GRAD_NORM, metrics.TRAIN_EPOCH}
 AMP_TAGS = {metrics.AMP_LOSS_SCALE, metrics.AMP_SKIPPED_STEPS, metrics.AMP_SKIP_RATE, metrics.AMP_CONSECUTIVE_SKIPS,
@@ -100,12 +99,6 @@ def test_scale_alarm_can_warn_and_go_on(tmp_path, quick_args, capfd):
     out, _ = capfd.readouterr()
     assert code == 0
     assert out.count("loss-scale alarm") == 1 and "the loss scale fell to 6.25e+28, below --min_loss_scale 1e+29" in out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_the_real_tensorboard_server_lists_the_run_and_its_tags(amp_run, tmp_path):

@@ -1,0 +1,69 @@
+"""On each of 2 ranks: shard a tiny BERT with torch's FSDP1 or FSDP2 API, put an inf into rank 1's local gradient
+shard after the reduction, and record whether this rank skipped the step and its loss scale afterwards.
+
+    accelerate launch --config_file accelerate_configs/cpu_multi.yaml tests/workers/fsdp_worker.py OUT TOKENIZER_DIR
+
+Scenarios: the scaler the app's precision module picks for FSDP1 and for FSDP2, and the plain GradScaler under
+FSDP1 (which should let the ranks disagree). The FSDP2 model is then saved through the app's save_final_model.
+"""
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard  # noqa: E402
+from torch.distributed.tensor import DTensor  # noqa: E402
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification  # noqa: E402
+
+from app.config import TrainConfig  # noqa: E402
+from app.outputs import save_final_model  # noqa: E402
+from app.precision import found_overflow, resolve_precision  # noqa: E402
+from app.runtime import build_accelerator  # noqa: E402
+
+out, tokenizer_dir = Path(sys.argv[1]), sys.argv[2]
+accelerator = build_accelerator(replace(TrainConfig(), seed=0))
+rank = accelerator.process_index
+policy, _ = resolve_precision(True, None, "cpu", launcher=None)
+config = BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                    num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+batch = {"input_ids": torch.randint(5, 1000, (4, 16), generator=torch.Generator().manual_seed(rank)),
+         "labels": torch.tensor([0, 1, 0, 1])}
+
+
+def shard(model: torch.nn.Module, version: str) -> torch.nn.Module:
+    if version == "FSDP1":
+        return FullyShardedDataParallel(model, use_orig_params=True, device_id=torch.device("cpu"))
+    for layer in model.bert.encoder.layer:
+        fully_shard(layer)
+    return fully_shard(model)
+
+
+results = {}
+for name, version, scaler_kind in (("fsdp1", "FSDP1", "app"), ("fsdp2", "FSDP2", "app"), ("fsdp1_plain", "FSDP1", "plain")):
+    torch.manual_seed(0)
+    model = shard(BertForSequenceClassification(config), version)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = (policy.make_scaler(1024.0, 2000, backend=version) if scaler_kind == "app"
+              else torch.amp.GradScaler("cpu", init_scale=1024.0))
+    with policy.autocast():
+        loss = model(**batch).loss
+    scaler.scale(loss).backward()
+    if rank == 1:  # after backward, gradients are reduced and sharded: this inf exists on rank 1 only
+        grad = next(p.grad for p in model.parameters() if p.grad is not None and p.grad.numel())
+        (grad.to_local() if isinstance(grad, DTensor) else grad).view(-1)[0] = float("inf")
+    scaler.unscale_(optimizer)
+    skipped = found_overflow(scaler, optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    results[name] = {"scaler": type(scaler).__name__, "skipped": skipped, "scale": scaler.get_scale()}
+    if name == "fsdp2":
+        save_final_model(accelerator, model, AutoTokenizer.from_pretrained(tokenizer_dir), out / "fsdp2_model")
+        results[name]["first_param_sum"] = sum(
+            float((p.full_tensor() if isinstance(p, DTensor) else p).detach().sum()) for p in list(model.parameters())[:3])
+
+(out / f"fsdp-{rank}.json").write_text(json.dumps(results))
+accelerator.end_training()
