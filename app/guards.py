@@ -58,9 +58,9 @@ class LossWatch:
     def add_micro_loss(self, loss: torch.Tensor) -> None:
         self._step_loss += loss.detach().float()
 
-    def after_step(self, skipped: bool) -> None:
-        if not skipped:
-            self._bad_updates += (~torch.isfinite(self._step_loss)).long()
+    def after_step(self, overflowed: torch.Tensor) -> None:
+        """Count the step if its loss was not finite and the scaler did not skip it; on the device, no sync."""
+        self._bad_updates += (~torch.isfinite(self._step_loss) & ~overflowed).long()
         self._step_loss.zero_()
 
     def check(self, opt_step: int, last_checkpoint: str | None) -> None:

@@ -1,9 +1,9 @@
 """The training loop: one function for fp32, fp16 and bf16, a small optimizer-step helper, and evaluation.
 
 There is no `if amp:` here. `policy.autocast()` and the scaler are called the same way in every mode; with AMP off
-they are exact no-ops. Host syncs per optimizer step: none with AMP off; with fp16, the one `scaler.step` makes anyway
-(`found_overflow` reads the same flags just before it), plus a loss-scale read on skipped steps only. Everything else
-is read at log steps.
+they are exact no-ops. Host syncs per optimizer step, between log steps: none with AMP off, and none with fp16 on a fused optimizer, which
+skips overflowed updates on the device while the overflow flag travels to the host without blocking; the loss scale
+is read on skipped steps only. Everything else is read at log, checkpoint and stop steps.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from app.config import TrainConfig
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.guards import LossWatch, ScaleWatch
 from app.optim import build_optimizer, build_schedule, total_optimizer_steps
-from app.precision import PrecisionPolicy, found_overflow
+from app.precision import OverflowFlag, PrecisionPolicy
 from app.preemption import StopRequest
 from app.runtime import backend_name
 from app.state import TrainState
@@ -46,28 +46,49 @@ def build_trainables(cfg: TrainConfig, accelerator: Accelerator, policy: Precisi
     optimizer = build_optimizer(model, cfg)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     total_steps = total_optimizer_steps(cfg, len(train_loader))
-    # Not prepared: a prepared schedule would step once per process, and even on skipped steps.
-    schedule = build_schedule(optimizer, cfg, total_steps)
+    # Not prepared: a prepared schedule would step once per process, and even on skipped steps. Built on the raw
+    # optimizer, the one the scaler steps (see optimizer_step), which shares its param groups with the wrapper.
+    schedule = build_schedule(optimizer.optimizer, cfg, total_steps)
     scaler = policy.make_scaler(cfg.init_loss_scale, cfg.loss_scale_growth_interval, backend_name(accelerator))
     return Trainables(model, optimizer, schedule, scaler, train_loader, eval_loader), total_steps
 
 
-def optimizer_step(accelerator: Accelerator, parts: Trainables, max_grad_norm: float) -> tuple[bool, torch.Tensor]:
-    """Unscale, clip, step, update; the schedule advances only if the update was applied.
+class StepLedger:
+    """Settles each optimizer step as applied or skipped once its overflow flag is on the host, and moves the LR on.
 
-    Returns:
-        Whether the scaler skipped the update (fp16 overflow), and the unscaled gradient norm (inf/NaN when skipped).
+    A step is normally settled one step late, when its flag has long landed (see precision.OverflowFlag), and still
+    before the next update, so the LR follows applied updates exactly. At log, checkpoint and stop points the loop
+    settles the current step at once: the one host sync of those steps.
     """
-    parts.scaler.unscale_(parts.optimizer)
+
+    def __init__(self, state: TrainState, parts: Trainables, scale_watch: ScaleWatch, device: torch.device):
+        self.state, self.parts, self.scale_watch = state, parts, scale_watch
+        self.overflow = OverflowFlag(parts.scaler, device)
+        self.alarm: str | None = None  # the loss-scale alarm's diagnostic, once it fires
+
+    def settle(self) -> None:
+        skipped = self.overflow.read()
+        if skipped is None:
+            return
+        self.state.record_outcome(skipped)
+        if not skipped:
+            self.parts.schedule.step()
+        self.alarm = self.alarm or self.scale_watch.after_step(self.state, skipped, self.parts.scaler)
+
+
+def optimizer_step(accelerator: Accelerator, parts: Trainables, max_grad_norm: float, ledger: StepLedger) -> torch.Tensor:
+    """Unscale, clip, step, update, zero the gradients. Returns the unscaled gradient norm (inf/NaN on overflow)."""
+    # The raw optimizer: the scaler hands a fused one the overflow flag, which Accelerate's wrapper would not pass on.
+    optimizer = parts.optimizer.optimizer
+    parts.scaler.unscale_(optimizer)
     # With clipping off, the norm is still computed (for telemetry); an infinite bound leaves the gradients as they are.
     grad_norm = accelerator.clip_grad_norm_(parts.model.parameters(), max_grad_norm or float("inf"))
-    skipped = found_overflow(parts.scaler, parts.optimizer)
-    parts.scaler.step(parts.optimizer)
+    ledger.settle()  # the previous step, whose flag landed long ago: sets the LR this update uses
+    ledger.overflow.capture(optimizer)
+    parts.scaler.step(optimizer)
     parts.scaler.update()
     parts.optimizer.zero_grad(set_to_none=True)
-    if not skipped:
-        parts.schedule.step()
-    return skipped, grad_norm
+    return grad_norm
 
 
 def train(
@@ -87,7 +108,7 @@ def train(
         TrainingHalted: on a loss-scale alarm (after checkpointing), a numeric fault, or an agreed stop signal.
     """
     model, scaler = parts.model, parts.scaler
-    scale_watch = ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips)
+    ledger = StepLedger(state, parts, ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips), accelerator.device)
     loss_watch = LossWatch(accelerator)
     batches_per_epoch = len(parts.train_loader)
     last_checkpoint = None
@@ -109,33 +130,37 @@ def train(
             if not accelerator.sync_gradients:
                 continue  # still accumulating: no optimizer step on this micro-batch
 
-            skipped, grad_norm = optimizer_step(accelerator, parts, cfg.max_grad_norm)
-            state.record_step(skipped)
-            telemetry.add_optimizer_step(grad_norm, skipped)
-            loss_watch.after_step(skipped)
+            grad_norm = optimizer_step(accelerator, parts, cfg.max_grad_norm, ledger)
+            state.opt_step += 1
             step = state.opt_step
+            telemetry.add_optimizer_step(grad_norm)
+            loss_watch.after_step(ledger.overflow.on_device)
             if step == first_step:
                 telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
 
-            alarm = scale_watch.after_step(state, skipped, scaler)
-            if step % cfg.logging_steps == 0 or alarm:
+            log_due = step % cfg.logging_steps == 0
+            save_due = cfg.save_steps and step % cfg.save_steps == 0
+            signum = stop.agreed()
+            if log_due or save_due or signum or ledger.alarm or step >= total_steps:
+                ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
+            if log_due or ledger.alarm:
                 loss_watch.check(step, last_checkpoint)
                 telemetry.log(step, state, parts.schedule.get_last_lr()[0], scaler.get_scale(),
                               state.epoch + state.batches_in_epoch / batches_per_epoch)
-            if alarm:
-                accelerator.print(alarm)
+            if ledger.alarm:
+                accelerator.print(ledger.alarm)
                 if cfg.on_scale_collapse == "stop":
                     with telemetry.paused():
                         path = save_checkpoint(state)
                     raise TrainingHalted(f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE)
+                ledger.alarm = None  # warned; the watch fires again only after a new run of skips
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 with telemetry.paused():
                     telemetry.log_eval(step, evaluate(accelerator, policy, model, parts.eval_loader))
-            if cfg.save_steps and step % cfg.save_steps == 0:
+            if save_due:
                 loss_watch.check(step, last_checkpoint)
                 with telemetry.paused():
                     last_checkpoint = save_checkpoint(state)
-            signum = stop.agreed()
             if signum:
                 loss_watch.check(step, last_checkpoint)
                 path = save_checkpoint(state)

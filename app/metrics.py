@@ -129,10 +129,13 @@ class NullWriter:
 
 
 class Telemetry:
-    """Meters for the loop: cheap device-side adds every micro-step, one host read per log step."""
+    """Meters for the loop: cheap device-side adds every micro-step, one host read per log step.
+
+    `start` is the TrainState the run begins from (a fresh one, or a resumed one).
+    """
 
     def __init__(self, accelerator, writer, model: torch.nn.Module, mode: str, total_steps: int,
-                 start_step: int, disable_progress: bool):
+                 start, disable_progress: bool):
         self.accelerator, self.writer = accelerator, writer
         device = accelerator.device
         self._memory = memory_probe(device)
@@ -143,13 +146,13 @@ class Telemetry:
         self._loss_sum = torch.zeros((), device=device)
         self._real_tokens = torch.zeros((), device=device, dtype=torch.int64)
         self._grad_norm = torch.zeros((), device=device)
-        self._micro_batches = self._samples = self._padded_tokens = 0
-        self._interval_steps = self._interval_skips = self._timed_steps = 0
+        self._micro_batches = self._samples = self._padded_tokens = self._timed_steps = 0
+        self._last_log = (start.opt_step, start.skipped_steps)  # where the current interval began
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
         self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
         self.last_logged: dict[str, float] = {}
-        self._bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+        self._bar = tqdm(total=total_steps, initial=start.opt_step, unit="step", dynamic_ncols=True,
                          disable=disable_progress or not accelerator.is_main_process)
 
     # ---- called from the loop: no host syncs ---------------------------------------------------------------------
@@ -160,11 +163,9 @@ class Telemetry:
         self._samples += batch["input_ids"].shape[0]
         self._padded_tokens += batch["input_ids"].numel()
 
-    def add_optimizer_step(self, grad_norm: torch.Tensor, skipped: bool) -> None:
+    def add_optimizer_step(self, grad_norm: torch.Tensor) -> None:
         self._grad_norm = grad_norm.detach()
-        self._interval_steps += 1
         self._timed_steps += 1
-        self._interval_skips += skipped
         self._bar.update(1)
 
     def restart_clock(self) -> None:
@@ -205,7 +206,7 @@ class Telemetry:
             TRAIN_EPOCH: epoch,
             AMP_LOSS_SCALE: loss_scale,
             AMP_SKIPPED_STEPS: state.skipped_steps,
-            AMP_SKIP_RATE: self._interval_skips / max(self._interval_steps, 1),
+            AMP_SKIP_RATE: (state.skipped_steps - self._last_log[1]) / max(step - self._last_log[0], 1),
             AMP_CONSECUTIVE_SKIPS: state.consecutive_skips,
             AMP_APPLIED_UPDATES: state.applied_updates,
             **memory,
@@ -227,12 +228,13 @@ class Telemetry:
         self.last_logged = scalars
         self._bar.set_postfix(loss=f"{scalars[TRAIN_LOSS]:.4f}", scale=f"{loss_scale:g}",
                               samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}", refresh=False)
-        self._reset_interval()
+        self._reset_interval(state)
         return scalars
 
-    def _reset_interval(self) -> None:
+    def _reset_interval(self, state) -> None:
         self._loss_sum.zero_()
-        self._micro_batches = self._interval_steps = self._interval_skips = 0
+        self._micro_batches = 0
+        self._last_log = (state.opt_step, state.skipped_steps)
         self.restart_clock()
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:

@@ -21,8 +21,9 @@ MODES = ("no", "fp16", "bf16")
 LAUNCHER_ENV = "ACCELERATE_MIXED_PRECISION"
 _DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CPU_FP16_SLOWDOWN = (
-    "fp16 on a CPU is emulated and slow: measured here, a MiniLM step ran about 20x slower than fp32 "
-    "(0.81 vs 16 samples/s). It is kept because it was asked for"
+    "fp16 on a CPU exercises the loss scaler but is rarely fast: CPUs without native fp16 emulate it (a MiniLM step "
+    "was reported 20x slower than fp32 on one), and even with AVX512-FP16 it ran at 0.83x fp32 in this project's "
+    "benchmark. It is kept because it was asked for"
 )
 
 
@@ -77,18 +78,43 @@ class PrecisionPolicy:
         return f"precision: {compute} on {self.device_type}, loss scaling {scaling} (from {self.source}: {self.reason})"
 
 
-def found_overflow(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the unscaled gradients hold an inf or NaN, so that `scaler.step` will skip this update.
+class OverflowFlag:
+    """Whether the scaler skipped an update, brought to the host without stalling the device.
 
-    Call it after `scaler.unscale_(optimizer)` and before `scaler.step(optimizer)`. `step` reads the same flags to the
-    host anyway, so reading them first adds no host-device sync; reading after `step` would stall on the optimizer's
-    kernels. A disabled scaler never skips and nothing is read.
+    With a fused optimizer (see optim.py), `scaler.step` makes no host sync of its own: the kernel skips an overflowed
+    update on the device. Reading the flag right away would add a sync to every step; instead it is copied without
+    blocking and read one optimizer step later, when the copy has long landed. With loss scaling off nothing is
+    copied: every update counts as applied.
     """
-    if not scaler.is_enabled():
-        return False
-    # The scaler keeps its per-device overflow flags privately; there is no public accessor that avoids a sync.
-    flags = scaler._found_inf_per_device(optimizer)  # noqa: SLF001
-    return any(flag.item() for flag in flags.values())  # host sync, the one scaler.step would make
+
+    def __init__(self, scaler: torch.amp.GradScaler, device: torch.device):
+        self._scaler = scaler
+        on_gpu = device.type == "cuda"
+        self._host = torch.zeros((), dtype=torch.bool, pin_memory=on_gpu)
+        self._landed = torch.cuda.Event() if on_gpu else None
+        self.on_device = torch.zeros((), dtype=torch.bool, device=device)  # the latest step's flag, for device-side use
+        self._pending = False
+
+    def capture(self, optimizer: torch.optim.Optimizer) -> None:
+        """Start this step's flag on its way. Call after `scaler.unscale_(optimizer)`, before `scaler.step`."""
+        self._pending = True
+        if not self._scaler.is_enabled():
+            return
+        # The scaler keeps its per-device flags privately; its public get_scale() would sync.
+        flags = self._scaler._found_inf_per_device(optimizer).values()  # noqa: SLF001
+        self.on_device = sum(flag.sum() for flag in flags) > 0  # ShardedGradScaler keeps shape [1], GradScaler []
+        self._host.copy_(self.on_device, non_blocking=True)
+        if self._landed is not None:
+            self._landed.record()
+
+    def read(self) -> bool | None:
+        """The captured step's flag (None if none is pending). Waits for the copy only, never for later work."""
+        if not self._pending:
+            return None
+        if self._landed is not None:
+            self._landed.synchronize()
+        self._pending = False
+        return bool(self._host) and self._scaler.is_enabled()
 
 
 def check_backend(policy: PrecisionPolicy) -> None:

@@ -15,8 +15,8 @@ class TrainState:
     skipped_steps: int = 0  # steps the scaler skipped because the fp16 gradients overflowed
     consecutive_skips: int = 0
 
-    def record_step(self, skipped: bool) -> None:
-        self.opt_step += 1
+    def record_outcome(self, skipped: bool) -> None:
+        """Settle a taken optimizer step as applied or skipped (the loop counted it in opt_step when it was taken)."""
         self.applied_updates += not skipped
         self.skipped_steps += skipped
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0

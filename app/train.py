@@ -104,7 +104,7 @@ def run(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]
     writer = (TensorBoardWriter(paths.log_dir, purge_step=state.opt_step + 1 if resume_path else None)
               if accelerator.is_main_process else NullWriter())
     report.write_start_texts(writer, cfg, accelerator, policy, notes, paths.run_name)
-    telemetry = Telemetry(accelerator, writer, parts.model, policy.mode, total_steps, state.opt_step, cfg.disable_tqdm)
+    telemetry = Telemetry(accelerator, writer, parts.model, policy.mode, total_steps, state, cfg.disable_tqdm)
     accelerator.print(f"run {paths.run_name}: {total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
                       f"model: {paths.output_dir}")
 

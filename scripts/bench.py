@@ -7,7 +7,7 @@
 All three train copies of the same model (same initial weights) on the same tokenized data, with the same batch size,
 collator, AdamW settings, clipping and precision:
   app          the app's own train() (accumulate, autocast, scaler, telemetry to TensorBoard, guards)
-  bare         autocast + GradScaler + clip + AdamW in ten lines: no Accelerate, no logging
+  bare         autocast + GradScaler + clip + fused AdamW in ten lines: no Accelerate, no logging
   hf_trainer   transformers.Trainer with equivalent TrainingArguments
 Each warms up, then they take turns for --rounds rounds of --steps steps, so drift of the machine hits all alike.
 Step time is measured the same way for all three: between consecutive training forward calls, which leaves out
@@ -119,15 +119,16 @@ def main() -> int:
     # ---- (a) the app ---------------------------------------------------------------------------------------------
     train_loader, eval_loader = data.make_loaders(tokenized, tokenizer, cfg, pad_to)
     parts, total_steps = build_trainables(cfg, accelerator, policy, fresh_model(), train_loader, eval_loader)
-    telemetry = Telemetry(accelerator, TensorBoardWriter(workdir / "runs"), parts.model, policy.mode, total_steps, 0, True)
     state, stop = TrainState(), StopRequest(1)
+    telemetry = Telemetry(accelerator, TensorBoardWriter(workdir / "runs"), parts.model, policy.mode, total_steps, state, True)
 
     def app_steps(n: int) -> None:
         train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, lambda s: "", stop)
 
     # ---- (b) a bare PyTorch loop ---------------------------------------------------------------------------------
     bare_model = fresh_model().to(device).train()
-    bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                                       fused=True)  # the same kernel as the app and HF Trainer
     bare_schedule = get_linear_schedule_with_warmup(bare_optimizer, 0, total)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to)

@@ -83,8 +83,8 @@ def main() -> int:
         model.config.problem_type = "single_label_classification"
         train_loader, eval_loader = data.make_loaders(tokens, tokenizer, cfg, 8)
         parts, total_steps = build_trainables(cfg, accelerator, policy, model, train_loader, eval_loader)
-        telemetry = Telemetry(accelerator, NullWriter(), parts.model, mode, total_steps, 0, True)
         state, stop = TrainState(), StopRequest(1)
+        telemetry = Telemetry(accelerator, NullWriter(), parts.model, mode, total_steps, state, True)
         run = lambda n: train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, lambda s: "", stop)  # noqa: E731
 
         run(args.warmup)

@@ -30,7 +30,7 @@ class Run:
 
     def train(self, save_checkpoint=lambda state: "") -> None:
         telemetry = Telemetry(self.accelerator, NullWriter(), self.parts.model, self.policy.mode, self.total_steps,
-                              self.state.opt_step, disable_progress=True)
+                              self.state, disable_progress=True)
         stop = StopRequest(self.accelerator.num_processes)
         try:
             return train(self.cfg, self.accelerator, self.policy, self.parts, self.state, self.total_steps, telemetry,

@@ -35,7 +35,7 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
     plain = load_model(str(tiny_model_dir), run.parts.model.config.id2label)
     plain.load_state_dict(initial_weights)
     plain.train()
-    optimizer = torch.optim.AdamW(plain.parameters(), lr=run.cfg.learning_rate, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(plain.parameters(), lr=run.cfg.learning_rate, weight_decay=0.0, fused=True)
     schedule = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=3, num_training_steps=6)
     torch.set_rng_state(rng)
     for batch in batches:
@@ -115,10 +115,11 @@ def test_loss_scale_follows_torch_schedule_and_skips_injected_infs(tiny_model_di
 
 def test_skipped_step_holds_the_learning_rate(tiny_model_dir, review_files):
     run = build_run(tiny_model_dir, review_files, amp=True, max_steps=4, warmup_ratio=0.5)
-    lrs = []
-    run.parts.model.register_forward_pre_hook(lambda m, a: lrs.append(run.parts.optimizer.param_groups[0]["lr"]) if m.training else None)
+    lrs = []  # the LR each optimizer.step call sees; the fused optimizer is called on skipped steps too, and skips inside
+    run.parts.optimizer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"]))
     inject_inf_at(run.parts.model, {2}, run.parts.optimizer)
     run.train()
-    # LR before steps 1..4: warmup from 0; the skipped step 2 does not advance it, so steps 2 and 3 share one LR.
+    assert len(lrs) == 4
+    # LR of updates 1..4: warmup from 0; the skipped step 2 does not advance it, so steps 2 and 3 share one LR.
     assert lrs[0] == 0.0
     assert lrs[1] > 0 and lrs[2] == lrs[1] and lrs[3] > lrs[2]

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, BertConfig, BertForSequenceClassificatio
 
 from app.config import TrainConfig  # noqa: E402
 from app.outputs import save_final_model  # noqa: E402
-from app.precision import found_overflow, resolve_precision  # noqa: E402
+from app.precision import OverflowFlag, resolve_precision  # noqa: E402
 from app.runtime import build_accelerator  # noqa: E402
 
 out, tokenizer_dir = Path(sys.argv[1]), sys.argv[2]
@@ -55,10 +55,12 @@ for name, version, scaler_kind in (("fsdp1", "FSDP1", "app"), ("fsdp2", "FSDP2",
     if rank == 1:  # after backward, gradients are reduced and sharded: this inf exists on rank 1 only
         grad = next(p.grad for p in model.parameters() if p.grad is not None and p.grad.numel())
         (grad.to_local() if isinstance(grad, DTensor) else grad).view(-1)[0] = float("inf")
+    overflow = OverflowFlag(scaler, torch.device("cpu"))
     scaler.unscale_(optimizer)
-    skipped = found_overflow(scaler, optimizer)
+    overflow.capture(optimizer)
     scaler.step(optimizer)
     scaler.update()
+    skipped = overflow.read()
     results[name] = {"scaler": type(scaler).__name__, "skipped": skipped, "scale": scaler.get_scale()}
     if name == "fsdp2":
         save_final_model(accelerator, model, AutoTokenizer.from_pretrained(tokenizer_dir), out / "fsdp2_model")
