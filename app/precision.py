@@ -22,7 +22,7 @@ LAUNCHER_ENV = "ACCELERATE_MIXED_PRECISION"
 _DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CPU_FP16_SLOWDOWN = (
     "fp16 on a CPU exercises the loss scaler but is rarely fast: CPUs without native fp16 emulate it (a MiniLM step "
-    "was reported 20x slower than fp32 on one), and even with AVX512-FP16 it ran at 0.83x fp32 in this project's "
+    "was reported 20x slower than fp32 on one), and even with AVX512-FP16 it ran at 0.88x fp32 in this project's "
     "benchmark. It is kept because it was asked for"
 )
 

@@ -128,7 +128,7 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path) -> str:
         "final eval/accuracy": lambda r: f"{r['accuracy']:.4f}",
         "eval-accuracy delta vs fp32 (points)": lambda r: f"{100 * (r['accuracy'] - base['accuracy']):+.2f}",
         "final eval/f1": lambda r: f"{r['f1']:.4f}",
-        "largest train/loss deviation vs fp32": lambda r: f"{largest_deviation(base['curves'].get(metrics.TRAIN_LOSS, {}), r['curves'].get(metrics.TRAIN_LOSS, {})):.4f}",
+        "largest train/loss deviation vs fp32": lambda r: f"{largest_deviation(base['curves'].get(metrics.TRAIN_LOSS, {}), r['curves'].get(metrics.TRAIN_LOSS, {})):.2e}",
         "skipped steps": lambda r: f"{r['skipped_steps']:.0f}",
         "final loss scale": lambda r: f"{r['loss_scale']:g}",
     }
