@@ -185,7 +185,7 @@ def _pick_mode(requested: str, device_type: str) -> tuple[str, str]:
     if device_type == "cuda":
         return "fp16", "a GPU, where fp16 tensor cores are fastest"
     if device_type == "cpu" and cpu_has_native_bf16():
-        return "bf16", "this CPU has native bf16 (AVX512-BF16/AMX), about 2x fp32; its fp16 is emulated and slow"
+        return "bf16", "this CPU has native bf16 (AVX512-BF16/AMX), which beats fp32 and fp16 on CPUs that have it"
     if device_type == "cpu":
         return "no", "this CPU has no native bf16 or fp16, so fp32 is fastest"
     return "no", f"no measured fast low precision on {device_type}"
