@@ -94,7 +94,11 @@ def save_final_model(accelerator, model, tokenizer, output_dir: Path) -> None:
 def is_sharded(model: torch.nn.Module) -> bool:
     """Sharded by FSDP1 (wrapper modules) or FSDP2 (DTensor parameters)."""
     from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.tensor import DTensor
+
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5
+        from torch.distributed._tensor import DTensor
 
     return any(isinstance(m, FullyShardedDataParallel) for m in model.modules()) or any(
         isinstance(p, DTensor) for p in model.parameters())
