@@ -119,8 +119,9 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
     multi_cpu_without_mpi = (os.environ.get("MASTER_ADDR") and "WORLD_SIZE" not in os.environ
                              and not any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")))
     if multi_cpu_without_mpi and accelerator.num_processes == 1:
-        lines.append("note: a multi-CPU launch (MULTI_CPU, or --cpu with --num_processes) starts one process without "
-                     "mpirun: training runs as 1 process; use --config_file accelerate_configs/cpu_multi.yaml for gloo")
+        lines.append("note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one "
+                     "(MULTI_CPU): training runs as 1 process; use --config_file accelerate_configs/cpu_multi.yaml for "
+                     "real processes over gloo")
     if device.type == "cuda":
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if per_node > torch.cuda.device_count():

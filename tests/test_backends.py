@@ -53,6 +53,13 @@ def test_fsdp_config_on_cpu_says_it_runs_ddp_and_trains_with_one_set_of_event_fi
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
+def test_a_multi_process_cpu_launch_that_starts_one_process_says_so(tmp_path, quick_args):
+    result = launch(tmp_path, ["--num_processes", "2"], [*quick_args, "--max_steps", "1", "--eval_steps", "0"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "backend: single process, 1 process(es) on cpu" in result.stdout
+    assert "note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one" in result.stdout
+
+
 def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, review_files):
     port = free_port()
 
