@@ -151,7 +151,6 @@ class Telemetry:
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
         self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
-        self.last_logged: dict[str, float] = {}
         self._bar = tqdm(total=total_steps, initial=start.opt_step, unit="step", dynamic_ncols=True,
                          disable=disable_progress or not accelerator.is_main_process)
 
@@ -225,7 +224,6 @@ class Telemetry:
             self.run_seconds += seconds
         self.writer.log(scalars, step)
         self.peak_memory_gib = max([self.peak_memory_gib, *memory.values()])
-        self.last_logged = scalars
         self._bar.set_postfix(loss=f"{scalars[TRAIN_LOSS]:.4f}", scale=f"{loss_scale:g}",
                               samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}", refresh=False)
         self._reset_interval(state)
