@@ -70,6 +70,13 @@ def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
     return lambda seq_len: 6 * weights + 12 * layers * hidden * seq_len
 
 
+def peak_memory_tag(device: torch.device) -> tuple[str, str]:
+    """The memory tag that holds the peak on this device, and what it measures in words."""
+    if device.type == "cuda":
+        return MEMORY_PEAK_ALLOCATED_GIB, "GPU peak allocated"
+    return MEMORY_RSS_GIB, "CPU RSS"
+
+
 def memory_probe(device: torch.device) -> Callable[[], dict[str, float]]:
     """Picked once, so the loop has no device `if`. Host-side queries: no device sync."""
     if device.type == "cuda":
@@ -151,6 +158,7 @@ class Telemetry:
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
         self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
+        self._peak_tag, self.peak_memory_kind = peak_memory_tag(device)
         self._bar = tqdm(total=total_steps, initial=start.opt_step, unit="step", dynamic_ncols=True,
                          disable=disable_progress or not accelerator.is_main_process)
 
@@ -223,7 +231,7 @@ class Telemetry:
             self.run_samples += samples
             self.run_seconds += seconds
         self.writer.log(scalars, step)
-        self.peak_memory_gib = max([self.peak_memory_gib, *memory.values()])
+        self.peak_memory_gib = max(self.peak_memory_gib, memory[self._peak_tag])
         self._bar.set_postfix(loss=f"{scalars[TRAIN_LOSS]:.4f}", scale=f"{loss_scale:g}",
                               samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}", refresh=False)
         self._reset_interval(state)

@@ -43,12 +43,12 @@ HPARAM_METRICS = [metrics.EVAL_ACCURACY, metrics.EVAL_F1, metrics.EVAL_LOSS, met
                   metrics.AMP_SKIPPED_STEPS, metrics.AMP_LOSS_SCALE]
 
 
-def summary_table(wall_seconds: float, telemetry: metrics.Telemetry, state, final: dict[str, float], memory_kind: str) -> str:
+def summary_table(wall_seconds: float, telemetry: metrics.Telemetry, state, final: dict[str, float]) -> str:
     samples_per_sec = telemetry.run_samples / telemetry.run_seconds if telemetry.run_seconds else float("nan")
     rows = [
         ("wall time", f"{wall_seconds:.1f} s"),
         ("samples/s", f"{samples_per_sec:.1f} (all ranks, warm-up and evaluation excluded)"),
-        ("peak memory", f"{telemetry.peak_memory_gib:.2f} GiB ({memory_kind}, max over ranks)"),
+        ("peak memory", f"{telemetry.peak_memory_gib:.2f} GiB ({telemetry.peak_memory_kind}, max over ranks)"),
         ("optimizer steps", f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"),
         *((tag, f"{value:.4f}") for tag, value in final.items()),
     ]

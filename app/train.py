@@ -120,8 +120,7 @@ def run(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]
     finally:
         telemetry.close()
         stop.restore()
-    memory_kind = "GPU allocated" if accelerator.device.type == "cuda" else "CPU RSS"
-    accelerator.print(report.summary_table(time.perf_counter() - started, telemetry, state, final, memory_kind))
+    accelerator.print(report.summary_table(time.perf_counter() - started, telemetry, state, final))
     accelerator.print(f"model saved to {paths.output_dir}")
     return 0
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from app import metrics  # noqa: E402
@@ -33,8 +34,6 @@ OWNED_FLAGS = ("--amp", "--mixed_precision", "--run_name", "--output_dir", "--re
 
 def default_launcher() -> list[str]:
     launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "1"]
-    import torch
-
     if not torch.cuda.is_available():  # accelerate launch gives a CPU process one thread unless told otherwise
         launcher += ["--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
     return launcher
@@ -49,14 +48,15 @@ def read_run(run_dir: Path) -> dict:
         if tag.startswith("run/environment"):
             table = events.Tensors(tag)[0].tensor_proto.string_val[0].decode()
             device = next((row.split("|")[2].strip() for row in table.splitlines() if row.startswith("| device |")), device)
-    memory_tag = metrics.MEMORY_PEAK_ALLOCATED_GIB if metrics.MEMORY_PEAK_ALLOCATED_GIB in curves else metrics.MEMORY_RSS_GIB
+    gpu_run = metrics.MEMORY_PEAK_ALLOCATED_GIB in curves
+    memory_tag, memory_kind = metrics.peak_memory_tag(torch.device("cuda" if gpu_run else "cpu"))
     last = lambda tag: curves[tag][max(curves[tag])] if curves.get(tag) else float("nan")  # noqa: E731
     speeds = list(curves.get(metrics.PERF_SAMPLES_PER_SEC, {}).values())
     return {
         "curves": curves, "device": device,
         "samples_per_sec": sum(speeds) / len(speeds) if speeds else float("nan"),
         "peak_memory_gib": max(curves.get(memory_tag, {0: float("nan")}).values()),
-        "memory_kind": "GPU peak allocated" if memory_tag == metrics.MEMORY_PEAK_ALLOCATED_GIB else "CPU RSS",
+        "memory_kind": memory_kind,
         "accuracy": last(metrics.EVAL_ACCURACY), "f1": last(metrics.EVAL_F1), "eval_loss": last(metrics.EVAL_LOSS),
         "skipped_steps": last(metrics.AMP_SKIPPED_STEPS), "loss_scale": last(metrics.AMP_LOSS_SCALE),
     }
