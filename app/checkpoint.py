@@ -46,11 +46,14 @@ class ScalerCheckpoint:
 
 
 class Checkpoints:
-    def __init__(self, accelerator, output_dir: Path, save_total_limit: int | None):
+    """This run's checkpoints. `run_info` (run name, precision, process count) is saved with every one of them."""
+
+    def __init__(self, accelerator, output_dir: Path, save_total_limit: int | None, run_info: dict):
         self.accelerator = accelerator
         self.root = Path(output_dir) / "checkpoints"
         self.save_total_limit = save_total_limit
-        self.last_saved: Path | None = None
+        self.run_info = run_info
+        self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
 
     def remove_staging(self) -> None:
         """Drop what a run killed mid-save left behind. Main process, at start."""
@@ -58,7 +61,7 @@ class Checkpoints:
             for leftover in self.root.glob(".staging-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
 
-    def save(self, state: TrainState, run_info: dict) -> Path:
+    def save(self, state: TrainState) -> Path:
         """Write a checkpoint of this step on every rank, publish it atomically, then prune. Collective."""
         final = self.root / f"step-{state.opt_step}"
         if final == self.last_saved:
@@ -68,7 +71,7 @@ class Checkpoints:
         acc.wait_for_everyone()
         acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
         if acc.is_main_process:
-            payload = {"state": dataclasses.asdict(state), **run_info}
+            payload = {"state": dataclasses.asdict(state), **self.run_info}
             _write_atomically(staging / STATE_FILE, json.dumps(payload, indent=2))
         # Without this barrier a slow rank's RNG file could still be missing when the folder is renamed.
         acc.wait_for_everyone()
@@ -88,12 +91,10 @@ class Checkpoints:
         for path in old[: max(0, len(old) + 1 - self.save_total_limit)]:
             shutil.rmtree(path, ignore_errors=True)
 
-    def load(self, path: Path) -> tuple[TrainState, dict]:
-        """Restore model, optimizer, schedule, scaler and RNG states on every rank; return the counters and run info."""
+    def load(self, path: Path) -> None:
+        """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: read_run_info)."""
         self.accelerator.load_state(str(path))
-        info = json.loads((path / STATE_FILE).read_text())
         self.last_saved = path
-        return TrainState(**info.pop("state")), info
 
 
 def completed_checkpoints(root: Path) -> list[Path]:
@@ -119,7 +120,7 @@ def find_checkpoint(spec: str, output_dir: str | None) -> Path:
 
 
 def read_run_info(path: Path) -> dict:
-    """The run info a checkpoint was saved with, without loading it (to reuse its run name before logging starts)."""
+    """What a checkpoint was saved with: the TrainState counters under "state", and the run info."""
     return json.loads((path / STATE_FILE).read_text())
 
 

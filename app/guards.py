@@ -8,6 +8,7 @@ steps and before every checkpoint, so a bad state is never saved.
 from __future__ import annotations
 
 from collections import deque
+from pathlib import Path
 
 import torch
 
@@ -63,7 +64,7 @@ class LossWatch:
         self._bad_updates += (~torch.isfinite(self._step_loss) & ~overflowed).long()
         self._step_loss.zero_()
 
-    def check(self, opt_step: int, last_checkpoint: str | None) -> None:
+    def check(self, opt_step: int, last_checkpoint: Path | None) -> None:
         """Raise on every rank if a non-finite loss reached the weights on any rank since the last check. Collective."""
         if self.accelerator.reduce(self._bad_updates, "sum").item():  # host sync, at log steps and before checkpoints
             kept = f"the last good checkpoint is kept: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"

@@ -9,13 +9,12 @@ is read on skipped steps only. Everything else is read at log, checkpoint and st
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator, skip_first_batches
 
 from app import metrics
+from app.checkpoint import Checkpoints
 from app.config import TrainConfig
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.guards import LossWatch, ScaleWatch
@@ -99,7 +98,7 @@ def train(
     state: TrainState,
     total_steps: int,
     telemetry: metrics.Telemetry,
-    save_checkpoint: Callable[[TrainState], str],
+    checkpoints: Checkpoints,
     stop: StopRequest,
 ) -> None:
     """Train from `state` until it reaches `total_steps` optimizer steps; `state` is updated in place.
@@ -111,7 +110,6 @@ def train(
     ledger = StepLedger(state, parts, ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips), accelerator.device)
     loss_watch = LossWatch(accelerator)
     batches_per_epoch = len(parts.train_loader)
-    last_checkpoint = None
     first_step = state.opt_step + 1  # of this process: after a resume, warm-up happens again
     model.train()
     while state.opt_step < total_steps:
@@ -143,27 +141,25 @@ def train(
             signum = stop.agreed()
             if log_due or save_due or signum or ledger.alarm or step >= total_steps:
                 ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
+                loss_watch.check(step, checkpoints.last_saved)  # never log or save past a non-finite loss
             if log_due or ledger.alarm:
-                loss_watch.check(step, last_checkpoint)
                 telemetry.log(step, state, parts.schedule.get_last_lr()[0], scaler.get_scale(),
                               state.epoch + state.batches_in_epoch / batches_per_epoch)
             if ledger.alarm:
                 accelerator.print(ledger.alarm)
                 if cfg.on_scale_collapse == "stop":
                     with telemetry.paused():
-                        path = save_checkpoint(state)
+                        path = checkpoints.save(state)
                     raise TrainingHalted(f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE)
                 ledger.alarm = None  # warned; the watch fires again only after a new run of skips
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 with telemetry.paused():
                     telemetry.log_eval(step, evaluate(accelerator, policy, model, parts.eval_loader))
             if save_due:
-                loss_watch.check(step, last_checkpoint)
                 with telemetry.paused():
-                    last_checkpoint = save_checkpoint(state)
+                    checkpoints.save(state)
             if signum:
-                loss_watch.check(step, last_checkpoint)
-                path = save_checkpoint(state)
+                path = checkpoints.save(state)
                 raise TrainingHalted(f"stopped by signal {signum} at optimizer step {step}; resume from {path}",
                                      stop.exit_code(signum))
             if step >= total_steps:
@@ -171,7 +167,6 @@ def train(
         else:
             state.epoch += 1
             state.batches_in_epoch = 0
-    loss_watch.check(state.opt_step, last_checkpoint)
 
 
 @torch.no_grad()

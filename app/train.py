@@ -88,17 +88,18 @@ def run(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]
     accelerator.register_for_checkpointing(parts.schedule, scaler_state)
 
     # ---- resume or start ------------------------------------------------------------------------------------------
-    checkpoints = checkpoint.Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit)
+    run_info = {"run_name": paths.run_name, "precision": policy.mode, "num_processes": accelerator.num_processes}
+    checkpoints = checkpoint.Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, run_info)
     if accelerator.is_main_process:
         outputs.prepare(paths, cfg, overwrite_checkpoints=cfg.overwrite_output_dir and resume_path is None)
     checkpoints.remove_staging()
     state = TrainState()
     if resume_path:
-        state, saved = checkpoints.load(resume_path)
+        checkpoints.load(resume_path)
+        state = TrainState(**resume_info["state"])
         accelerator.print(f"resumed from {resume_path} at optimizer step {state.opt_step}")
-        for line in _resume_notes(saved, policy.mode, accelerator.num_processes, scaler_state.toggled):
+        for line in _resume_notes(resume_info, policy.mode, accelerator.num_processes, scaler_state.toggled):
             accelerator.print(line)
-    run_info = {"run_name": paths.run_name, "precision": policy.mode, "num_processes": accelerator.num_processes}
 
     # ---- telemetry ------------------------------------------------------------------------------------------------
     writer = (TensorBoardWriter(paths.log_dir, purge_step=state.opt_step + 1 if resume_path else None)
@@ -111,8 +112,7 @@ def run(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]
     # ---- train, then save ---------------------------------------------------------------------------------------
     stop = StopRequest(accelerator.num_processes)
     try:
-        train(cfg, accelerator, policy, parts, state, total_steps, telemetry,
-              lambda s: str(checkpoints.save(s, run_info)), stop)
+        train(cfg, accelerator, policy, parts, state, total_steps, telemetry, checkpoints, stop)
         final = evaluate(accelerator, policy, parts.model, parts.eval_loader)
         telemetry.log_eval(state.opt_step, final)
         outputs.save_final_model(accelerator, parts.model, tokenizer, paths.output_dir)

@@ -34,6 +34,7 @@ from transformers import BertConfig, BertModel, DataCollatorWithPadding, Printer
 from transformers import get_linear_schedule_with_warmup  # noqa: E402
 
 from app import data  # noqa: E402
+from app.checkpoint import Checkpoints  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.loop import build_trainables, train  # noqa: E402
 from app.metrics import Telemetry, TensorBoardWriter  # noqa: E402
@@ -122,8 +123,10 @@ def main() -> int:
     state, stop = TrainState(), StopRequest(1)
     telemetry = Telemetry(accelerator, TensorBoardWriter(workdir / "runs"), parts.model, policy.mode, total_steps, state, True)
 
+    checkpoints = Checkpoints(accelerator, workdir, None, run_info={})  # --save_steps 0: only a signal would save
+
     def app_steps(n: int) -> None:
-        train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, lambda s: "", stop)
+        train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, checkpoints, stop)
 
     # ---- (b) a bare PyTorch loop ---------------------------------------------------------------------------------
     bare_model = fresh_model().to(device).train()

@@ -28,6 +28,7 @@ from datasets import Dataset, DatasetDict  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
 from app import data  # noqa: E402
+from app.checkpoint import Checkpoints  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.loop import build_trainables, train  # noqa: E402
 from app.metrics import NullWriter, Telemetry, flops_per_token, peak_flops  # noqa: E402
@@ -85,7 +86,8 @@ def main() -> int:
         parts, total_steps = build_trainables(cfg, accelerator, policy, model, train_loader, eval_loader)
         state, stop = TrainState(), StopRequest(1)
         telemetry = Telemetry(accelerator, NullWriter(), parts.model, mode, total_steps, state, True)
-        run = lambda n: train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, lambda s: "", stop)  # noqa: E731
+        checkpoints = Checkpoints(accelerator, Path(tempfile.mkdtemp(prefix="gpu-check-")), None, run_info={})
+        run = lambda n: train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, checkpoints, stop)  # noqa: E731
 
         run(args.warmup)
         if device.type == "cuda":

@@ -5,10 +5,12 @@ The wiring is train.py's: the same builders in the same order, minus folders and
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app import data
+from app.checkpoint import Checkpoints
 from app.config import TrainConfig
 from app.loop import Trainables, build_trainables, train
 from app.metrics import NullWriter, Telemetry
@@ -28,13 +30,14 @@ class Run:
     total_steps: int
     state: TrainState
 
-    def train(self, save_checkpoint=lambda state: "") -> None:
+    def train(self) -> None:
         telemetry = Telemetry(self.accelerator, NullWriter(), self.parts.model, self.policy.mode, self.total_steps,
                               self.state, disable_progress=True)
+        checkpoints = Checkpoints(self.accelerator, Path(tempfile.mkdtemp(prefix="harness-")), None, run_info={})
         stop = StopRequest(self.accelerator.num_processes)
         try:
             return train(self.cfg, self.accelerator, self.policy, self.parts, self.state, self.total_steps, telemetry,
-                         save_checkpoint, stop)
+                         checkpoints, stop)
         finally:
             stop.restore()
 

@@ -154,3 +154,15 @@ def test_non_finite_loss_without_amp_stops_with_exit_3_and_keeps_the_last_good_c
     assert "numeric fault: a NaN/inf loss was applied to the weights between optimizer steps 2 and 2" in err
     assert [p.name for p in completed_checkpoints(tmp_path / "out" / "checkpoints")] == ["step-1"]
     assert "the last good checkpoint is kept" in err and "step-1" in err
+
+
+def test_a_numeric_fault_after_a_resume_names_the_checkpoint_resumed_from(tmp_path, quick_args, capfd):
+    # The first update with this LR leaves finite but absurd weights, saved at step 1; the next loss is NaN.
+    blow_up = [*quick_args, "--mixed_precision", "no", "--learning_rate", "1e30", "--warmup_ratio", "0", "--eval_steps", "0"]
+    assert run_app([*blow_up, "--max_steps", "1", "--save_steps", "1"]) == 0
+    capfd.readouterr()
+    code = run_app([*blow_up, "--max_steps", "3", "--logging_steps", "3", "--save_steps", "0",
+                    "--resume_from_checkpoint", "latest"])
+    err = capfd.readouterr().err
+    assert code == 3
+    assert f"the last good checkpoint is kept: {tmp_path / 'out' / 'checkpoints' / 'step-1'}" in err
