@@ -22,7 +22,8 @@ from torch.utils.data import DataLoader
 from transformers import DataCollatorWithPadding
 
 from app.config import DATA_FILE_TYPES, TrainConfig
-from app.errors import UsageError
+from app.errors import UsageError, first_line
+from app.runtime import pinned_batches
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
 
@@ -136,7 +137,7 @@ def _row_count(path: str, kind: str) -> int | None:
 def _root_cause(error: BaseException) -> str:
     while error.__cause__ or error.__context__:
         error = error.__cause__ or error.__context__
-    return _first_line(error)
+    return first_line(error)
 
 
 def _load_named(name: str, config_name: str | None) -> DatasetDict:
@@ -144,7 +145,7 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
         loaded = load_dataset(name, config_name)
     except Exception as e:  # not found, offline, wrong config: all are input errors here
         raise UsageError(
-            f"--dataset_name {name!r} cannot be loaded: {_first_line(e)} "
+            f"--dataset_name {name!r} cannot be loaded: {first_line(e)} "
             "(offline, a hub dataset must be cached; or use --train_file)"
         ) from None
     if "train" not in loaded:
@@ -155,11 +156,6 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
             splits["validation"] = loaded[candidate]
             break
     return DatasetDict(splits)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def resolve_columns(cfg: TrainConfig) -> tuple[str, str | None, str]:
@@ -250,7 +246,7 @@ def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_mul
     sees the same dropout masks as an uninterrupted one.
     """
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
-    pin = torch.cuda.is_available()  # pinned batches let the copy to the GPU run without a host sync
+    pin = pinned_batches()
     train_loader = DataLoader(
         tokenized["train"], batch_size=cfg.per_device_train_batch_size, shuffle=True, collate_fn=collate,
         generator=torch.Generator().manual_seed(cfg.seed), pin_memory=pin,

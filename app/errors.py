@@ -19,3 +19,9 @@ class TrainingHalted(Exception):
 
 
 NUMERIC_FAULT_EXIT_CODE = 3
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, for a one-line report; its type name when the message is empty."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

