@@ -41,7 +41,9 @@ def build_trainables(cfg: TrainConfig, accelerator: Accelerator, policy: Precisi
                      train_loader, eval_loader) -> tuple[Trainables, int]:
     """Compile (if asked), prepare, and add the schedule and the scaler. Returns the parts and the total steps."""
     if cfg.torch_compile:
-        model = torch.compile(model)  # the model only: autocast and the scaler stay eager
+        # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
+        # parameter names ("_orig_mod.") in checkpoints and in the saved model.
+        model.compile()
     optimizer = build_optimizer(model, cfg)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     total_steps = total_optimizer_steps(cfg, len(train_loader))
