@@ -177,7 +177,10 @@ class Telemetry:
 
     def restart_clock(self) -> None:
         """Start timing afresh: after the warm-up step (which may include compilation), throughput excludes it."""
-        self._synchronize()
+        self._synchronize()  # the warm-up step's kernels finish before the clock starts
+        self._zero_timing()
+
+    def _zero_timing(self) -> None:
         self._samples = self._padded_tokens = self._timed_steps = 0
         self._real_tokens.zero_()
         self._timed_seconds = 0.0
@@ -241,7 +244,7 @@ class Telemetry:
         self._loss_sum.zero_()
         self._micro_batches = 0
         self._last_log = (state.opt_step, state.skipped_steps)
-        self.restart_clock()
+        self._zero_timing()  # no synchronize: the read in log() already waited for the device
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.writer.log(metrics, step)
