@@ -1,10 +1,10 @@
 # The two commands of a fresh machine; both set up .venv on first use.
 #   make train   fine-tune the embedded default (MiniLM on fine-food reviews) offline, fast precision for this device
-#   make test    run the test suite
+#   make test    check the style (ruff: lint and format, settings in pyproject.toml), then run the test suite
 VENV := .venv
 THREADS := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
 
-.PHONY: setup train test
+.PHONY: setup train test lint
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -14,5 +14,9 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 train: setup
 	$(VENV)/bin/accelerate launch --num_processes 1 --num_cpu_threads_per_process $(THREADS) app/train.py --mixed_precision auto
 
-test: setup
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
 	$(VENV)/bin/python -m pytest -q -n 2

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,14 +46,63 @@ class ScalerCheckpoint:
         self.scaler.load_state_dict(saved["scaler"])
 
 
-class Checkpoints:
-    """This run's checkpoints. `run_info` (run name, precision, process count) is saved with every one of them."""
+@dataclass
+class RunInfo:
+    """What a checkpoint records besides Accelerate's state: the run it belongs to, and where training stood."""
 
-    def __init__(self, accelerator, output_dir: Path, save_total_limit: int | None, run_info: dict):
+    run_name: str
+    precision: str  # the policy's mode: "no", "fp16" or "bf16"
+    num_processes: int
+    state: TrainState = field(default_factory=TrainState)
+
+    @classmethod
+    def read(cls, checkpoint: Path) -> RunInfo:
+        saved = json.loads((checkpoint / STATE_FILE).read_text())
+        counters = {f.name for f in dataclasses.fields(TrainState)}  # counters of older versions are dropped
+        state = TrainState(**{k: v for k, v in saved.pop("state").items() if k in counters})
+        return cls(saved["run_name"], saved["precision"], saved["num_processes"], state)
+
+    def write(self, checkpoint: Path) -> None:
+        _write_atomically(checkpoint / STATE_FILE, json.dumps(dataclasses.asdict(self), indent=2))
+
+    def resume_notes(self, precision: str, num_processes: int, scaler_toggled: str | None) -> list[str]:
+        """How a run resuming from this checkpoint differs from the run that saved it, one line each."""
+        notes = []
+        if self.precision != precision:
+            notes.append(f"note: precision changed since the checkpoint ({self.precision} -> {precision})")
+        if scaler_toggled:
+            notes.append(
+                f"note: loss scaling toggled since the checkpoint ({scaler_toggled}): starting a fresh scaler state"
+            )
+        if self.num_processes != num_processes:
+            notes.append(
+                f"note: the checkpoint was saved by {self.num_processes} process(es), this run has "
+                f"{num_processes}: the data is sharded differently, so the resume is not exact"
+            )
+        return notes
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """A complete checkpoint to continue from, and what it recorded."""
+
+    path: Path
+    info: RunInfo
+
+    @property
+    def output_dir(self) -> Path:
+        """The output folder of the run that saved it: checkpoints live in <output_dir>/checkpoints/step-<N>."""
+        return self.path.parent.parent
+
+
+class Checkpoints:
+    """This run's checkpoints under <output_dir>/checkpoints. Each records the run's RunInfo with its state then."""
+
+    def __init__(self, accelerator, output_dir: Path, save_total_limit: int | None, run_name: str, precision: str):
         self.accelerator = accelerator
         self.root = Path(output_dir) / "checkpoints"
         self.save_total_limit = save_total_limit
-        self.run_info = run_info
+        self.run_name, self.precision = run_name, precision
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
 
     def remove_staging(self) -> None:
@@ -71,8 +121,7 @@ class Checkpoints:
         acc.wait_for_everyone()
         acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
         if acc.is_main_process:
-            payload = {"state": dataclasses.asdict(state), **self.run_info}
-            _write_atomically(staging / STATE_FILE, json.dumps(payload, indent=2))
+            RunInfo(self.run_name, self.precision, acc.num_processes, state).write(staging)
         # Without this barrier a slow rank's RNG file could still be missing when the folder is renamed.
         acc.wait_for_everyone()
         if acc.is_main_process:
@@ -92,7 +141,7 @@ class Checkpoints:
             shutil.rmtree(path, ignore_errors=True)
 
     def load(self, path: Path) -> None:
-        """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: read_run_info)."""
+        """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: RunInfo.read)."""
         self.accelerator.load_state(str(path))
         self.last_saved = path
 
@@ -101,8 +150,18 @@ def completed_checkpoints(root: Path) -> list[Path]:
     """The complete `step-<N>` checkpoints under `root`, oldest first."""
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()]
+    found = [
+        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+    ]
     return [path for _, path in sorted(found)]
+
+
+def find_resume_point(spec: str | None, output_dir: str | None) -> ResumePoint | None:
+    """What `--resume_from_checkpoint` names, with its RunInfo; None if not given. UsageError if none is there."""
+    if not spec:
+        return None
+    path = find_checkpoint(spec, output_dir)
+    return ResumePoint(path, RunInfo.read(path))
 
 
 def find_checkpoint(spec: str, output_dir: str | None) -> Path:
@@ -115,13 +174,10 @@ def find_checkpoint(spec: str, output_dir: str | None) -> Path:
         raise UsageError("--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue")
     found = completed_checkpoints(Path(output_dir) / "checkpoints")
     if not found:
-        raise UsageError(f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh")
+        raise UsageError(
+            f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh"
+        )
     return found[-1]
-
-
-def read_run_info(path: Path) -> dict:
-    """What a checkpoint was saved with: the TrainState counters under "state", and the run info."""
-    return json.loads((path / STATE_FILE).read_text())
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -10,7 +10,6 @@ The launch topology (processes, machines, backend) is not here: it belongs to `a
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import typing
 from dataclasses import dataclass, field
@@ -44,47 +43,83 @@ class TrainConfig:
     )
     dataset_config_name: Optional[str] = _help("Config name of --dataset_name, if it has several.", default=None)
     train_file: Optional[str] = _help("Training data: .csv, .json, .jsonl or .parquet.", default=None)
-    validation_file: Optional[str] = _help("Validation data, same formats. Default: split off the training data.", default=None)
-    text_column: Optional[str] = _help('Column with the text. Default: "review" for the embedded data, else "text".', default=None)
+    validation_file: Optional[str] = _help(
+        "Validation data, same formats. Default: split off the training data.", default=None
+    )
+    text_column: Optional[str] = _help(
+        'Column with the text. Default: "review" for the embedded data, else "text".', default=None
+    )
     text_pair_column: Optional[str] = _help("Optional second text column, for sentence-pair tasks.", default=None)
-    label_column: Optional[str] = _help('Column with the labels (int or str). Default: "score" embedded, else "label".', default=None)
-    validation_split_percentage: int = _help("Percent of the training data held out when there is no validation split.", default=10)
-    max_length: int = _help("Tokens per example; longer texts are truncated (22%% of the default reviews are).", default=128)
+    label_column: Optional[str] = _help(
+        'Column with the labels (int or str). Default: "score" embedded, else "label".', default=None
+    )
+    validation_split_percentage: int = _help(
+        "Percent of the training data held out when there is no validation split.", default=10
+    )
+    max_length: int = _help(
+        "Tokens per example; longer texts are truncated (22%% of the default reviews are).", default=128
+    )
     max_train_samples: Optional[int] = _help("Keep only the first N training examples (quick runs).", default=None)
     max_eval_samples: Optional[int] = _help("Keep only the first N validation examples (quick runs).", default=None)
 
     # ---- precision ------------------------------------------------------------------------------------------------
-    amp: bool = _help("fp16 mixed precision: fp16 autocast plus a dynamic loss scaler. Same as --mixed_precision fp16.", default=False)
+    amp: bool = _help(
+        "fp16 mixed precision: fp16 autocast plus a dynamic loss scaler. Same as --mixed_precision fp16.", default=False
+    )
     mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = _help(
         "Precision, overriding the launcher's. Unset: `accelerate launch`'s choice, or auto under plain python. "
         "auto: fp16 on a GPU, bf16 on a CPU with native bf16, else fp32.",
         default=None,
     )
     init_loss_scale: float = _help("First loss scale of the fp16 scaler (torch's default).", default=65536.0)
-    loss_scale_growth_interval: int = _help("Clean steps before the scaler doubles the scale (torch's default).", default=2000)
-    min_loss_scale: float = _help("Alarm when the loss scale falls below this: fp16 can no longer represent the gradients.", default=1.0)
-    max_consecutive_skips: int = _help("Alarm when more optimizer steps than this in a row are skipped for overflow.", default=50)
-    on_scale_collapse: Literal["stop", "warn"] = _help("On the loss-scale alarm: checkpoint and stop (exit 3), or warn and go on.", default="stop")
+    loss_scale_growth_interval: int = _help(
+        "Clean steps before the scaler doubles the scale (torch's default).", default=2000
+    )
+    min_loss_scale: float = _help(
+        "Alarm when the loss scale falls below this: fp16 can no longer represent the gradients.", default=1.0
+    )
+    max_consecutive_skips: int = _help(
+        "Alarm when more optimizer steps than this in a row are skipped for overflow.", default=50
+    )
+    on_scale_collapse: Literal["stop", "warn"] = _help(
+        "On the loss-scale alarm: checkpoint and stop (exit 3), or warn and go on.", default="stop"
+    )
 
     # ---- optimization ---------------------------------------------------------------------------------------------
     per_device_train_batch_size: int = _help("Examples per device per micro-step.", default=16)
-    per_device_eval_batch_size: int = _help("Examples per device per evaluation step; no gradients, so larger.", default=64)
+    per_device_eval_batch_size: int = _help(
+        "Examples per device per evaluation step; no gradients, so larger.", default=64
+    )
     gradient_accumulation_steps: int = _help("Micro-steps per optimizer step.", default=1)
-    learning_rate: float = _help("Peak AdamW learning rate; 5e-5 is the usual fine-tuning value for BERT-sized models.", default=5e-5)
+    learning_rate: float = _help(
+        "Peak AdamW learning rate; 5e-5 is the usual fine-tuning value for BERT-sized models.", default=5e-5
+    )
     weight_decay: float = _help("AdamW weight decay, not applied to biases and LayerNorm weights.", default=0.01)
-    warmup_ratio: float = _help("Fraction of the optimizer steps spent warming the LR up linearly; then linear decay to 0.", default=0.1)
+    warmup_ratio: float = _help(
+        "Fraction of the optimizer steps spent warming the LR up linearly; then linear decay to 0.", default=0.1
+    )
     num_train_epochs: float = _help("Passes over the training data; fractions allowed.", default=1.0)
     max_steps: int = _help("If > 0, the number of optimizer steps, overriding --num_train_epochs.", default=-1)
     max_grad_norm: float = _help("Clip the gradient norm to this (after unscaling); 0 turns clipping off.", default=1.0)
     seed: int = _help("Seed for the model head, dropout and the data order.", default=42)
-    torch_compile: bool = _help("Compile the model with torch.compile; autocast and the scaler stay eager.", default=False)
+    torch_compile: bool = _help(
+        "Compile the model with torch.compile; autocast and the scaler stay eager.", default=False
+    )
 
     # ---- logging, evaluation and outputs --------------------------------------------------------------------------
-    logging_steps: int = _help("Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10)
+    logging_steps: int = _help(
+        "Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10
+    )
     eval_steps: int = _help("Evaluate every N optimizer steps (0: only at the end).", default=100)
-    output_dir: Optional[str] = _help("Where the final model and checkpoints go. Default: outputs/<run_name>.", default=None)
-    overwrite_output_dir: bool = _help("Allow a non-empty --output_dir; its old checkpoints are deleted.", default=False)
-    run_name: Optional[str] = _help("TensorBoard run name. Default: date, time and precision, e.g. 20261129-101500-fp16.", default=None)
+    output_dir: Optional[str] = _help(
+        "Where the final model and checkpoints go. Default: outputs/<run_name>.", default=None
+    )
+    overwrite_output_dir: bool = _help(
+        "Allow a non-empty --output_dir; its old checkpoints are deleted.", default=False
+    )
+    run_name: Optional[str] = _help(
+        "TensorBoard run name. Default: date, time and precision, e.g. 20261129-101500-fp16.", default=None
+    )
     logdir: str = _help("TensorBoard root; each run writes to <logdir>/<run_name>/.", default="runs")
     save_steps: int = _help("Checkpoint every N optimizer steps (0: only on preemption or alarm).", default=500)
     save_total_limit: Optional[int] = _help("Keep only the newest N checkpoints.", default=2)
@@ -93,8 +128,15 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Reject values that cannot work, with the fix in the message."""
-        positive = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                    "max_length", "logging_steps", "loss_scale_growth_interval", "max_consecutive_skips")
+        positive = (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+            "max_length",
+            "logging_steps",
+            "loss_scale_growth_interval",
+            "max_consecutive_skips",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
@@ -107,7 +149,9 @@ class TrainConfig:
         if not 0 <= self.warmup_ratio < 1:
             raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0 < self.validation_split_percentage < 100:
-            raise UsageError(f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}")
+            raise UsageError(
+                f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
+            )
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise UsageError("give --num_train_epochs above 0, or --max_steps")
         for name in ("max_train_samples", "max_eval_samples", "save_total_limit"):
@@ -165,7 +209,9 @@ def _read_yaml(path: Path) -> dict:
     hints = typing.get_type_hints(TrainConfig)
     for key, value in values.items():
         if key not in hints:
-            raise UsageError(f"--config {path}: unknown key {key!r}; keys are the flag names of python app/train.py --help")
+            raise UsageError(
+                f"--config {path}: unknown key {key!r}; keys are the flag names of python app/train.py --help"
+            )
         values[key] = _check_type(path, key, value, hints[key])
     return values
 

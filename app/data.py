@@ -111,7 +111,9 @@ def _load_files(train_file: str, validation_file: str | None) -> DatasetDict:
             raise UsageError(f"--{split if split == 'train' else 'validation'}_file {path}: no such file")
     kinds = {DATA_FILE_TYPES[Path(path).suffix.lower()] for path in files.values()}
     if len(kinds) > 1:
-        raise UsageError(f"--train_file and --validation_file must have the same format, got {' and '.join(sorted(kinds))}")
+        raise UsageError(
+            f"--train_file and --validation_file must have the same format, got {' and '.join(sorted(kinds))}"
+        )
     kind = kinds.pop()
     try:
         return load_dataset(kind, data_files=files)
@@ -119,15 +121,20 @@ def _load_files(train_file: str, validation_file: str | None) -> DatasetDict:
         for split, path in files.items():
             if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
                 raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
-        raise UsageError(f"cannot read {', '.join(files.values())}: {_root_cause(e).rstrip('.')}; check the file's format") from None
+        raise UsageError(
+            f"cannot read {', '.join(files.values())}: {_root_cause(e).rstrip('.')}; check the file's format"
+        ) from None
 
 
 def _row_count(path: str, kind: str) -> int | None:
     """Rows in a data file by pandas' reading, or None if pandas cannot read it either (error path only)."""
     import pandas as pd
 
-    readers = {"csv": pd.read_csv, "parquet": pd.read_parquet,
-               "json": lambda p: pd.read_json(p, lines=p.endswith(".jsonl"))}
+    readers = {
+        "csv": pd.read_csv,
+        "parquet": pd.read_parquet,
+        "json": lambda p: pd.read_json(p, lines=p.endswith(".jsonl")),
+    }
     try:
         return len(readers[kind](path))
     except Exception:
@@ -158,16 +165,25 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
     return DatasetDict(splits)
 
 
-def resolve_columns(cfg: TrainConfig) -> tuple[str, str | None, str]:
-    """(text, text pair, label) column names, with the defaults of the embedded data or of user data."""
+@dataclass(frozen=True)
+class Columns:
+    """The data's column names: the text, an optional second text (sentence pairs), and the label."""
+
+    text: str
+    pair: str | None
+    label: str
+
+
+def resolve_columns(cfg: TrainConfig) -> Columns:
+    """The column names, with the defaults of the embedded data or of user data."""
     embedded = not (cfg.train_file or cfg.dataset_name)
     text = cfg.text_column or (EMBEDDED_TEXT_COLUMN if embedded else "text")
     label = cfg.label_column or (EMBEDDED_LABEL_COLUMN if embedded else "label")
-    return text, cfg.text_pair_column, label
+    return Columns(text, cfg.text_pair_column, label)
 
 
-def check_columns(raw: DatasetDict, columns: tuple[str, str | None, str]) -> None:
-    text, pair, label = columns
+def check_columns(raw: DatasetDict, columns: Columns) -> None:
+    text, pair, label = columns.text, columns.pair, columns.label
     for split in ("train", "validation"):
         present = raw[split].column_names
         for flag, name in (("--text_column", text), ("--text_pair_column", pair), ("--label_column", label)):
@@ -177,7 +193,8 @@ def check_columns(raw: DatasetDict, columns: tuple[str, str | None, str]) -> Non
             for value in raw[split][name] if name is not None else ():
                 if not isinstance(value, str):
                     raise UsageError(
-                        f"column {name!r} of the {split} data holds {type(value).__name__} {value!r}; texts must be strings"
+                        f"column {name!r} of the {split} data holds {type(value).__name__} {value!r}; "
+                        "texts must be strings"
                     )
 
 
@@ -192,7 +209,9 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
     elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         if min(values) < 0:
-            raise UsageError(f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1")
+            raise UsageError(
+                f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1"
+            )
         space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
     else:
         odd = next(v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool))
@@ -204,7 +223,9 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
     known = set(space.names) if space.string_labels else set(range(len(space.names)))
     unknown = [v for v in raw["validation"][label_column] if v not in known]
     if unknown:
-        raise UsageError(f"validation label {unknown[0]!r} does not occur in the training labels ({', '.join(space.names)})")
+        raise UsageError(
+            f"validation label {unknown[0]!r} does not occur in the training labels ({', '.join(space.names)})"
+        )
     return space
 
 
@@ -223,10 +244,11 @@ def _fit_to_trained_head(space: LabelSpace, id2label: dict[int, str], label_colu
     return LabelSpace(trained, string_labels=False)
 
 
-def tokenize(raw: DatasetDict, tokenizer, columns: tuple[str, str | None, str], labels: LabelSpace,
-             max_length: int, accelerator) -> DatasetDict:
+def tokenize(
+    raw: DatasetDict, tokenizer, columns: Columns, labels: LabelSpace, max_length: int, accelerator
+) -> DatasetDict:
     """Token ids and integer labels; the main process tokenizes first so that the others read its cache."""
-    text, pair, label = columns
+    text, pair, label = columns.text, columns.pair, columns.label
     label_id = labels.encoder()
 
     def encode(batch: dict) -> dict:
@@ -248,9 +270,14 @@ def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_mul
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     pin = pinned_batches()
     train_loader = DataLoader(
-        tokenized["train"], batch_size=cfg.per_device_train_batch_size, shuffle=True, collate_fn=collate,
-        generator=torch.Generator().manual_seed(cfg.seed), pin_memory=pin,
+        tokenized["train"],
+        batch_size=cfg.per_device_train_batch_size,
+        shuffle=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        pin_memory=pin,
     )
-    eval_loader = DataLoader(tokenized["validation"], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate,
-                             pin_memory=pin)
+    eval_loader = DataLoader(
+        tokenized["validation"], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin
+    )
     return train_loader, eval_loader

@@ -1,8 +1,7 @@
 """Guards: the loss-scale alarm, and the watch that never lets a non-finite loss pass unseen.
 
-Both cost no host sync on ordinary steps. The loss scale only falls on skipped steps, and there `scaler.step` has
-already synced, so the scale is read then and only then. Non-finite losses are counted on the device and read at log
-steps and before every checkpoint, so a bad state is never saved.
+Neither reads the device on ordinary steps (why that matters: the loop's docstring). Non-finite losses are read at
+log steps and before every checkpoint, so a bad state is never saved.
 """
 
 from __future__ import annotations
@@ -35,8 +34,12 @@ class ScaleWatch:
         if self._fired_this_run_of_skips or not (too_small or too_many):
             return None
         self._fired_this_run_of_skips = True
-        why = (f"the loss scale fell to {scale:g}, below --min_loss_scale {self.min_scale:g}" if too_small else
-               f"{state.consecutive_skips} steps in a row were skipped, more than --max_consecutive_skips {self.max_consecutive}")
+        why = (
+            f"the loss scale fell to {scale:g}, below --min_loss_scale {self.min_scale:g}"
+            if too_small
+            else f"{state.consecutive_skips} steps in a row were skipped, "
+            f"more than --max_consecutive_skips {self.max_consecutive}"
+        )
         history = ", ".join(f"{step}: {value:g}" for step, value in self.history)
         return (
             f"loss-scale alarm at optimizer step {state.opt_step}: {why}; fp16 gradients keep overflowing.\n"
@@ -52,22 +55,19 @@ class LossWatch:
 
     def __init__(self, accelerator):
         self.accelerator = accelerator
-        self._step_loss = torch.zeros((), device=accelerator.device)
         self._bad_updates = torch.zeros((), device=accelerator.device, dtype=torch.int64)
         self._first_unchecked_step = 1
 
-    def add_micro_loss(self, loss: torch.Tensor) -> None:
-        self._step_loss += loss.detach().float()
-
-    def after_step(self, overflowed: torch.Tensor) -> None:
+    def after_step(self, step_loss: torch.Tensor, overflowed: torch.Tensor) -> None:
         """Count the step if its loss was not finite and the scaler did not skip it; on the device, no sync."""
-        self._bad_updates += (~torch.isfinite(self._step_loss) & ~overflowed).long()
-        self._step_loss.zero_()
+        self._bad_updates += (~torch.isfinite(step_loss) & ~overflowed).long()
 
     def check(self, opt_step: int, last_checkpoint: Path | None) -> None:
         """Raise on every rank if a non-finite loss reached the weights on any rank since the last check. Collective."""
         if self.accelerator.reduce(self._bad_updates, "sum").item():  # host sync, at log steps and before checkpoints
-            kept = f"the last good checkpoint is kept: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
+            kept = (
+                f"the last good checkpoint is kept: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
+            )
             raise TrainingHalted(
                 f"numeric fault: a NaN/inf loss was applied to the weights between optimizer steps "
                 f"{self._first_unchecked_step} and {opt_step} (nothing skips a step when loss scaling is off). "

@@ -63,14 +63,18 @@ def max_positions(config: PretrainedConfig, tokenizer) -> int:
     if isinstance(positions, int) and config.model_type in ("roberta", "xlm-roberta", "camembert"):
         positions -= (config.pad_token_id or 0) + 1  # these count positions from the padding index on
     # Tokenizers without a limit report a huge sentinel value.
-    limits = [n for n in (positions, getattr(tokenizer, "model_max_length", None)) if isinstance(n, int) and 0 < n < 1_000_000]
+    limits = [
+        n for n in (positions, getattr(tokenizer, "model_max_length", None)) if isinstance(n, int) and 0 < n < 1_000_000
+    ]
     return min(limits) if limits else 1_000_000
 
 
 def check_max_length(max_length: int, config: PretrainedConfig, tokenizer) -> None:
     limit = max_positions(config, tokenizer)
     if max_length > limit:
-        raise UsageError(f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less")
+        raise UsageError(
+            f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less"
+        )
 
 
 def has_trained_head(config: PretrainedConfig) -> bool:
@@ -78,7 +82,7 @@ def has_trained_head(config: PretrainedConfig) -> bool:
     return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
 
 
-def load_model(name: str, id2label: dict[int, str], problem_type: str = "single_label_classification"):
+def load_model(name: str, id2label: dict[int, str]):
     """The classifier in fp32; a new head if the checkpoint has none."""
     model = AutoModelForSequenceClassification.from_pretrained(
         name,
@@ -88,5 +92,5 @@ def load_model(name: str, id2label: dict[int, str], problem_type: str = "single_
         dtype=torch.float32,
     )
     # Fixed up front so that torch.compile does not recompile when the loss first sets it.
-    model.config.problem_type = problem_type
+    model.config.problem_type = "single_label_classification"
     return model

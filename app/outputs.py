@@ -16,6 +16,7 @@ import torch
 import yaml
 from accelerate.utils import broadcast_object_list
 
+from app.checkpoint import ResumePoint
 from app.config import TrainConfig
 from app.errors import UsageError
 
@@ -27,18 +28,19 @@ class RunPaths:
     log_dir: Path  # <logdir>/<run_name>: this run's TensorBoard folder
 
 
-def resolve_paths(cfg: TrainConfig, mode: str, resume_run_name: str | None, resume_output_dir: Path | None) -> RunPaths:
+def resolve_paths(cfg: TrainConfig, precision_label: str, resume: ResumePoint | None) -> RunPaths:
     """Name the run and place its folders; a resumed run keeps its name, so its curves continue in TensorBoard."""
-    run_name = cfg.run_name or resume_run_name or _unique_run_name(mode)
-    output_dir = Path(cfg.output_dir) if cfg.output_dir else resume_output_dir or Path("outputs") / run_name
+    run_name = cfg.run_name or (resume.info.run_name if resume else None) or _unique_run_name(precision_label)
+    default_output_dir = resume.output_dir if resume else Path("outputs") / run_name
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else default_output_dir
     return RunPaths(run_name, output_dir, Path(cfg.logdir) / run_name)
 
 
-def _unique_run_name(mode: str) -> str:
+def _unique_run_name(precision_label: str) -> str:
     # Ranks may straddle a second boundary: the main process names the run for all.
     stamp = [datetime.datetime.now().strftime("%Y%m%d-%H%M%S")]
     broadcast_object_list(stamp)
-    return f"{stamp[0]}-{'fp32' if mode == 'no' else mode}"
+    return f"{stamp[0]}-{precision_label}"
 
 
 def check_output_dir(paths: RunPaths, resuming: bool, overwrite: bool) -> None:
@@ -77,7 +79,9 @@ def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> N
         shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "train_config.yaml").write_text(yaml.safe_dump(cfg.to_dict() | {"run_name": paths.run_name}, sort_keys=False))
+        (folder / "train_config.yaml").write_text(
+            yaml.safe_dump(cfg.to_dict() | {"run_name": paths.run_name}, sort_keys=False)
+        )
 
 
 def save_final_model(accelerator, model, tokenizer, output_dir: Path) -> None:
@@ -101,7 +105,8 @@ def is_sharded(model: torch.nn.Module) -> bool:
         from torch.distributed._tensor import DTensor
 
     return any(isinstance(m, FullyShardedDataParallel) for m in model.modules()) or any(
-        isinstance(p, DTensor) for p in model.parameters())
+        isinstance(p, DTensor) for p in model.parameters()
+    )
 
 
 def full_state_dict(model: torch.nn.Module) -> dict:

@@ -45,6 +45,16 @@ class PrecisionPolicy:
         return _DTYPES[self.mode]
 
     @property
+    def label(self) -> str:
+        """The name people use for the mode: "fp32" for "no"."""
+        return "fp32" if self.mode == "no" else self.mode
+
+    @property
+    def pad_to_multiple_of(self) -> int | None:
+        # Sequence lengths in multiples of 8 keep fp16/bf16 matmuls on tensor cores; fp32 gains nothing from it.
+        return 8 if self.autocast_enabled else None
+
+    @property
     def scaler_enabled(self) -> bool:
         # bf16 has fp32's exponent range, so small gradients don't underflow and nothing needs scaling.
         return self.mode == "fp16"
@@ -81,10 +91,9 @@ class PrecisionPolicy:
 class OverflowFlag:
     """Whether the scaler skipped an update, brought to the host without stalling the device.
 
-    With a fused optimizer (see optim.py), `scaler.step` makes no host sync of its own: the kernel skips an overflowed
-    update on the device. Reading the flag right away would add a sync to every step; instead it is copied without
-    blocking and read one optimizer step later, when the copy has long landed. With loss scaling off nothing is
-    copied: every update counts as applied.
+    With a fused optimizer, `scaler.step` makes no host sync of its own (see the loop's docstring): the kernel skips an
+    overflowed update on the device. The flag is copied without blocking and read one optimizer step later, when the
+    copy has long landed. With loss scaling off nothing is copied: every update counts as applied.
     """
 
     def __init__(self, scaler: torch.amp.GradScaler, device: torch.device):
@@ -117,10 +126,13 @@ class OverflowFlag:
         return bool(self._host) and self._scaler.is_enabled()
 
 
-def check_backend(policy: PrecisionPolicy) -> None:
-    """Refuse AMP under DeepSpeed: its engine scales the loss itself, and this app's scaler would scale it again."""
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    if deepspeed and policy.autocast_enabled:
+def check_backend(policy: PrecisionPolicy, requested_backend: str | None) -> None:
+    """Refuse AMP under DeepSpeed: its engine scales the loss itself, and this app's scaler would scale it again.
+
+    Args:
+        requested_backend: what the launch config asked for, as runtime.requested_backend reads it.
+    """
+    if requested_backend == "DeepSpeed" and policy.autocast_enabled:
         raise UsageError(
             f"{policy.mode} under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine owns loss "
             "scaling and this app's would scale twice; launch with accelerate_configs/fsdp.yaml (or multi_gpu.yaml) "

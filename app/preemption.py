@@ -40,5 +40,6 @@ class StopRequest:
         return 128 + signum
 
     def restore(self) -> None:
+        """Put the previous handlers back; safe to call more than once."""
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

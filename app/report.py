@@ -7,43 +7,52 @@ import torch
 import transformers
 import yaml
 
-from app import metrics
+from app import tags
 from app.config import TrainConfig
 from app.precision import PrecisionPolicy
 from app.runtime import backend_name, device_name
+from app.telemetry import Telemetry
 
 
-def write_start_texts(writer, cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str], run_name: str) -> None:
+def write_start_texts(
+    writer, cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str], run_name: str
+) -> None:
     environment = {
-        "torch": torch.__version__, "accelerate": accelerate.__version__, "transformers": transformers.__version__,
-        "device": device_name(accelerator.device), "processes": accelerator.num_processes, "backend": backend_name(accelerator),
+        "torch": torch.__version__,
+        "accelerate": accelerate.__version__,
+        "transformers": transformers.__version__,
+        "device": device_name(accelerator.device),
+        "processes": accelerator.num_processes,
+        "backend": backend_name(accelerator),
     }
     tf32 = {
         "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
         "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
     }
-    writer.text("run/config", _code_block(yaml.safe_dump(cfg.to_dict() | {"run_name": run_name}, sort_keys=False)))
-    writer.text("run/environment", _table(environment))
-    writer.text("run/precision", "\n\n".join([policy.describe(), *notes]))
-    writer.text("run/tf32", _table(tf32))
+    writer.text(tags.RUN_CONFIG, _code_block(yaml.safe_dump(cfg.to_dict() | {"run_name": run_name}, sort_keys=False)))
+    writer.text(tags.RUN_ENVIRONMENT, _table(environment))
+    writer.text(tags.RUN_PRECISION, "\n\n".join([policy.describe(), *notes]))
+    writer.text(tags.RUN_TF32, _table(tf32))
 
 
 def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator) -> dict:
     """The columns of TensorBoard's HPARAMS tab, so AMP-on and AMP-off runs line up side by side."""
     return {
-        "precision": policy.mode, "loss_scaling": policy.scaler_enabled, "device": accelerator.device.type,
-        "processes": accelerator.num_processes, "model": cfg.model_name_or_path or "all-MiniLM-L6-v2 (embedded)",
-        "learning_rate": cfg.learning_rate, "per_device_train_batch_size": cfg.per_device_train_batch_size,
-        "gradient_accumulation_steps": cfg.gradient_accumulation_steps, "max_length": cfg.max_length, "seed": cfg.seed,
+        "precision": policy.mode,
+        "loss_scaling": policy.scaler_enabled,
+        "device": accelerator.device.type,
+        "processes": accelerator.num_processes,
+        "model": cfg.model_name_or_path or "all-MiniLM-L6-v2 (embedded)",
+        "learning_rate": cfg.learning_rate,
+        "per_device_train_batch_size": cfg.per_device_train_batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "max_length": cfg.max_length,
+        "seed": cfg.seed,
     }
 
 
-HPARAM_METRICS = [metrics.EVAL_ACCURACY, metrics.EVAL_F1, metrics.EVAL_LOSS, metrics.PERF_SAMPLES_PER_SEC,
-                  metrics.AMP_SKIPPED_STEPS, metrics.AMP_LOSS_SCALE]
-
-
-def summary_table(wall_seconds: float, telemetry: metrics.Telemetry, state, final: dict[str, float]) -> str:
+def summary_table(wall_seconds: float, telemetry: Telemetry, state, final: dict[str, float]) -> str:
     samples_per_sec = telemetry.run_samples / telemetry.run_seconds if telemetry.run_seconds else float("nan")
     rows = [
         ("wall time", f"{wall_seconds:.1f} s"),

@@ -10,7 +10,7 @@ import os
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import DistributedType, set_seed
+from accelerate.utils import DistributedType, parse_flag_from_env, set_seed
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
@@ -38,8 +38,9 @@ def build_accelerator(cfg: TrainConfig) -> Accelerator:
             cpu=device_type() == "cpu",
             gradient_accumulation_steps=cfg.gradient_accumulation_steps,
             # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed,
-                                                      non_blocking=pinned_batches()),
+            dataloader_config=DataLoaderConfiguration(
+                use_seedable_sampler=True, data_seed=cfg.seed, non_blocking=pinned_batches()
+            ),
         )
     except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
         raise UsageError(f"Accelerate cannot set up this launch: {first_line(e)}; check the launch config") from None
@@ -89,16 +90,15 @@ def backend_name(accelerator: Accelerator) -> str:
 
 
 def requested_backend() -> str | None:
-    """What the launch config asked for, as `accelerate launch` tells the script through its environment."""
-    if _env_flag("ACCELERATE_USE_DEEPSPEED"):
+    """What the launch config asked for, as `accelerate launch` tells the script through its environment.
+
+    The one reader of these flags, with Accelerate's own parser: "1", "yes", "true" (and "y", "t", "on") all mean on.
+    """
+    if parse_flag_from_env("ACCELERATE_USE_DEEPSPEED"):
         return "DeepSpeed"
-    if _env_flag("ACCELERATE_USE_FSDP"):
+    if parse_flag_from_env("ACCELERATE_USE_FSDP"):
         return f"FSDP{os.environ.get('FSDP_VERSION', '1')}"
     return None
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
 
 
 def describe_backend(accelerator: Accelerator) -> list[str]:
@@ -115,21 +115,34 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
     lines = [line]
     asked = requested_backend()
     if asked and not running.startswith(asked[:4]):
-        why = {"cpu": "Accelerate switches to FSDP and DeepSpeed only on GPUs"}.get(device.type, "Accelerate chose otherwise")
-        lines.append(f"note: {asked} requested, but Accelerate runs {running} on {device.type} ({why}): "
-                     f"training continues as {running}")
+        why = {"cpu": "Accelerate switches to FSDP and DeepSpeed only on GPUs"}.get(
+            device.type, "Accelerate chose otherwise"
+        )
+        lines.append(
+            f"note: {asked} requested, but Accelerate runs {running} on {device.type} ({why}): "
+            f"training continues as {running}"
+        )
     elif asked and asked != running:
         lines.append(f"note: {asked} requested, but Accelerate runs {running}: training continues as {running}")
-    multi_cpu_without_mpi = (os.environ.get("MASTER_ADDR") and "WORLD_SIZE" not in os.environ
-                             and not any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")))
+    multi_cpu_without_mpi = (
+        os.environ.get("MASTER_ADDR")
+        and "WORLD_SIZE" not in os.environ
+        and not any(k in os.environ for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"))
+    )
     if multi_cpu_without_mpi and accelerator.num_processes == 1:
-        lines.append("note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one "
-                     "(MULTI_CPU): training runs as 1 process; use --config_file accelerate_configs/cpu_multi.yaml for "
-                     "real processes over gloo")
+        lines.append(
+            "note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one "
+            "(MULTI_CPU): training runs as 1 process; use --config_file accelerate_configs/cpu_multi.yaml for "
+            "real processes over gloo"
+        )
     if device.type == "cuda":
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if per_node > torch.cuda.device_count():
-            lines.append(f"note: {per_node} processes on this node but {torch.cuda.device_count()} GPU(s): they share GPUs")
+            lines.append(
+                f"note: {per_node} processes on this node but {torch.cuda.device_count()} GPU(s): they share GPUs"
+            )
     elif torch.cuda.is_available():
-        lines.append(f"note: training on the CPU although {torch.cuda.device_count()} GPU(s) are visible (use_cpu / --cpu)")
+        lines.append(
+            f"note: training on the CPU although {torch.cuda.device_count()} GPU(s) are visible (use_cpu / --cpu)"
+        )
     return lines

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 class TrainState:
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of this epoch already consumed, per rank: the data position
-    micro_step: int = 0
     opt_step: int = 0  # optimizer steps taken, applied or skipped
     applied_updates: int = 0  # steps whose update reached the weights; the LR schedule follows these
     skipped_steps: int = 0  # steps the scaler skipped because the fp16 gradients overflowed

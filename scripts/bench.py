@@ -17,6 +17,7 @@ per-call set-up (Trainer builds its optimizer on every train() call) and include
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import tempfile
@@ -30,19 +31,24 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
-from transformers import BertConfig, BertModel, DataCollatorWithPadding, PrinterCallback, Trainer, TrainingArguments  # noqa: E402
-from transformers import get_linear_schedule_with_warmup  # noqa: E402
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertModel,
+    DataCollatorWithPadding,
+    PrinterCallback,
+    Trainer,
+    TrainingArguments,
+    get_linear_schedule_with_warmup,  # noqa: E402
+)
 
-from app import data  # noqa: E402
-from app.checkpoint import Checkpoints  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
-from app.loop import build_trainables, train  # noqa: E402
-from app.metrics import Telemetry, TensorBoardWriter  # noqa: E402
+from app.loop import train  # noqa: E402
 from app.model import load_model, load_tokenizer, resolve_model_path  # noqa: E402
+from app.outputs import RunPaths  # noqa: E402
 from app.precision import resolve_precision  # noqa: E402
-from app.preemption import StopRequest  # noqa: E402
+from app.run import build_run, load_inputs  # noqa: E402
 from app.runtime import build_accelerator, device_type  # noqa: E402
-from app.state import TrainState  # noqa: E402
+from app.telemetry import TensorBoardWriter  # noqa: E402
 
 GIB = 2**30
 
@@ -75,8 +81,14 @@ class StepClock:
 
 def tiny_model_dir(folder: Path) -> str:
     tokenizer = load_tokenizer(resolve_model_path(None))
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
@@ -99,42 +111,46 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     model_path = tiny_model_dir(workdir / "tiny") if args.tiny else resolve_model_path(None)
     total = (args.warmup + args.steps * args.rounds) * 4
-    cfg = replace(TrainConfig(), model_name_or_path=model_path, mixed_precision=args.precision, max_steps=total,
-                  per_device_train_batch_size=args.batch_size, max_length=args.max_length, eval_steps=0, save_steps=0,
-                  disable_tqdm=True, max_train_samples=2000)
+    cfg = replace(
+        TrainConfig(),
+        model_name_or_path=model_path,
+        mixed_precision=args.precision,
+        max_steps=total,
+        per_device_train_batch_size=args.batch_size,
+        max_length=args.max_length,
+        eval_steps=0,
+        save_steps=0,
+        disable_tqdm=True,
+        max_train_samples=2000,
+    )
     policy, _ = resolve_precision(False, args.precision, device_type(), launcher=None)
     accelerator = build_accelerator(cfg)
     device = accelerator.device
 
-    tokenizer = load_tokenizer(model_path)
-    columns = data.resolve_columns(cfg)
-    raw = data.load_raw(cfg)
-    labels = data.infer_labels(raw, columns[2], fixed=None)
-    tokenized = data.tokenize(raw, tokenizer, columns, labels, cfg.max_length, accelerator)
-    pad_to = 8 if policy.autocast_enabled else None
+    inputs = load_inputs(cfg, accelerator)
+    tokenized, pad_to = inputs.tokenized, policy.pad_to_multiple_of
 
     def fresh_model():
         torch.manual_seed(0)
-        return load_model(model_path, labels.id2label)
+        return load_model(model_path, inputs.labels.id2label)
 
-    # ---- (a) the app ---------------------------------------------------------------------------------------------
-    train_loader, eval_loader = data.make_loaders(tokenized, tokenizer, cfg, pad_to)
-    parts, total_steps = build_trainables(cfg, accelerator, policy, fresh_model(), train_loader, eval_loader)
-    state, stop = TrainState(), StopRequest(1)
-    telemetry = Telemetry(accelerator, TensorBoardWriter(workdir / "runs"), parts.model, policy.mode, total_steps, state, True)
-
-    checkpoints = Checkpoints(accelerator, workdir, None, run_info={})  # --save_steps 0: only a signal would save
+    # ---- (a) the app: the same wiring as app/train.py, --save_steps 0 (only a signal would save) -------------------
+    paths = RunPaths("bench", workdir / "app", workdir / "runs")
+    run = build_run(
+        cfg, accelerator, policy, inputs, paths=paths, writer=TensorBoardWriter(paths.log_dir), model=fresh_model()
+    )
 
     def app_steps(n: int) -> None:
-        train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, checkpoints, stop)
+        train(run, budget=n)
 
     # ---- (b) a bare PyTorch loop ---------------------------------------------------------------------------------
     bare_model = fresh_model().to(device).train()
-    bare_optimizer = torch.optim.AdamW(bare_model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                                       fused=True)  # the same kernel as the app and HF Trainer
+    bare_optimizer = torch.optim.AdamW(
+        bare_model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay, fused=True
+    )  # the same kernel as the app and HF Trainer
     bare_schedule = get_linear_schedule_with_warmup(bare_optimizer, 0, total)
     scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
-    collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to)
+    collate = DataCollatorWithPadding(inputs.tokenizer, pad_to_multiple_of=pad_to)
     bare_batches = iter(())
 
     def bare_steps(n: int) -> None:
@@ -142,7 +158,9 @@ def main() -> int:
         for _ in range(n):
             batch = next(bare_batches, None)
             if batch is None:
-                bare_batches = iter(DataLoader(tokenized["train"], batch_size=args.batch_size, shuffle=True, collate_fn=collate))
+                bare_batches = iter(
+                    DataLoader(tokenized["train"], batch_size=args.batch_size, shuffle=True, collate_fn=collate)
+                )
                 batch = next(bare_batches)
             batch = {k: v.to(device) for k, v in batch.items()}
             with torch.autocast(device.type, dtype=policy.dtype, enabled=policy.autocast_enabled):
@@ -160,10 +178,22 @@ def main() -> int:
     AcceleratorState._reset_state()
     hf_model = fresh_model()
     hf_args = TrainingArguments(
-        output_dir=str(workdir / "hf"), per_device_train_batch_size=args.batch_size, learning_rate=cfg.learning_rate,
-        weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_scheduler_type="linear", max_steps=1,
-        fp16=args.precision == "fp16", bf16=args.precision == "bf16", use_cpu=device.type == "cpu",
-        report_to="none", save_strategy="no", eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
+        output_dir=str(workdir / "hf"),
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        lr_scheduler_type="linear",
+        max_steps=1,
+        fp16=args.precision == "fp16",
+        bf16=args.precision == "bf16",
+        use_cpu=device.type == "cpu",
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
     )
     trainer = Trainer(model=hf_model, args=hf_args, train_dataset=tokenized["train"], data_collator=collate)
     trainer.remove_callback(PrinterCallback)  # one summary line per train() call would flood the table
@@ -173,38 +203,48 @@ def main() -> int:
         trainer.train()
 
     # ---- measure: warm up each, then take turns ------------------------------------------------------------------
-    contenders = {"app": (parts.model, app_steps), "bare": (bare_model, bare_steps), "hf_trainer": (hf_model, hf_steps)}
+    contenders = {"app": (run.model, app_steps), "bare": (bare_model, bare_steps), "hf_trainer": (hf_model, hf_steps)}
     clocks = {name: StepClock(model, device) for name, (model, _) in contenders.items()}
-    for name, (_, run_steps) in contenders.items():
+    for _, run_steps in contenders.values():
         run_steps(args.warmup)
     timed = {name: [0, 0.0] for name in contenders}
     for _ in range(args.rounds):
         for name, (_, run_steps) in contenders.items():
-            intervals, seconds = clocks[name].segment(lambda: run_steps(args.steps))
+            intervals, seconds = clocks[name].segment(functools.partial(run_steps, args.steps))
             timed[name][0] += intervals
             timed[name][1] += seconds
-    telemetry.close()
-    stop.restore()
+    run.close()
 
     rates = {name: args.batch_size * steps / seconds for name, (steps, seconds) in timed.items()}
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     result = {
         "model": "tiny BERT (2 layers, hidden 32)" if args.tiny else "all-MiniLM-L6-v2",
-        "device": where, "precision": args.precision, "batch_size": args.batch_size, "max_length": args.max_length,
-        "steps_per_round": args.steps, "rounds": args.rounds, "warmup_steps": args.warmup,
+        "device": where,
+        "precision": args.precision,
+        "batch_size": args.batch_size,
+        "max_length": args.max_length,
+        "steps_per_round": args.steps,
+        "rounds": args.rounds,
+        "warmup_steps": args.warmup,
         **{f"{name}_samples_per_sec": round(rate, 3) for name, rate in rates.items()},
         "app_vs_bare": round(rates["app"] / rates["bare"], 4),
         "app_vs_hf_trainer": round(rates["app"] / rates["hf_trainer"], 4),
         **{f"{name}_peak_memory_gib": round(clock.peak, 3) for name, clock in clocks.items()},
-        "peak_memory_kind": "GPU allocated, per segment" if device.type == "cuda" else "process RSS (shared by all three)",
+        "peak_memory_kind": "GPU allocated, per segment"
+        if device.type == "cuda"
+        else "process RSS (shared by all three)",
     }
-    print(f"bench: {result['model']}, batch {args.batch_size} x {args.max_length}, {args.precision}, {where}, "
-          f"{args.rounds} rounds x {args.steps} steps after {args.warmup} warm-up steps")
+    print(
+        f"bench: {result['model']}, batch {args.batch_size} x {args.max_length}, {args.precision}, {where}, "
+        f"{args.rounds} rounds x {args.steps} steps after {args.warmup} warm-up steps"
+    )
     print(f"  {'':<12}{'samples/s':>12}{'vs bare':>10}{'peak GiB':>10}")
     for name, rate in rates.items():
         print(f"  {name:<12}{rate:>12.2f}{rate / rates['bare']:>10.3f}{clocks[name].peak:>10.2f}")
-    print(f"  app_vs_bare {result['app_vs_bare']:.3f} (target >= 0.97), "
-          f"app_vs_hf_trainer {result['app_vs_hf_trainer']:.3f} (target >= 1.0); memory: {result['peak_memory_kind']}")
+    print(
+        f"  app_vs_bare {result['app_vs_bare']:.3f} (target >= 0.97), "
+        f"app_vs_hf_trainer {result['app_vs_hf_trainer']:.3f} (target >= 1.0); memory: {result['peak_memory_kind']}"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -2,7 +2,7 @@
 
     python scripts/compare_amp.py --max_steps 20                        # the embedded default, fp32 vs fp16
     python scripts/compare_amp.py --with_bf16 --max_steps 200 --eval_steps 50
-    python scripts/compare_amp.py --launcher "accelerate launch --config_file accelerate_configs/gpu.yaml" --max_steps 300
+    python scripts/compare_amp.py --launcher "accelerate launch --config_file accelerate_configs/gpu.yaml"
     python scripts/compare_amp.py --model_name_or_path bert-base-uncased --train_file train.csv --max_steps 500
 
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from app import metrics  # noqa: E402
+from app import tags  # noqa: E402
+from app.telemetry import peak_memory_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OWNED_FLAGS = ("--amp", "--mixed_precision", "--run_name", "--output_dir", "--resume_from_checkpoint")
@@ -47,18 +48,24 @@ def read_run(run_dir: Path) -> dict:
     for tag in events.Tags()["tensors"]:
         if tag.startswith("run/environment"):
             table = events.Tensors(tag)[0].tensor_proto.string_val[0].decode()
-            device = next((row.split("|")[2].strip() for row in table.splitlines() if row.startswith("| device |")), device)
-    gpu_run = metrics.MEMORY_PEAK_ALLOCATED_GIB in curves
-    memory_tag, memory_kind = metrics.peak_memory_tag(torch.device("cuda" if gpu_run else "cpu"))
+            device = next(
+                (row.split("|")[2].strip() for row in table.splitlines() if row.startswith("| device |")), device
+            )
+    gpu_run = tags.MEMORY_PEAK_ALLOCATED_GIB in curves
+    memory_tag, memory_kind = peak_memory_tag(torch.device("cuda" if gpu_run else "cpu"))
     last = lambda tag: curves[tag][max(curves[tag])] if curves.get(tag) else float("nan")  # noqa: E731
-    speeds = list(curves.get(metrics.PERF_SAMPLES_PER_SEC, {}).values())
+    speeds = list(curves.get(tags.PERF_SAMPLES_PER_SEC, {}).values())
     return {
-        "curves": curves, "device": device,
+        "curves": curves,
+        "device": device,
         "samples_per_sec": sum(speeds) / len(speeds) if speeds else float("nan"),
         "peak_memory_gib": max(curves.get(memory_tag, {0: float("nan")}).values()),
         "memory_kind": memory_kind,
-        "accuracy": last(metrics.EVAL_ACCURACY), "f1": last(metrics.EVAL_F1), "eval_loss": last(metrics.EVAL_LOSS),
-        "skipped_steps": last(metrics.AMP_SKIPPED_STEPS), "loss_scale": last(metrics.AMP_LOSS_SCALE),
+        "accuracy": last(tags.EVAL_ACCURACY),
+        "f1": last(tags.EVAL_F1),
+        "eval_loss": last(tags.EVAL_LOSS),
+        "skipped_steps": last(tags.AMP_SKIPPED_STEPS),
+        "loss_scale": last(tags.AMP_LOSS_SCALE),
     }
 
 
@@ -74,8 +81,10 @@ def verdict(runs: dict[str, dict]) -> str:
     accuracy = 100 * (fp16["accuracy"] - base["accuracy"])
     where = f"on this {base['device']}"
     if speed >= 1.1:
-        text = (f"{where} fp16 is {speed:.2f}x the speed of fp32 with {memory:.2f}x the peak memory and an accuracy "
-                f"change of {accuracy:+.1f} points: use --amp here.")
+        text = (
+            f"{where} fp16 is {speed:.2f}x the speed of fp32 with {memory:.2f}x the peak memory and an accuracy "
+            f"change of {accuracy:+.1f} points: use --amp here."
+        )
     elif speed < 0.9:
         better = "--mixed_precision no"
         if "bf16" in runs:
@@ -83,9 +92,11 @@ def verdict(runs: dict[str, dict]) -> str:
             better += f" or bf16 ({bf16_speed:.2f}x fp32)" if bf16_speed > 1 else ""
         text = f"{where} fp16 is {speed:.2f}x the speed of fp32: use {better} here."
     else:
-        text = (f"{where} fp16 runs at about the speed of fp32 ({speed:.2f}x) with {memory:.2f}x the peak memory; "
-                "use --amp only if the memory matters.")
-    if fp16["skipped_steps"] and fp16["skipped_steps"] > 0.05 * max(fp16["curves"].get(metrics.TRAIN_LOSS, {1: 0})):
+        text = (
+            f"{where} fp16 runs at about the speed of fp32 ({speed:.2f}x) with {memory:.2f}x the peak memory; "
+            "use --amp only if the memory matters."
+        )
+    if fp16["skipped_steps"] and fp16["skipped_steps"] > 0.05 * max(fp16["curves"].get(tags.TRAIN_LOSS, {1: 0})):
         text += f" Note: the scaler skipped {fp16['skipped_steps']:.0f} steps; watch amp/loss_scale."
     if accuracy < -1:
         text += f" Accuracy fell by {-accuracy:.1f} points with fp16."
@@ -101,9 +112,9 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     fig, ((loss_ax, scale_ax), (speed_ax, memory_ax)) = plt.subplots(2, 2, figsize=(11, 8))
     label = {"no": "fp32"}
     for mode, run in runs.items():
-        loss = run["curves"].get(metrics.TRAIN_LOSS, {})
+        loss = run["curves"].get(tags.TRAIN_LOSS, {})
         loss_ax.plot(list(loss), list(loss.values()), label=label.get(mode, mode), marker=".")
-        scale = run["curves"].get(metrics.AMP_LOSS_SCALE, {})
+        scale = run["curves"].get(tags.AMP_LOSS_SCALE, {})
         scale_ax.plot(list(scale), list(scale.values()), label=label.get(mode, mode), marker=".")
     loss_ax.set(title="train/loss", xlabel="optimizer step")
     scale_ax.set(title="amp/loss_scale", xlabel="optimizer step", yscale="log")
@@ -128,7 +139,9 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path) -> str:
         "final eval/accuracy": lambda r: f"{r['accuracy']:.4f}",
         "eval-accuracy delta vs fp32 (points)": lambda r: f"{100 * (r['accuracy'] - base['accuracy']):+.2f}",
         "final eval/f1": lambda r: f"{r['f1']:.4f}",
-        "largest train/loss deviation vs fp32": lambda r: f"{largest_deviation(base['curves'].get(metrics.TRAIN_LOSS, {}), r['curves'].get(metrics.TRAIN_LOSS, {})):.2e}",
+        "largest train/loss deviation vs fp32": lambda r: (
+            f"{largest_deviation(base['curves'].get(tags.TRAIN_LOSS, {}), r['curves'].get(tags.TRAIN_LOSS, {})):.2e}"
+        ),
         "skipped steps": lambda r: f"{r['skipped_steps']:.0f}",
         "final loss scale": lambda r: f"{r['loss_scale']:g}",
     }
@@ -136,12 +149,26 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path) -> str:
     table = [f"| | {' | '.join('fp32' if m == 'no' else m for m in modes)} |", "|---|" + "---|" * len(modes)]
     table += [f"| {name} | {' | '.join(cell(runs[m]) for m in modes)} |" for name, cell in rows.items()]
     said = verdict(runs)
-    path.write_text("\n".join([
-        "# AMP off vs on", "", f"Device: {base['device']}", "",
-        f"Command (each run adds `--mixed_precision <mode>`): `{shlex.join(command)}`", "",
-        *table, "", "Throughput is the mean of perf/samples_per_sec (warm-up and evaluation excluded).", "",
-        f"**Verdict:** {said}", "", "![comparison](comparison.png)", "",
-    ]))
+    path.write_text(
+        "\n".join(
+            [
+                "# AMP off vs on",
+                "",
+                f"Device: {base['device']}",
+                "",
+                f"Command (each run adds `--mixed_precision <mode>`): `{shlex.join(command)}`",
+                "",
+                *table,
+                "",
+                "Throughput is the mean of perf/samples_per_sec (warm-up and evaluation excluded).",
+                "",
+                f"**Verdict:** {said}",
+                "",
+                "![comparison](comparison.png)",
+                "",
+            ]
+        )
+    )
     return said
 
 
@@ -165,8 +192,17 @@ def main() -> int:
     for mode in ("no", "fp16", *(("bf16",) if args.with_bf16 else ())):
         run_name = f"{args.name}-{mode}"
         print(f"==> {run_name}", flush=True)
-        code = subprocess.call([*command, "--mixed_precision", mode, "--run_name", run_name,
-                                "--output_dir", str(report_dir / "models" / mode)])
+        code = subprocess.call(
+            [
+                *command,
+                "--mixed_precision",
+                mode,
+                "--run_name",
+                run_name,
+                "--output_dir",
+                str(report_dir / "models" / mode),
+            ]
+        )
         if code != 0:
             failed.append(f"{mode} (exit {code})")
         if (logdir / run_name).is_dir():

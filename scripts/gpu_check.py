@@ -4,7 +4,7 @@
     python scripts/gpu_check.py --device cpu --tiny --steps 3      # a dry run of the script itself, no GPU needed
 
 For fp32, then fp16 autocast + GradScaler, it runs the app's own train() on random token ids at sequence length 128 and
-reports samples/s, peak memory and MFU (against the GPU's dense peak for the dtype, from app/metrics.py). It then runs
+reports samples/s, peak memory and MFU (against the GPU's dense peak for the dtype, from app/flops.py). It then runs
 the hot loop under torch.cuda.set_sync_debug_mode("warn") and counts host-device syncs per optimizer step, between log
 steps, for both precisions. Everything lands in one JSON.
 """
@@ -15,7 +15,6 @@ import argparse
 import collections
 import json
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -27,16 +26,14 @@ import torch  # noqa: E402
 from datasets import Dataset, DatasetDict  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
-from app import data  # noqa: E402
-from app.checkpoint import Checkpoints  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
-from app.loop import build_trainables, train  # noqa: E402
-from app.metrics import NullWriter, Telemetry, flops_per_token, peak_flops  # noqa: E402
+from app.data import LabelSpace  # noqa: E402
+from app.flops import flops_per_token, peak_flops  # noqa: E402
+from app.loop import train  # noqa: E402
 from app.model import load_tokenizer, resolve_model_path  # noqa: E402
 from app.precision import resolve_precision  # noqa: E402
-from app.preemption import StopRequest  # noqa: E402
+from app.run import Inputs, build_run  # noqa: E402
 from app.runtime import build_accelerator, device_name  # noqa: E402
-from app.state import TrainState  # noqa: E402
 
 GIB = 2**30
 
@@ -45,8 +42,11 @@ def synthetic_tokens(vocab_size: int, rows: int, length: int) -> DatasetDict:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, vocab_size, (rows, length), generator=generator)
     ids[:, 0], ids[:, -1] = 101, 102  # [CLS] ... [SEP]
-    table = {"input_ids": ids.tolist(), "attention_mask": [[1] * length] * rows,
-             "labels": torch.randint(0, 2, (rows,), generator=generator).tolist()}
+    table = {
+        "input_ids": ids.tolist(),
+        "attention_mask": [[1] * length] * rows,
+        "labels": torch.randint(0, 2, (rows,), generator=generator).tolist(),
+    }
     return DatasetDict(train=Dataset.from_dict(table), validation=Dataset.from_dict(table).select(range(8)))
 
 
@@ -61,17 +61,29 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: no CUDA GPU here; run it on a GPU machine, or pass --device cpu --tiny for a dry run", file=sys.stderr)
+        print(
+            "error: no CUDA GPU here; run it on a GPU machine, or pass --device cpu --tiny for a dry run",
+            file=sys.stderr,
+        )
         return 2
 
     size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if args.tiny else {}
     config = BertConfig(num_labels=2, max_position_embeddings=512, **size)  # BERT-base unless --tiny
     tokenizer = load_tokenizer(resolve_model_path(None))  # the embedded MiniLM's, the same 30,522-token vocabulary
     tokens = synthetic_tokens(config.vocab_size, args.batch_size * (args.warmup + 2 * args.steps + 4), args.seq_len)
+    inputs = Inputs("bert-base (from config)", tokenizer, LabelSpace(("0", "1"), string_labels=False), tokens)
     total = 4 * (args.warmup + 2 * args.steps)
-    cfg = replace(TrainConfig(), model_name_or_path="bert-base (from config)", per_device_train_batch_size=args.batch_size,
-                  max_length=args.seq_len, max_steps=total, logging_steps=10_000, eval_steps=0, save_steps=0,
-                  disable_tqdm=True)
+    cfg = replace(
+        TrainConfig(),
+        model_name_or_path="bert-base (from config)",
+        per_device_train_batch_size=args.batch_size,
+        max_length=args.seq_len,
+        max_steps=total,
+        logging_steps=10_000,
+        eval_steps=0,
+        save_steps=0,
+        disable_tqdm=True,
+    )
     accelerator = build_accelerator(cfg)
     device = accelerator.device
     results: dict[str, dict] = {}
@@ -80,26 +92,18 @@ def main() -> int:
     for mode in ("no", "fp16"):
         policy, _ = resolve_precision(False, mode, device.type, launcher=None)
         torch.manual_seed(0)
-        model = BertForSequenceClassification(config)
-        model.config.problem_type = "single_label_classification"
-        train_loader, eval_loader = data.make_loaders(tokens, tokenizer, cfg, 8)
-        parts, total_steps = build_trainables(cfg, accelerator, policy, model, train_loader, eval_loader)
-        state, stop = TrainState(), StopRequest(1)
-        telemetry = Telemetry(accelerator, NullWriter(), parts.model, mode, total_steps, state, True)
-        checkpoints = Checkpoints(accelerator, Path(tempfile.mkdtemp(prefix="gpu-check-")), None, run_info={})
-        run = lambda n: train(cfg, accelerator, policy, parts, state, state.opt_step + n, telemetry, checkpoints, stop)  # noqa: E731
-
-        run(args.warmup)
+        run = build_run(cfg, accelerator, policy, inputs, model=BertForSequenceClassification(config))
+        train(run, budget=args.warmup)
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        run(args.steps)
+        train(run, budget=args.steps)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         samples_per_sec = args.batch_size * args.steps / seconds
-        per_token = flops_per_token(parts.model)(args.seq_len)
+        per_token = flops_per_token(run.model)(args.seq_len)
         peak = peak_flops(device, mode)
         results["fp32" if mode == "no" else mode] = {
             "samples_per_sec": round(samples_per_sec, 2),
@@ -114,26 +118,34 @@ def main() -> int:
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
                 try:
-                    run(args.steps)
+                    train(run, budget=args.steps)
                     torch.cuda.synchronize()
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
             sites = collections.Counter(str(w.message).splitlines()[0][:120] for w in caught)
-            syncs["fp32" if mode == "no" else mode] = {"per_step": round(sum(sites.values()) / args.steps, 3),
-                                                        "sites": dict(sites)}
-        telemetry.close()
-        stop.restore()
-        del parts, model
+            syncs["fp32" if mode == "no" else mode] = {
+                "per_step": round(sum(sites.values()) / args.steps, 3),
+                "sites": dict(sites),
+            }
+        run.close()
+        del run  # free the GPU memory before the next precision
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
     report = {
-        "device": device_name(device), "torch": torch.__version__,
+        "device": device_name(device),
+        "torch": torch.__version__,
         "model": "tiny BERT" if args.tiny else "BERT-base from config (110M parameters)",
-        "batch_size": args.batch_size, "seq_len": args.seq_len, "timed_steps": args.steps, "results": results,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "timed_steps": args.steps,
+        "results": results,
         "fp16_speedup": round(results["fp16"]["samples_per_sec"] / results["fp32"]["samples_per_sec"], 3),
-        "fp16_memory_ratio": (round(results["fp16"]["peak_memory_gib"] / results["fp32"]["peak_memory_gib"], 3)
-                              if device.type == "cuda" else None),
+        "fp16_memory_ratio": (
+            round(results["fp16"]["peak_memory_gib"] / results["fp32"]["peak_memory_gib"], 3)
+            if device.type == "cuda"
+            else None
+        ),
         "host_syncs": syncs or "not measured on CPU",
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
     }

@@ -30,9 +30,16 @@ def save_tiny_bert(path: Path, dropout: float) -> Path:
     from app.model import embedded_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=dropout,
-                        attention_probs_dropout_prob=dropout)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     torch.manual_seed(0)
     BertModel(config).save_pretrained(path)  # a base model, like the default: the classification head is new
     tokenizer.save_pretrained(path)
@@ -68,10 +75,25 @@ def review_files(tmp_path_factory) -> dict[str, Path]:
 def quick_args(tmp_path, tiny_model_dir, review_files) -> list[str]:
     """Flags for a fast real run on the tiny model and the small files, writing under tmp_path."""
     return [
-        "--model_name_or_path", str(tiny_model_dir), "--train_file", str(review_files["train"]),
-        "--validation_file", str(review_files["validation"]), "--output_dir", str(tmp_path / "out"),
-        "--logdir", str(tmp_path / "runs"), "--run_name", "test", "--per_device_train_batch_size", "8",
-        "--max_length", "64", "--disable_tqdm", "--logging_steps", "1",
+        "--model_name_or_path",
+        str(tiny_model_dir),
+        "--train_file",
+        str(review_files["train"]),
+        "--validation_file",
+        str(review_files["validation"]),
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--logdir",
+        str(tmp_path / "runs"),
+        "--run_name",
+        "test",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_length",
+        "64",
+        "--disable_tqdm",
+        "--logging_steps",
+        "1",
     ]
 
 
@@ -100,13 +122,20 @@ def run_app(args: list) -> int:
 def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The environment of a launched run: no user accelerate config (HF_HOME), no hub, no launcher leftovers."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
-    env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
+    env.update(
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+    )
     env.update(extra)
     return env
 
 
-def launch(tmp_path: Path, launcher_flags: list, app_args: list, timeout: int = 240, **env) -> subprocess.CompletedProcess:
+def launch(
+    tmp_path: Path, launcher_flags: list, app_args: list, timeout: int = 240, **env
+) -> subprocess.CompletedProcess:
     """`accelerate launch [launcher_flags] app/train.py [app_args]` as a real subprocess."""
     cmd = [str(ACCELERATE), "launch", *map(str, launcher_flags), str(TRAIN_SCRIPT), *map(str, app_args)]
     return subprocess.run(cmd, env=clean_env(tmp_path, **env), capture_output=True, text=True, timeout=timeout)

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
-from app import metrics
+from app import tags
 from tests import tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app
 
@@ -21,13 +21,26 @@ WORKERS = ROOT / "tests" / "workers"
 
 
 def accelerate_launch(tmp_path, *args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ACCELERATE), "launch", *map(str, args)], env=clean_env(tmp_path), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(ACCELERATE), "launch", *map(str, args)],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, tiny_model_dir):
-    result = accelerate_launch(tmp_path, "--config_file", CONFIGS / "cpu_multi.yaml", "--main_process_port", free_port(),
-                               WORKERS / "fsdp_worker.py", tmp_path, tiny_model_dir)
+    result = accelerate_launch(
+        tmp_path,
+        "--config_file",
+        CONFIGS / "cpu_multi.yaml",
+        "--main_process_port",
+        free_port(),
+        WORKERS / "fsdp_worker.py",
+        tmp_path,
+        tiny_model_dir,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"fsdp-{r}.json").read_text()) for r in (0, 1))
     assert rank0["fsdp1"]["scaler"] == "ShardedGradScaler" and rank0["fsdp2"]["scaler"] == "GradScaler"
@@ -38,16 +51,23 @@ def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, ti
     assert (rank0["fsdp1_plain"]["skipped"], rank1["fsdp1_plain"]["skipped"]) == (False, True)
 
     saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "fsdp2_model")  # gathered from 2 shards
-    assert sum(float(p.detach().sum()) for p in list(saved.parameters())[:3]) == pytest.approx(rank0["fsdp2"]["first_param_sum"], abs=1e-6)
+    assert sum(float(p.detach().sum()) for p in list(saved.parameters())[:3]) == pytest.approx(
+        rank0["fsdp2"]["first_param_sum"], abs=1e-6
+    )
 
 
 def test_fsdp_config_on_cpu_says_it_runs_ddp_and_trains_with_one_set_of_event_files(tmp_path, quick_args):
-    result = launch(tmp_path, ["--config_file", CONFIGS / "fsdp.yaml", "--main_process_port", free_port()],
-                    [*quick_args, "--max_steps", "3", "--eval_steps", "0"])
+    result = launch(
+        tmp_path,
+        ["--config_file", CONFIGS / "fsdp.yaml", "--main_process_port", free_port()],
+        [*quick_args, "--max_steps", "3", "--eval_steps", "0"],
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "backend: DDP, 2 process(es) on cpu" in result.stdout
-    assert ("note: FSDP2 requested, but Accelerate runs DDP on cpu (Accelerate switches to FSDP and DeepSpeed only "
-            "on GPUs): training continues as DDP") in result.stdout
+    assert (
+        "note: FSDP2 requested, but Accelerate runs DDP on cpu (Accelerate switches to FSDP and DeepSpeed only "
+        "on GPUs): training continues as DDP"
+    ) in result.stdout
     runs = list((tmp_path / "runs").iterdir())
     assert [r.name for r in runs] == ["test"] and len(list(runs[0].glob("events.out.tfevents.*"))) == 1
     assert (tmp_path / "out" / "model.safetensors").is_file()
@@ -57,7 +77,10 @@ def test_a_multi_process_cpu_launch_that_starts_one_process_says_so(tmp_path, qu
     result = launch(tmp_path, ["--num_processes", "2"], [*quick_args, "--max_steps", "1", "--eval_steps", "0"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "backend: single process, 1 process(es) on cpu" in result.stdout
-    assert "note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one" in result.stdout
+    assert (
+        "note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one"
+        in result.stdout
+    )
 
 
 def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, review_files):
@@ -65,10 +88,27 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, revie
 
     def node(rank: int) -> subprocess.CompletedProcess:
         return accelerate_launch(
-            tmp_path, "--config_file", CONFIGS / "multi_node.yaml", "--num_machines", 2, "--num_processes", 2,
-            "--machine_rank", rank, "--main_process_ip", "127.0.0.1", "--main_process_port", port,
-            "--num_cpu_threads_per_process", 1, WORKERS / "ddp_worker.py", tmp_path, tiny_model_dir,
-            review_files["train"], review_files["validation"])
+            tmp_path,
+            "--config_file",
+            CONFIGS / "multi_node.yaml",
+            "--num_machines",
+            2,
+            "--num_processes",
+            2,
+            "--machine_rank",
+            rank,
+            "--main_process_ip",
+            "127.0.0.1",
+            "--main_process_port",
+            port,
+            "--num_cpu_threads_per_process",
+            1,
+            WORKERS / "ddp_worker.py",
+            tmp_path,
+            tiny_model_dir,
+            review_files["train"],
+            review_files["validation"],
+        )
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(node, (0, 1)))
@@ -81,39 +121,110 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, revie
 
 
 def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, tiny_model_no_dropout, review_files):
-    common = ["--model_name_or_path", tiny_model_no_dropout, "--train_file", review_files["train"],
-              "--validation_file", review_files["validation"], "--max_length", "64", "--mixed_precision", "no",
-              "--max_steps", "5", "--logging_steps", "1", "--eval_steps", "0", "--disable_tqdm", "--run_name", "r"]
-    two = launch(tmp_path, ["--config_file", CONFIGS / "cpu_multi.yaml", "--main_process_port", free_port()],
-                 [*common, "--per_device_train_batch_size", "4", "--output_dir", tmp_path / "two", "--logdir", tmp_path / "two_runs"])
+    common = [
+        "--model_name_or_path",
+        tiny_model_no_dropout,
+        "--train_file",
+        review_files["train"],
+        "--validation_file",
+        review_files["validation"],
+        "--max_length",
+        "64",
+        "--mixed_precision",
+        "no",
+        "--max_steps",
+        "5",
+        "--logging_steps",
+        "1",
+        "--eval_steps",
+        "0",
+        "--disable_tqdm",
+        "--run_name",
+        "r",
+    ]
+    two = launch(
+        tmp_path,
+        ["--config_file", CONFIGS / "cpu_multi.yaml", "--main_process_port", free_port()],
+        [
+            *common,
+            "--per_device_train_batch_size",
+            "4",
+            "--output_dir",
+            tmp_path / "two",
+            "--logdir",
+            tmp_path / "two_runs",
+        ],
+    )
     assert two.returncode == 0, two.stderr[-3000:]
-    assert run_app([*common, "--per_device_train_batch_size", "8", "--output_dir", tmp_path / "one",
-                    "--logdir", tmp_path / "one_runs"]) == 0
+    assert (
+        run_app(
+            [
+                *common,
+                "--per_device_train_batch_size",
+                "8",
+                "--output_dir",
+                tmp_path / "one",
+                "--logdir",
+                tmp_path / "one_runs",
+            ]
+        )
+        == 0
+    )
 
-    losses_two = tb.scalars(tmp_path / "two_runs" / "r")[metrics.TRAIN_LOSS]
-    losses_one = tb.scalars(tmp_path / "one_runs" / "r")[metrics.TRAIN_LOSS]
+    losses_two = tb.scalars(tmp_path / "two_runs" / "r")[tags.TRAIN_LOSS]
+    losses_one = tb.scalars(tmp_path / "one_runs" / "r")[tags.TRAIN_LOSS]
     assert losses_two.keys() == losses_one.keys() == {1, 2, 3, 4, 5}
     for step in losses_one:  # the same 8 examples per step; only the padding of the two half-batches differs
         assert losses_two[step] == pytest.approx(losses_one[step], abs=1e-6), step
-    two_weights, one_weights = load_file(tmp_path / "two" / "model.safetensors"), load_file(tmp_path / "one" / "model.safetensors")
+    two_weights, one_weights = (
+        load_file(tmp_path / "two" / "model.safetensors"),
+        load_file(tmp_path / "one" / "model.safetensors"),
+    )
     worst = max(float((two_weights[n] - one_weights[n]).abs().max()) for n in one_weights)
     assert worst < 1e-5, worst
 
 
 @pytest.mark.slow
 def test_torch_compile_matches_eager(tmp_path, tiny_model_no_dropout, review_files, capfd):
-    common = ["--model_name_or_path", tiny_model_no_dropout, "--train_file", review_files["train"],
-              "--validation_file", review_files["validation"], "--max_length", "64", "--mixed_precision", "no",
-              "--per_device_train_batch_size", "8", "--max_steps", "5", "--logging_steps", "1", "--eval_steps", "0",
-              "--disable_tqdm", "--run_name", "r"]
+    common = [
+        "--model_name_or_path",
+        tiny_model_no_dropout,
+        "--train_file",
+        review_files["train"],
+        "--validation_file",
+        review_files["validation"],
+        "--max_length",
+        "64",
+        "--mixed_precision",
+        "no",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_steps",
+        "5",
+        "--logging_steps",
+        "1",
+        "--eval_steps",
+        "0",
+        "--disable_tqdm",
+        "--run_name",
+        "r",
+    ]
     assert run_app([*common, "--output_dir", tmp_path / "eager", "--logdir", tmp_path / "eager_runs"]) == 0
     torch._dynamo.utils.counters.clear()
-    assert run_app([*common, "--torch_compile", "--output_dir", tmp_path / "compiled", "--logdir", tmp_path / "compiled_runs"]) == 0
+    assert (
+        run_app(
+            [*common, "--torch_compile", "--output_dir", tmp_path / "compiled", "--logdir", tmp_path / "compiled_runs"]
+        )
+        == 0
+    )
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "--torch_compile compiled nothing"
-    eager = tb.scalars(tmp_path / "eager_runs" / "r")[metrics.TRAIN_LOSS]
-    compiled = tb.scalars(tmp_path / "compiled_runs" / "r")[metrics.TRAIN_LOSS]
+    eager = tb.scalars(tmp_path / "eager_runs" / "r")[tags.TRAIN_LOSS]
+    compiled = tb.scalars(tmp_path / "compiled_runs" / "r")[tags.TRAIN_LOSS]
     assert eager.keys() == compiled.keys()
     for step in eager:
         assert compiled[step] == pytest.approx(eager[step], abs=1e-5), step
     # Saved without the compile wrapper: the same tensor names as the eager model's (no "_orig_mod." prefix).
-    assert load_file(tmp_path / "compiled" / "model.safetensors").keys() == load_file(tmp_path / "eager" / "model.safetensors").keys()
+    assert (
+        load_file(tmp_path / "compiled" / "model.safetensors").keys()
+        == load_file(tmp_path / "eager" / "model.safetensors").keys()
+    )

@@ -17,8 +17,10 @@ from tests.conftest import python_app, run_app
 
 def snapshot(root: Path) -> dict[str, str]:
     """Every file and folder under root, with a checksum for files."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
-            for p in sorted(root.rglob("*"))}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+        for p in sorted(root.rglob("*"))
+    }
 
 
 @pytest.fixture
@@ -52,35 +54,112 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
     return [
         ("unknown flag", ["--learning_rat", "1e-4"], {}, "unknown flag '--learning_rat'"),
         ("malformed yaml", ["--config", write(csv_dir / "bad.yaml", "learning_rate: [1, 2\n")], {}, "not valid YAML"),
-        ("unknown yaml key", ["--config", write(csv_dir / "key.yaml", "learning_rat: 0.001\n")], {}, "unknown key 'learning_rat'"),
-        ("wrong yaml type", ["--config", write(csv_dir / "type.yaml", "learning_rate: fast\n")], {}, "learning_rate must be a number"),
+        (
+            "unknown yaml key",
+            ["--config", write(csv_dir / "key.yaml", "learning_rat: 0.001\n")],
+            {},
+            "unknown key 'learning_rat'",
+        ),
+        (
+            "wrong yaml type",
+            ["--config", write(csv_dir / "type.yaml", "learning_rate: fast\n")],
+            {},
+            "learning_rate must be a number",
+        ),
         ("wrong flag type", ["--per_device_train_batch_size", "two"], {}, "invalid int value: 'two'"),
         ("batch size 0", ["--per_device_train_batch_size", "0"], {}, "--per_device_train_batch_size must be 1 or more"),
         ("missing model", ["--model_name_or_path", ws / "no_such_model"], {}, "no_such_model: no such folder"),
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
-        ("unreadable data file", ["--train_file", write(csv_dir / "broken.parquet", "not parquet"),
-                                  "--validation_file", write(csv_dir / "v.parquet", "not parquet")], {}, "cannot read"),
-        ("missing text column", ["--text_column", "body"], {}, "--text_column 'body' is not in the train data; its columns are: text, label"),
+        (
+            "unreadable data file",
+            [
+                "--train_file",
+                write(csv_dir / "broken.parquet", "not parquet"),
+                "--validation_file",
+                write(csv_dir / "v.parquet", "not parquet"),
+            ],
+            {},
+            "cannot read",
+        ),
+        (
+            "missing text column",
+            ["--text_column", "body"],
+            {},
+            "--text_column 'body' is not in the train data; its columns are: text, label",
+        ),
         ("missing label column", ["--label_column", "stars"], {}, "--label_column 'stars' is not in the train data"),
-        ("float labels", ["--train_file", write(csv_dir / "f.csv", "text,label\ngood,0.5\nbad,1.5\n"),
-                          "--validation_file", write(csv_dir / "fv.csv", "text,label\nok,0.5\n")], {}, "must hold only ints or only strings; found float 0.5"),
-        ("label out of range", ["--model_name_or_path", fixed_head_model(ws / "fixed_head", model),
-                                "--train_file", write(csv_dir / "r.csv", "text,label\na,0\nb,1\nc,2\n"),
-                                "--validation_file", write(csv_dir / "rv.csv", "text,label\na,0\n")], {}, "label 2 in 'label' is out of range for the model's 2 labels"),
-        ("empty train split", ["--train_file", write(csv_dir / "e.csv", "text,label\n")], {}, "has no rows, so the train split is empty"),
+        (
+            "float labels",
+            [
+                "--train_file",
+                write(csv_dir / "f.csv", "text,label\ngood,0.5\nbad,1.5\n"),
+                "--validation_file",
+                write(csv_dir / "fv.csv", "text,label\nok,0.5\n"),
+            ],
+            {},
+            "must hold only ints or only strings; found float 0.5",
+        ),
+        (
+            "label out of range",
+            [
+                "--model_name_or_path",
+                fixed_head_model(ws / "fixed_head", model),
+                "--train_file",
+                write(csv_dir / "r.csv", "text,label\na,0\nb,1\nc,2\n"),
+                "--validation_file",
+                write(csv_dir / "rv.csv", "text,label\na,0\n"),
+            ],
+            {},
+            "label 2 in 'label' is out of range for the model's 2 labels",
+        ),
+        (
+            "empty train split",
+            ["--train_file", write(csv_dir / "e.csv", "text,label\n")],
+            {},
+            "has no rows, so the train split is empty",
+        ),
         ("max_length too long", ["--max_length", "4096"], {}, "--max_length 4096 is beyond the model's 128 positions"),
-        ("resume without checkpoint", ["--resume_from_checkpoint", "latest", "--output_dir", ws / "fresh"], {}, "no checkpoint in"),
-        ("logdir not writable", ["--logdir", ws / "old_run" / "model.safetensors" / "runs"], {}, "is a file, not a folder"),
-        ("output dir in use", ["--output_dir", ws / "old_run"], {}, "is not empty; pass --resume_from_checkpoint latest"),
+        (
+            "resume without checkpoint",
+            ["--resume_from_checkpoint", "latest", "--output_dir", ws / "fresh"],
+            {},
+            "no checkpoint in",
+        ),
+        (
+            "logdir not writable",
+            ["--logdir", ws / "old_run" / "model.safetensors" / "runs"],
+            {},
+            "is a file, not a folder",
+        ),
+        (
+            "output dir in use",
+            ["--output_dir", ws / "old_run"],
+            {},
+            "is not empty; pass --resume_from_checkpoint latest",
+        ),
         ("tensorboard run in use", ["--run_name", "old"], {}, "already exists and would mix two runs"),
         ("fp16 under deepspeed", ["--amp"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "refused, not delegated"),
     ]
 
 
 def test_every_bad_input_gives_one_line_and_exit_2(workspace, tiny_model_dir, review_files, capfd, monkeypatch):
-    base = ["--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"],
-            "--validation_file", review_files["validation"], "--output_dir", workspace / "new_out",
-            "--logdir", workspace / "runs", "--run_name", "new", "--max_steps", "1", "--disable_tqdm"]
+    base = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--train_file",
+        review_files["train"],
+        "--validation_file",
+        review_files["validation"],
+        "--output_dir",
+        workspace / "new_out",
+        "--logdir",
+        workspace / "runs",
+        "--run_name",
+        "new",
+        "--max_steps",
+        "1",
+        "--disable_tqdm",
+    ]
     table = cases(workspace, tiny_model_dir, review_files)
     before = snapshot(workspace)
     capfd.readouterr()  # what building the table printed
@@ -101,10 +180,13 @@ def test_every_bad_input_gives_one_line_and_exit_2(workspace, tiny_model_dir, re
         GradientState._reset_state()
 
 
-@pytest.mark.parametrize("extra, expected", [
-    (["--no_such_flag"], "error: unknown flag '--no_such_flag'"),
-    (["--label_column", "stars"], "error: --label_column 'stars' is not in the train data"),
-])
+@pytest.mark.parametrize(
+    "extra, expected",
+    [
+        (["--no_such_flag"], "error: unknown flag '--no_such_flag'"),
+        (["--label_column", "stars"], "error: --label_column 'stars' is not in the train data"),
+    ],
+)
 def test_bad_input_as_a_user_sees_it(tmp_path, quick_args, extra, expected):
     result = python_app(tmp_path, [*quick_args, *extra])
     assert result.returncode == 2

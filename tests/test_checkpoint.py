@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app import metrics
+from app import tags
 from app.checkpoint import completed_checkpoints, find_checkpoint
 from tests import tb
 from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, free_port, python_app, run_app
@@ -21,9 +21,25 @@ KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 
 
 def data_args(tiny_model_dir, review_files) -> list:
-    return ["--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"],
-            "--validation_file", review_files["validation"], "--per_device_train_batch_size", "8", "--max_length", "64",
-            "--disable_tqdm", "--logging_steps", "1", "--eval_steps", "0", "--seed", "7"]
+    return [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--train_file",
+        review_files["train"],
+        "--validation_file",
+        review_files["validation"],
+        "--per_device_train_batch_size",
+        "8",
+        "--max_length",
+        "64",
+        "--disable_tqdm",
+        "--logging_steps",
+        "1",
+        "--eval_steps",
+        "0",
+        "--seed",
+        "7",
+    ]
 
 
 def kill_run(tmp_path, point: str, nth: int, args: list) -> subprocess.CompletedProcess:
@@ -31,15 +47,26 @@ def kill_run(tmp_path, point: str, nth: int, args: list) -> subprocess.Completed
     return subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
 
 
-@pytest.mark.parametrize("precision, extra", [
-    ("no", ["--gradient_accumulation_steps", "2", "--max_steps", "10", "--save_steps", "4"]),  # epoch ends at step 6
-    ("fp16", ["--max_steps", "16", "--save_steps", "5", "--loss_scale_growth_interval", "3"]),  # epoch ends at step 12
-])
+@pytest.mark.parametrize(
+    "precision, extra",
+    [
+        (
+            "no",
+            ["--gradient_accumulation_steps", "2", "--max_steps", "10", "--save_steps", "4"],
+        ),  # epoch ends at step 6
+        (
+            "fp16",
+            ["--max_steps", "16", "--save_steps", "5", "--loss_scale_growth_interval", "3"],
+        ),  # epoch ends at step 12
+    ],
+)
 def test_kill_9_then_resume_is_bitwise(tmp_path, tiny_model_dir, review_files, precision, extra):
     common = [*data_args(tiny_model_dir, review_files), "--mixed_precision", precision, "--run_name", "r", *extra]
     here = ["--output_dir", tmp_path / "run", "--logdir", tmp_path / "runs"]
     with ThreadPoolExecutor(2) as pool:
-        reference = pool.submit(python_app, tmp_path, [*common, "--output_dir", tmp_path / "ref", "--logdir", tmp_path / "ref_runs"])
+        reference = pool.submit(
+            python_app, tmp_path, [*common, "--output_dir", tmp_path / "ref", "--logdir", tmp_path / "ref_runs"]
+        )
         killed = pool.submit(kill_run, tmp_path, "published", 1, [*common, *here])
         reference, killed = reference.result(), killed.result()
     assert reference.returncode == 0, reference.stderr[-2000:]
@@ -57,13 +84,28 @@ def test_kill_9_then_resume_is_bitwise(tmp_path, tiny_model_dir, review_files, p
     for name in expected:
         assert torch.equal(expected[name], got[name]), f"{name} differs from the uninterrupted run"
     reference_curves, resumed_curves = tb.scalars(tmp_path / "ref_runs" / "r"), tb.scalars(tmp_path / "runs" / "r")
-    for tag in (metrics.TRAIN_LOSS, metrics.AMP_LOSS_SCALE, metrics.TRAIN_LR, metrics.AMP_SKIPPED_STEPS):
-        assert resumed_curves[tag] == reference_curves[tag], f"{tag}: the resumed curve departs from the uninterrupted one"
+    for tag in (tags.TRAIN_LOSS, tags.AMP_LOSS_SCALE, tags.TRAIN_LR, tags.AMP_SKIPPED_STEPS):
+        assert resumed_curves[tag] == reference_curves[tag], (
+            f"{tag}: the resumed curve departs from the uninterrupted one"
+        )
 
 
 def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_model_dir, review_files):
-    args = [*data_args(tiny_model_dir, review_files), "--mixed_precision", "no", "--max_steps", "12", "--save_steps", "4",
-            "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "w"]
+    args = [
+        *data_args(tiny_model_dir, review_files),
+        "--mixed_precision",
+        "no",
+        "--max_steps",
+        "12",
+        "--save_steps",
+        "4",
+        "--output_dir",
+        tmp_path / "out",
+        "--logdir",
+        tmp_path / "runs",
+        "--run_name",
+        "w",
+    ]
     killed = kill_run(tmp_path, "staged", 2, args)  # dies after writing step 8's state, before publishing it
     assert killed.returncode == -signal.SIGKILL
     root = tmp_path / "out" / "checkpoints"
@@ -79,14 +121,39 @@ def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_mo
 
 def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tiny_model_dir, review_files):
     """Two gloo ranks started as srun/torchrun start them; the scheduler sends SIGTERM to both."""
-    args = [*data_args(tiny_model_dir, review_files), "--mixed_precision", "no", "--max_steps", "100000",
-            "--save_steps", "0", "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]
+    args = [
+        *data_args(tiny_model_dir, review_files),
+        "--mixed_precision",
+        "no",
+        "--max_steps",
+        "100000",
+        "--save_steps",
+        "0",
+        "--output_dir",
+        tmp_path / "out",
+        "--logdir",
+        tmp_path / "runs",
+    ]
     port = free_port()
-    ranks = [subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), *map(str, args)], text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              env=clean_env(tmp_path, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1"))
-             for r in (0, 1)]
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=clean_env(
+                tmp_path,
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            ),
+        )
+        for r in (0, 1)
+    ]
     try:
         for line in ranks[0].stdout:
             if line.startswith("run "):  # training is about to start
@@ -106,9 +173,23 @@ def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tin
 
 
 def test_sigint_checkpoints_and_exits_130(tmp_path, quick_args):
-    process = subprocess.Popen([sys.executable, str(TRAIN_SCRIPT), *map(str, quick_args), "--max_steps", "100000",
-                                "--eval_steps", "0", "--save_steps", "0"], env=clean_env(tmp_path), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            str(TRAIN_SCRIPT),
+            *map(str, quick_args),
+            "--max_steps",
+            "100000",
+            "--eval_steps",
+            "0",
+            "--save_steps",
+            "0",
+        ],
+        env=clean_env(tmp_path),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     for line in process.stdout:
         if line.startswith("run "):
             break
@@ -123,32 +204,65 @@ def test_scaler_state_survives_a_resume(tmp_path, quick_args, capfd):
     # A low start keeps fp16 clear of overflow, so the scale only grows: 1024 -> 8192 after 6 steps.
     scaler_flags = ["--amp", "--init_loss_scale", "1024", "--loss_scale_growth_interval", "2", "--eval_steps", "0"]
     assert run_app([*quick_args, *scaler_flags, "--max_steps", "6", "--save_steps", "6"]) == 0
-    before = tb.scalars(tmp_path / "runs" / "test")[metrics.AMP_LOSS_SCALE][6]
+    before = tb.scalars(tmp_path / "runs" / "test")[tags.AMP_LOSS_SCALE][6]
     assert before == 8192, "the scale should have grown before the save"
-    resume = [*quick_args, *scaler_flags, "--max_steps", "7", "--resume_from_checkpoint", tmp_path / "out" / "checkpoints" / "step-6"]
+    resume = [
+        *quick_args,
+        *scaler_flags,
+        "--max_steps",
+        "7",
+        "--resume_from_checkpoint",
+        tmp_path / "out" / "checkpoints" / "step-6",
+    ]
     assert run_app(resume) == 0
-    after = tb.scalars(tmp_path / "runs" / "test")[metrics.AMP_LOSS_SCALE][7]
+    after = tb.scalars(tmp_path / "runs" / "test")[tags.AMP_LOSS_SCALE][7]
     assert after == before, "the loss scale was reset by the resume (a fresh scaler would be back at 1024)"
     capfd.readouterr()
 
 
-@pytest.mark.parametrize("saved_with, resumed_with, toggle", [("no", "--amp", "off -> on"), ("fp16", "--mixed_precision=no", "on -> off")])
+@pytest.mark.parametrize(
+    "saved_with, resumed_with, toggle", [("no", "--amp", "off -> on"), ("fp16", "--mixed_precision=no", "on -> off")]
+)
 def test_toggling_amp_between_save_and_resume(tmp_path, quick_args, capfd, saved_with, resumed_with, toggle):
-    assert run_app([*quick_args, "--mixed_precision", saved_with, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"]) == 0
+    assert (
+        run_app(
+            [*quick_args, "--mixed_precision", saved_with, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"]
+        )
+        == 0
+    )
     capfd.readouterr()
-    code = run_app([*quick_args, resumed_with, "--max_steps", "3", "--eval_steps", "0", "--resume_from_checkpoint", "latest"])
+    code = run_app(
+        [*quick_args, resumed_with, "--max_steps", "3", "--eval_steps", "0", "--resume_from_checkpoint", "latest"]
+    )
     out = capfd.readouterr().out
     assert code == 0
     assert f"note: loss scaling toggled since the checkpoint ({toggle}): starting a fresh scaler state" in out
     assert out.count("note: loss scaling toggled") == 1
-    scale = tb.scalars(tmp_path / "runs" / "test")[metrics.AMP_LOSS_SCALE][3]
+    scale = tb.scalars(tmp_path / "runs" / "test")[tags.AMP_LOSS_SCALE][3]
     assert scale == (65536.0 if toggle == "off -> on" else 1.0)
 
 
 def test_non_finite_loss_without_amp_stops_with_exit_3_and_keeps_the_last_good_checkpoint(tmp_path, quick_args, capfd):
     # An absurd learning rate blows the weights up after the first update; the second loss is NaN.
-    code = run_app([*quick_args, "--mixed_precision", "no", "--learning_rate", "1e30", "--warmup_ratio", "0",
-                    "--max_steps", "10", "--save_steps", "1", "--logging_steps", "5", "--eval_steps", "0"])
+    code = run_app(
+        [
+            *quick_args,
+            "--mixed_precision",
+            "no",
+            "--learning_rate",
+            "1e30",
+            "--warmup_ratio",
+            "0",
+            "--max_steps",
+            "10",
+            "--save_steps",
+            "1",
+            "--logging_steps",
+            "5",
+            "--eval_steps",
+            "0",
+        ]
+    )
     err = capfd.readouterr().err
     assert code == 3
     assert "numeric fault: a NaN/inf loss was applied to the weights between optimizer steps 2 and 2" in err
@@ -158,11 +272,32 @@ def test_non_finite_loss_without_amp_stops_with_exit_3_and_keeps_the_last_good_c
 
 def test_a_numeric_fault_after_a_resume_names_the_checkpoint_resumed_from(tmp_path, quick_args, capfd):
     # The first update with this LR leaves finite but absurd weights, saved at step 1; the next loss is NaN.
-    blow_up = [*quick_args, "--mixed_precision", "no", "--learning_rate", "1e30", "--warmup_ratio", "0", "--eval_steps", "0"]
+    blow_up = [
+        *quick_args,
+        "--mixed_precision",
+        "no",
+        "--learning_rate",
+        "1e30",
+        "--warmup_ratio",
+        "0",
+        "--eval_steps",
+        "0",
+    ]
     assert run_app([*blow_up, "--max_steps", "1", "--save_steps", "1"]) == 0
     capfd.readouterr()
-    code = run_app([*blow_up, "--max_steps", "3", "--logging_steps", "3", "--save_steps", "0",
-                    "--resume_from_checkpoint", "latest"])
+    code = run_app(
+        [
+            *blow_up,
+            "--max_steps",
+            "3",
+            "--logging_steps",
+            "3",
+            "--save_steps",
+            "0",
+            "--resume_from_checkpoint",
+            "latest",
+        ]
+    )
     err = capfd.readouterr().err
     assert code == 3
     assert f"the last good checkpoint is kept: {tmp_path / 'out' / 'checkpoints' / 'step-1'}" in err

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file

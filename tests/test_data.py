@@ -20,9 +20,25 @@ def test_dataset_name_loads_a_local_folder_through_load_dataset(tmp_path, tiny_m
     folder.mkdir()
     shutil.copy(review_files["train"], folder / "train.csv")
     shutil.copy(review_files["validation"], folder / "validation.csv")
-    code = run_app(["--model_name_or_path", tiny_model_dir, "--dataset_name", folder, "--output_dir", tmp_path / "out",
-                    "--logdir", tmp_path / "runs", "--max_steps", "2", "--eval_steps", "0", "--disable_tqdm",
-                    "--max_length", "64"])
+    code = run_app(
+        [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name",
+            folder,
+            "--output_dir",
+            tmp_path / "out",
+            "--logdir",
+            tmp_path / "runs",
+            "--max_steps",
+            "2",
+            "--eval_steps",
+            "0",
+            "--disable_tqdm",
+            "--max_length",
+            "64",
+        ]
+    )
     assert code == 0, capfd.readouterr().err
     saved = AutoConfig.from_pretrained(tmp_path / "out")
     assert saved.id2label == {0: "great", 1: "other"} and saved.label2id == {"great": 0, "other": 1}
@@ -32,8 +48,14 @@ def test_jsonl_with_int_labels_text_pairs_and_a_held_out_split(tmp_path, tiny_mo
     rows = [{"premise": f"sentence {i}", "hypothesis": f"other {i % 3}", "target": i % 3} for i in range(40)]
     path = tmp_path / "pairs.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = replace(TrainConfig(), train_file=str(path), text_column="premise", text_pair_column="hypothesis",
-                  label_column="target", validation_split_percentage=25)
+    cfg = replace(
+        TrainConfig(),
+        train_file=str(path),
+        text_column="premise",
+        text_pair_column="hypothesis",
+        label_column="target",
+        validation_split_percentage=25,
+    )
     raw = data.load_raw(cfg)
     assert (len(raw["train"]), len(raw["validation"])) == (30, 10)
     columns = data.resolve_columns(cfg)
@@ -45,8 +67,10 @@ def test_jsonl_with_int_labels_text_pairs_and_a_held_out_split(tmp_path, tiny_mo
 def test_string_labels_are_sorted_into_ids_and_unknown_validation_labels_fail():
     from datasets import Dataset, DatasetDict
 
-    raw = DatasetDict(train=Dataset.from_dict({"label": ["neg", "pos", "neg"]}),
-                      validation=Dataset.from_dict({"label": ["pos", "neutral"]}))
+    raw = DatasetDict(
+        train=Dataset.from_dict({"label": ["neg", "pos", "neg"]}),
+        validation=Dataset.from_dict({"label": ["pos", "neutral"]}),
+    )
     with pytest.raises(UsageError, match="validation label 'neutral' does not occur in the training labels"):
         data.infer_labels(raw, "label", fixed=None)
     raw["validation"] = Dataset.from_dict({"label": ["pos"]})
@@ -57,7 +81,9 @@ def test_string_labels_are_sorted_into_ids_and_unknown_validation_labels_fail():
 def test_a_trained_head_keeps_its_label_order():
     from datasets import Dataset, DatasetDict
 
-    raw = DatasetDict(train=Dataset.from_dict({"label": ["pos", "neg"]}), validation=Dataset.from_dict({"label": ["neg"]}))
+    raw = DatasetDict(
+        train=Dataset.from_dict({"label": ["pos", "neg"]}), validation=Dataset.from_dict({"label": ["neg"]})
+    )
     labels = data.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
     assert labels.id2label == {0: "pos", 1: "neg"}
     with pytest.raises(UsageError, match="'maybe' is not one of the model's trained labels"):
@@ -66,8 +92,16 @@ def test_a_trained_head_keeps_its_label_order():
 
 
 def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, capfd):
-    code = run_app(["--model_name_or_path", "nobody-here/no-such-model", "--output_dir", tmp_path / "out",
-                    "--logdir", tmp_path / "runs"])
+    code = run_app(
+        [
+            "--model_name_or_path",
+            "nobody-here/no-such-model",
+            "--output_dir",
+            tmp_path / "out",
+            "--logdir",
+            tmp_path / "runs",
+        ]
+    )
     err = capfd.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert err.startswith("error: --model_name_or_path 'nobody-here/no-such-model' cannot be loaded")

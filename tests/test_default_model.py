@@ -10,8 +10,23 @@ from tests.conftest import run_app
 
 def test_a_few_steps_of_the_real_default(tmp_path, capfd):
     out = tmp_path / "out"
-    code = run_app(["--max_steps", "3", "--max_eval_samples", "64", "--per_device_train_batch_size", "8",
-                    "--output_dir", out, "--logdir", tmp_path / "runs", "--disable_tqdm", "--logging_steps", "1"])
+    code = run_app(
+        [
+            "--max_steps",
+            "3",
+            "--max_eval_samples",
+            "64",
+            "--per_device_train_batch_size",
+            "8",
+            "--output_dir",
+            out,
+            "--logdir",
+            tmp_path / "runs",
+            "--disable_tqdm",
+            "--logging_steps",
+            "1",
+        ]
+    )
     stdout = capfd.readouterr().out
     assert code == 0
     assert "run summary" in stdout and "optimizer steps  3 (3 applied, 0 skipped)" in stdout
@@ -19,4 +34,6 @@ def test_a_few_steps_of_the_real_default(tmp_path, capfd):
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert model.config.id2label == {0: "great", 1: "other"}
     assert model.config.num_hidden_layers == 6 and model.config.hidden_size == 384  # all-MiniLM-L6-v2
-    assert AutoTokenizer.from_pretrained(out).vocab_size == AutoTokenizer.from_pretrained(embedded_model_dir()).vocab_size
+    assert (
+        AutoTokenizer.from_pretrained(out).vocab_size == AutoTokenizer.from_pretrained(embedded_model_dir()).vocab_size
+    )

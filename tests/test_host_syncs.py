@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.harness import build_run
+from tests.harness import build_run, train
 
 READS = ("item", "tolist", "__bool__", "__float__", "__int__")
 # Reads that happen while the app runs but are not the app's, with why they are no concern (file, function):
@@ -33,7 +33,7 @@ ALLOWED = {
 def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeypatch, precision):
     run = build_run(tiny_model_dir, review_files, mixed_precision=precision, max_steps=10, logging_steps=5)
     step = {"now": 0}
-    run.parts.model.register_forward_pre_hook(lambda m, a: step.__setitem__("now", step["now"] + 1) if m.training else None)
+    run.model.register_forward_pre_hook(lambda m, a: step.__setitem__("now", step["now"] + 1) if m.training else None)
     reads: Counter = Counter()
 
     def spy(name):
@@ -50,7 +50,7 @@ def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeyp
 
     for name in READS:
         monkeypatch.setattr(torch.Tensor, name, spy(name))
-    run.train()
+    train(run)
     monkeypatch.undo()
 
     assert run.state.opt_step == 10 and run.state.skipped_steps == 0

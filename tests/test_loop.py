@@ -9,7 +9,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from app.model import load_model
-from tests.harness import build_run
+from tests.harness import build_run, train
 
 
 def record_batches(model: torch.nn.Module) -> list[dict]:
@@ -25,14 +25,21 @@ def record_batches(model: torch.nn.Module) -> list[dict]:
 
 
 def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
-    run = build_run(tiny_model_dir, review_files, mixed_precision="no", max_steps=6, warmup_ratio=0.5,
-                    weight_decay=0.0, max_grad_norm=0.05)
-    initial_weights = copy.deepcopy(run.parts.model.state_dict())
-    batches = record_batches(run.parts.model)
+    run = build_run(
+        tiny_model_dir,
+        review_files,
+        mixed_precision="no",
+        max_steps=6,
+        warmup_ratio=0.5,
+        weight_decay=0.0,
+        max_grad_norm=0.05,
+    )
+    initial_weights = copy.deepcopy(run.model.state_dict())
+    batches = record_batches(run.model)
     rng = torch.get_rng_state()  # dropout is on: both loops must draw the same masks
-    run.train()
+    train(run)
 
-    plain = load_model(str(tiny_model_dir), run.parts.model.config.id2label)
+    plain = load_model(str(tiny_model_dir), run.model.config.id2label)
     plain.load_state_dict(initial_weights)
     plain.train()
     optimizer = torch.optim.AdamW(plain.parameters(), lr=run.cfg.learning_rate, weight_decay=0.0, fused=True)
@@ -46,7 +53,7 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
         optimizer.zero_grad()
 
     assert len(batches) == 6
-    app_weights = run.parts.model.state_dict()
+    app_weights = run.model.state_dict()
     for name, value in plain.state_dict().items():
         assert torch.equal(app_weights[name], value), f"{name} differs from the plain fp32 loop"
     assert not torch.equal(app_weights["classifier.weight"], initial_weights["classifier.weight"]), "nothing trained"
@@ -56,13 +63,13 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
 def test_linear_layers_compute_in_the_policy_dtype(tiny_model_dir, review_files, mode, expected):
     run = build_run(tiny_model_dir, review_files, mixed_precision=mode, max_steps=2)
     dtypes = set()
-    for module in run.parts.model.modules():
+    for module in run.model.modules():
         if isinstance(module, torch.nn.Linear):
             module.register_forward_hook(lambda m, i, output: dtypes.add(output.dtype) if m.training else None)
-    run.train()
+    train(run)
     assert dtypes == {expected}
-    assert all(p.dtype == torch.float32 for p in run.parts.model.parameters()), "master weights must stay fp32"
-    assert run.parts.scaler.is_enabled() == (mode == "fp16")
+    assert all(p.dtype == torch.float32 for p in run.model.parameters()), "master weights must stay fp32"
+    assert run.scaler.is_enabled() == (mode == "fp16")
 
 
 def inject_inf_at(model: torch.nn.Module, micro_steps: set[int], optimizer) -> dict[int, dict]:
@@ -96,29 +103,39 @@ def test_loss_scale_follows_torch_schedule_and_skips_injected_infs(tiny_model_di
     # 10 steps, growth every 3 clean steps, inf at steps 2 and 7:
     # ok, SKIP, ok, ok, ok(grow), ok, SKIP, ok, ok, ok(grow) -> 2 growths, 2 skips.
     init = 2.0**10
-    run = build_run(tiny_model_dir, review_files, amp=True, max_steps=10, init_loss_scale=init,
-                    loss_scale_growth_interval=3, warmup_ratio=0.3)
-    snapshots = inject_inf_at(run.parts.model, {2, 7}, run.parts.optimizer)
-    run.train()
+    run = build_run(
+        tiny_model_dir,
+        review_files,
+        amp=True,
+        max_steps=10,
+        init_loss_scale=init,
+        loss_scale_growth_interval=3,
+        warmup_ratio=0.3,
+    )
+    snapshots = inject_inf_at(run.model, {2, 7}, run.optimizer)
+    train(run)
 
     state = run.state
     assert (state.opt_step, state.skipped_steps, state.applied_updates) == (10, 2, 8)
-    assert run.parts.scaler.get_scale() == init * 2**2 * 0.5**2
-    assert run.parts.schedule.last_epoch == state.applied_updates, "the LR schedule must follow applied updates only"
+    assert run.scaler.get_scale() == init * 2**2 * 0.5**2
+    assert run.schedule.last_epoch == state.applied_updates, "the LR schedule must follow applied updates only"
     for step, seen in snapshots.items():
         before, after = seen["before"], seen["after"]
         assert before.keys() == after.keys()
         for param in before:
             for key in before[param]:
-                assert torch.equal(before[param][key], after[param][key]), f"optimizer state moved on skipped step {step}"
+                assert torch.equal(before[param][key], after[param][key]), (
+                    f"optimizer state moved on skipped step {step}"
+                )
 
 
 def test_skipped_step_holds_the_learning_rate(tiny_model_dir, review_files):
     run = build_run(tiny_model_dir, review_files, amp=True, max_steps=4, warmup_ratio=0.5)
-    lrs = []  # the LR each optimizer.step call sees; the fused optimizer is called on skipped steps too, and skips inside
-    run.parts.optimizer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"]))
-    inject_inf_at(run.parts.model, {2}, run.parts.optimizer)
-    run.train()
+    # The LR each optimizer.step call sees; the fused optimizer is called on skipped steps too, and skips inside.
+    lrs = []
+    run.optimizer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"]))
+    inject_inf_at(run.model, {2}, run.optimizer)
+    train(run)
     assert len(lrs) == 4
     # LR of updates 1..4: warmup from 0; the skipped step 2 does not advance it, so steps 2 and 3 share one LR.
     assert lrs[0] == 0.0

@@ -4,7 +4,7 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from app.loop import macro_f1
+from app.evaluation import macro_f1
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -12,7 +12,9 @@ from app.loop import macro_f1
 def test_macro_f1_matches_sklearn(seed, classes):
     generator = torch.Generator().manual_seed(seed)
     labels = torch.randint(0, classes, (200,), generator=generator)
-    predicted = torch.where(torch.rand(200, generator=generator) < 0.6, labels, torch.randint(0, classes, (200,), generator=generator))
+    predicted = torch.where(
+        torch.rand(200, generator=generator) < 0.6, labels, torch.randint(0, classes, (200,), generator=generator)
+    )
     assert macro_f1(predicted, labels) == pytest.approx(f1_score(labels, predicted, average="macro"), abs=1e-6)
 
 

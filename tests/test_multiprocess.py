@@ -11,9 +11,19 @@ from tests.conftest import ACCELERATE, ROOT, clean_env, free_port
 
 
 def test_two_ranks_train_on_different_shards_and_end_identical(tmp_path, tiny_model_dir, review_files):
-    cmd = [str(ACCELERATE), "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_multi.yaml"),
-           "--main_process_port", str(free_port()), str(ROOT / "tests" / "workers" / "ddp_worker.py"), str(tmp_path), str(tiny_model_dir),
-           str(review_files["train"]), str(review_files["validation"])]
+    cmd = [
+        str(ACCELERATE),
+        "launch",
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "cpu_multi.yaml"),
+        "--main_process_port",
+        str(free_port()),
+        str(ROOT / "tests" / "workers" / "ddp_worker.py"),
+        str(tmp_path),
+        str(tiny_model_dir),
+        str(review_files["train"]),
+        str(review_files["validation"]),
+    ]
     result = subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 

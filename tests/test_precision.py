@@ -44,7 +44,9 @@ def test_fp16_on_cpu_warns_and_names_the_alternatives():
     assert ("--mixed_precision bf16" in warning) == cpu_has_native_bf16()
 
 
-@pytest.mark.parametrize("bad", [dict(amp=True, flag="bf16", launcher=None), dict(amp=False, flag=None, launcher="fp8")])
+@pytest.mark.parametrize(
+    "bad", [dict(amp=True, flag="bf16", launcher=None), dict(amp=False, flag=None, launcher="fp8")]
+)
 def test_conflicts_and_unsupported_modes_are_usage_errors(bad):
     with pytest.raises(UsageError):
         resolve_precision(bad["amp"], bad["flag"], "cpu", bad["launcher"])
@@ -67,24 +69,70 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
 
     The YAML case says bf16 and the app flag overrides it, so its note shows the YAML was read."""
     bf16_yaml = tmp_path / "bf16.yaml"
-    bf16_yaml.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nuse_cpu: true\n"
-                         "num_processes: 1\nmixed_precision: bf16\n")
+    bf16_yaml.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nuse_cpu: true\n"
+        "num_processes: 1\nmixed_precision: bf16\n"
+    )
     wizard_home = tmp_path / "wizard_home"
     (wizard_home / "accelerate").mkdir(parents=True)
     (wizard_home / "accelerate" / "default_config.yaml").write_text(
-        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nuse_cpu: true\nnum_processes: 1\nmixed_precision: fp16\n")
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: 'NO'\nuse_cpu: true\nnum_processes: 1\n"
+        "mixed_precision: fp16\n"
+    )
     cases = {  # name: (launcher flags, app flags, env, expected start of the precision line, expected note)
-        "launcher fp16": (["--mixed_precision", "fp16"], [], {}, "precision: fp16 autocast on cpu, loss scaling on (from accelerate launch", None),
-        "launcher no": (["--mixed_precision", "no"], [], {}, "precision: fp32, no autocast, on cpu, loss scaling off (from accelerate launch", None),
-        "--amp over launcher default": ([], ["--amp"], {}, "precision: fp16 autocast on cpu, loss scaling on (from --amp", "note: --amp (fp16) overrides the launcher's mixed_precision 'no'"),
-        "app flag over yaml": (["--config_file", bf16_yaml], ["--mixed_precision", "no"], {}, "precision: fp32, no autocast", "note: --mixed_precision (no) overrides the launcher's mixed_precision 'bf16'"),
-        "wizard default config": ([], [], {"HF_HOME": str(wizard_home)}, "precision: fp16 autocast on cpu, loss scaling on (from accelerate launch", None),
+        "launcher fp16": (
+            ["--mixed_precision", "fp16"],
+            [],
+            {},
+            "precision: fp16 autocast on cpu, loss scaling on (from accelerate launch",
+            None,
+        ),
+        "launcher no": (
+            ["--mixed_precision", "no"],
+            [],
+            {},
+            "precision: fp32, no autocast, on cpu, loss scaling off (from accelerate launch",
+            None,
+        ),
+        "--amp over launcher default": (
+            [],
+            ["--amp"],
+            {},
+            "precision: fp16 autocast on cpu, loss scaling on (from --amp",
+            "note: --amp (fp16) overrides the launcher's mixed_precision 'no'",
+        ),
+        "app flag over yaml": (
+            ["--config_file", bf16_yaml],
+            ["--mixed_precision", "no"],
+            {},
+            "precision: fp32, no autocast",
+            "note: --mixed_precision (no) overrides the launcher's mixed_precision 'bf16'",
+        ),
+        "wizard default config": (
+            [],
+            [],
+            {"HF_HOME": str(wizard_home)},
+            "precision: fp16 autocast on cpu, loss scaling on (from accelerate launch",
+            None,
+        ),
     }
 
     def run_case(item):
         name, (launcher_flags, app_flags, env, _, _) = item
-        args = [*quick_args, "--max_steps", "1", "--eval_steps", "0", "--max_eval_samples", "8",
-                "--output_dir", tmp_path / name / "out", "--logdir", tmp_path / name / "runs", *app_flags]
+        args = [
+            *quick_args,
+            "--max_steps",
+            "1",
+            "--eval_steps",
+            "0",
+            "--max_eval_samples",
+            "8",
+            "--output_dir",
+            tmp_path / name / "out",
+            "--logdir",
+            tmp_path / name / "runs",
+            *app_flags,
+        ]
         return name, launch(tmp_path, launcher_flags, args, **env)
 
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -12,23 +12,54 @@ SCRIPTS = ROOT / "scripts"
 
 
 def run_script(tmp_path, name: str, *args) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, str(SCRIPTS / name), *map(str, args)], env=clean_env(tmp_path),
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / name), *map(str, args)],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
 
 def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_model_dir, review_files):
     result = run_script(
-        tmp_path, "compare_amp.py", "--name", "cmp", "--report_dir", tmp_path / "report",
-        "--launcher", sys.executable,  # plain python: the same launcher for both runs, and quicker to start
-        "--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"],
-        "--validation_file", review_files["validation"], "--logdir", tmp_path / "runs", "--max_steps", "4",
-        "--logging_steps", "2", "--max_length", "64", "--disable_tqdm")
+        tmp_path,
+        "compare_amp.py",
+        "--name",
+        "cmp",
+        "--report_dir",
+        tmp_path / "report",
+        "--launcher",
+        sys.executable,  # plain python: the same launcher for both runs, and quicker to start
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--train_file",
+        review_files["train"],
+        "--validation_file",
+        review_files["validation"],
+        "--logdir",
+        tmp_path / "runs",
+        "--max_steps",
+        "4",
+        "--logging_steps",
+        "2",
+        "--max_length",
+        "64",
+        "--disable_tqdm",
+    )
     assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16"}
     report = (tmp_path / "report" / "report.md").read_text()
-    for field in ("speed-up vs fp32", "peak-memory ratio vs fp32", "eval-accuracy delta vs fp32",
-                  "largest train/loss deviation vs fp32", "skipped steps", "**Verdict:**"):
+    for field in (
+        "speed-up vs fp32",
+        "peak-memory ratio vs fp32",
+        "eval-accuracy delta vs fp32",
+        "largest train/loss deviation vs fp32",
+        "skipped steps",
+        "**Verdict:**",
+    ):
         assert field in report, field
     assert "| final loss scale | 1 | 65536 |" in report
     assert (tmp_path / "report" / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -36,21 +67,49 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
 
 
 def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPTS / "compare_amp.py"), "--amp"], env=clean_env(tmp_path),
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / "compare_amp.py"), "--amp"],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2 and "--amp is set by this script" in result.stderr
 
 
 def test_bench_tiny_writes_the_json_keys(tmp_path):
-    run_script(tmp_path, "bench.py", "--tiny", "--steps", "3", "--rounds", "1", "--warmup", "1", "--json", tmp_path / "b.json")
+    run_script(
+        tmp_path, "bench.py", "--tiny", "--steps", "3", "--rounds", "1", "--warmup", "1", "--json", tmp_path / "b.json"
+    )
     figures = json.loads((tmp_path / "b.json").read_text())
-    for key in ("app_samples_per_sec", "bare_samples_per_sec", "hf_trainer_samples_per_sec", "app_vs_bare",
-                "app_vs_hf_trainer", "app_peak_memory_gib", "bare_peak_memory_gib", "hf_trainer_peak_memory_gib"):
+    for key in (
+        "app_samples_per_sec",
+        "bare_samples_per_sec",
+        "hf_trainer_samples_per_sec",
+        "app_vs_bare",
+        "app_vs_hf_trainer",
+        "app_peak_memory_gib",
+        "bare_peak_memory_gib",
+        "hf_trainer_peak_memory_gib",
+    ):
         assert figures[key] > 0, key
 
 
 def test_gpu_check_dry_run_on_cpu(tmp_path):
-    run_script(tmp_path, "gpu_check.py", "--device", "cpu", "--tiny", "--steps", "2", "--warmup", "1", "--json", tmp_path / "g.json")
+    run_script(
+        tmp_path,
+        "gpu_check.py",
+        "--device",
+        "cpu",
+        "--tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+        tmp_path / "g.json",
+    )
     figures = json.loads((tmp_path / "g.json").read_text())
     assert figures["results"]["fp32"]["samples_per_sec"] > 0 and figures["results"]["fp16"]["samples_per_sec"] > 0
     assert figures["fp16_speedup"] > 0

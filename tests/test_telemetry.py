@@ -12,43 +12,69 @@ import urllib.request
 import numpy as np
 import pytest
 
-from app import metrics
+from app import tags
 from tests import tb
 from tests.conftest import clean_env, free_port, run_app
 
-TRAIN_TAGS = {metrics.TRAIN_LOSS, metrics.TRAIN_LR, metrics.TRAIN_GRAD_NORM, metrics.TRAIN_EPOCH}
-AMP_TAGS = {metrics.AMP_LOSS_SCALE, metrics.AMP_SKIPPED_STEPS, metrics.AMP_SKIP_RATE, metrics.AMP_CONSECUTIVE_SKIPS,
-            metrics.AMP_APPLIED_UPDATES}
-PERF_TAGS = {metrics.PERF_SAMPLES_PER_SEC, metrics.PERF_TOKENS_PER_SEC, metrics.PERF_PADDING_FRACTION,
-             metrics.PERF_STEP_TIME_MS}
-EVAL_TAGS = {metrics.EVAL_LOSS, metrics.EVAL_ACCURACY, metrics.EVAL_F1}
-GPU_ONLY = {metrics.PERF_MFU_PCT, metrics.MEMORY_ALLOCATED_GIB, metrics.MEMORY_RESERVED_GIB, metrics.MEMORY_PEAK_ALLOCATED_GIB}
+TRAIN_TAGS = {tags.TRAIN_LOSS, tags.TRAIN_LR, tags.TRAIN_GRAD_NORM, tags.TRAIN_EPOCH}
+AMP_TAGS = {
+    tags.AMP_LOSS_SCALE,
+    tags.AMP_SKIPPED_STEPS,
+    tags.AMP_SKIP_RATE,
+    tags.AMP_CONSECUTIVE_SKIPS,
+    tags.AMP_APPLIED_UPDATES,
+}
+PERF_TAGS = {tags.PERF_SAMPLES_PER_SEC, tags.PERF_TOKENS_PER_SEC, tags.PERF_PADDING_FRACTION, tags.PERF_STEP_TIME_MS}
+EVAL_TAGS = {tags.EVAL_LOSS, tags.EVAL_ACCURACY, tags.EVAL_F1}
+GPU_ONLY = {tags.PERF_MFU_PCT, tags.MEMORY_ALLOCATED_GIB, tags.MEMORY_RESERVED_GIB, tags.MEMORY_PEAK_ALLOCATED_GIB}
 
 
 @pytest.fixture(scope="module")
 def amp_run(tmp_path_factory, tiny_model_dir, review_files):
     """A short fp16 run on the CPU, logged every 2 optimizer steps."""
     root = tmp_path_factory.mktemp("amp_run")
-    args = ["--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"],
-            "--validation_file", review_files["validation"], "--output_dir", root / "out", "--logdir", root / "runs",
-            "--run_name", "amp", "--per_device_train_batch_size", "8", "--max_length", "64", "--disable_tqdm",
-            "--amp", "--max_steps", "6", "--logging_steps", "2", "--eval_steps", "4"]
+    args = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--train_file",
+        review_files["train"],
+        "--validation_file",
+        review_files["validation"],
+        "--output_dir",
+        root / "out",
+        "--logdir",
+        root / "runs",
+        "--run_name",
+        "amp",
+        "--per_device_train_batch_size",
+        "8",
+        "--max_length",
+        "64",
+        "--disable_tqdm",
+        "--amp",
+        "--max_steps",
+        "6",
+        "--logging_steps",
+        "2",
+        "--eval_steps",
+        "4",
+    ]
     assert run_app(args) == 0
     return root / "runs" / "amp"
 
 
 def test_every_tag_is_logged_with_sane_values(amp_run):
     values = tb.scalars(amp_run)
-    expected = TRAIN_TAGS | AMP_TAGS | PERF_TAGS | EVAL_TAGS | {metrics.MEMORY_RSS_GIB}
+    expected = TRAIN_TAGS | AMP_TAGS | PERF_TAGS | EVAL_TAGS | {tags.MEMORY_RSS_GIB}
     assert expected <= values.keys(), f"missing: {expected - values.keys()}"
     assert not values.keys() & GPU_ONLY, "GPU-only tags on a CPU run"
-    assert sorted(values[metrics.TRAIN_LOSS]) == [2, 4, 6], "logged every --logging_steps optimizer steps"
-    for tag in TRAIN_TAGS | PERF_TAGS | EVAL_TAGS | {metrics.MEMORY_RSS_GIB, metrics.AMP_LOSS_SCALE}:
+    assert sorted(values[tags.TRAIN_LOSS]) == [2, 4, 6], "logged every --logging_steps optimizer steps"
+    for tag in TRAIN_TAGS | PERF_TAGS | EVAL_TAGS | {tags.MEMORY_RSS_GIB, tags.AMP_LOSS_SCALE}:
         assert all(math.isfinite(v) for v in values[tag].values()), tag
-    assert all(v > 1 for v in values[metrics.AMP_LOSS_SCALE].values()), "fp16 runs with a loss scale above 1"
-    assert values[metrics.AMP_APPLIED_UPDATES][6] + values[metrics.AMP_SKIPPED_STEPS][6] == 6
-    assert 0 < values[metrics.PERF_PADDING_FRACTION][6] < 1 and values[metrics.MEMORY_RSS_GIB][6] > 0.1
-    assert set(values[metrics.EVAL_ACCURACY]) == {4, 6}, "evaluated at --eval_steps and at the end"
+    assert all(v > 1 for v in values[tags.AMP_LOSS_SCALE].values()), "fp16 runs with a loss scale above 1"
+    assert values[tags.AMP_APPLIED_UPDATES][6] + values[tags.AMP_SKIPPED_STEPS][6] == 6
+    assert 0 < values[tags.PERF_PADDING_FRACTION][6] < 1 and values[tags.MEMORY_RSS_GIB][6] > 0.1
+    assert set(values[tags.EVAL_ACCURACY]) == {4, 6}, "evaluated at --eval_steps and at the end"
 
 
 def test_run_info_texts_and_hparams(amp_run):
@@ -65,25 +91,51 @@ def test_run_info_texts_and_hparams(amp_run):
 def test_loss_scale_is_exactly_one_without_amp(tmp_path, quick_args):
     assert run_app([*quick_args, "--mixed_precision", "no", "--max_steps", "2", "--eval_steps", "0"]) == 0
     values = tb.scalars(tmp_path / "runs" / "test")
-    assert set(values[metrics.AMP_LOSS_SCALE].values()) == {1.0}
-    assert set(values[metrics.AMP_SKIPPED_STEPS].values()) == {0.0}
+    assert set(values[tags.AMP_LOSS_SCALE].values()) == {1.0}
+    assert set(values[tags.AMP_SKIPPED_STEPS].values()) == {0.0}
 
 
 def test_forced_overflow_skips_every_step(tmp_path, quick_args):
-    code = run_app([*quick_args, "--amp", "--init_loss_scale", "1e30", "--max_steps", "6", "--warmup_ratio", "0",
-                    "--eval_steps", "0"])
+    code = run_app(
+        [
+            *quick_args,
+            "--amp",
+            "--init_loss_scale",
+            "1e30",
+            "--max_steps",
+            "6",
+            "--warmup_ratio",
+            "0",
+            "--eval_steps",
+            "0",
+        ]
+    )
     assert code == 0
     values = tb.scalars(tmp_path / "runs" / "test")
-    assert values[metrics.AMP_SKIPPED_STEPS][6] == 6 and values[metrics.AMP_APPLIED_UPDATES][6] == 0
-    assert values[metrics.AMP_SKIP_RATE][6] == 1.0 and values[metrics.AMP_CONSECUTIVE_SKIPS][6] == 6
-    assert values[metrics.AMP_LOSS_SCALE][6] == np.float32(1e30) * np.float32(0.5**6)
-    assert set(values[metrics.TRAIN_LR].values()) == {np.float32(5e-5)}, "the LR moved without an applied update"
-    assert all(not math.isfinite(v) for v in values[metrics.TRAIN_GRAD_NORM].values()), "inf norms are shown as they are"
+    assert values[tags.AMP_SKIPPED_STEPS][6] == 6 and values[tags.AMP_APPLIED_UPDATES][6] == 0
+    assert values[tags.AMP_SKIP_RATE][6] == 1.0 and values[tags.AMP_CONSECUTIVE_SKIPS][6] == 6
+    assert values[tags.AMP_LOSS_SCALE][6] == np.float32(1e30) * np.float32(0.5**6)
+    assert set(values[tags.TRAIN_LR].values()) == {np.float32(5e-5)}, "the LR moved without an applied update"
+    assert all(not math.isfinite(v) for v in values[tags.TRAIN_GRAD_NORM].values()), "inf norms are shown as they are"
 
 
 def test_scale_collapse_alarm_stops_with_exit_3_and_a_checkpoint(tmp_path, quick_args, capfd):
-    code = run_app([*quick_args, "--amp", "--init_loss_scale", "1e30", "--max_consecutive_skips", "3",
-                    "--max_steps", "50", "--logging_steps", "10", "--eval_steps", "0"])
+    code = run_app(
+        [
+            *quick_args,
+            "--amp",
+            "--init_loss_scale",
+            "1e30",
+            "--max_consecutive_skips",
+            "3",
+            "--max_steps",
+            "50",
+            "--logging_steps",
+            "10",
+            "--eval_steps",
+            "0",
+        ]
+    )
     out, err = capfd.readouterr()
     assert code == 3
     assert "loss-scale alarm at optimizer step 4: 4 steps in a row were skipped" in out
@@ -91,12 +143,26 @@ def test_scale_collapse_alarm_stops_with_exit_3_and_a_checkpoint(tmp_path, quick
     # Step 4's overflow flag reaches the host during step 5 (no sync per step), so the run stops after step 5.
     assert (tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").is_file()
     assert "stopped by the loss-scale alarm; checkpoint for inspection:" in err and "step-5" in err
-    assert tb.scalars(tmp_path / "runs" / "test")[metrics.AMP_CONSECUTIVE_SKIPS] == {5: 5.0}, "logged when it stopped"
+    assert tb.scalars(tmp_path / "runs" / "test")[tags.AMP_CONSECUTIVE_SKIPS] == {5: 5.0}, "logged when it stopped"
 
 
 def test_scale_alarm_can_warn_and_go_on(tmp_path, quick_args, capfd):
-    code = run_app([*quick_args, "--amp", "--min_loss_scale", "1e29", "--init_loss_scale", "1e30",
-                    "--on_scale_collapse", "warn", "--max_steps", "6", "--eval_steps", "0"])
+    code = run_app(
+        [
+            *quick_args,
+            "--amp",
+            "--min_loss_scale",
+            "1e29",
+            "--init_loss_scale",
+            "1e30",
+            "--on_scale_collapse",
+            "warn",
+            "--max_steps",
+            "6",
+            "--eval_steps",
+            "0",
+        ]
+    )
     out, _ = capfd.readouterr()
     assert code == 0
     assert out.count("loss-scale alarm") == 1 and "the loss scale fell to 6.25e+28, below --min_loss_scale 1e+29" in out
@@ -104,9 +170,22 @@ def test_scale_alarm_can_warn_and_go_on(tmp_path, quick_args, capfd):
 
 def test_the_real_tensorboard_server_lists_the_run_and_its_tags(amp_run, tmp_path):
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(amp_run.parent),
-                               "--host", "127.0.0.1", "--port", str(port)], env=clean_env(tmp_path),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            str(amp_run.parent),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=clean_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         runs = None
         for _ in range(120):  # the server takes a few seconds to come up and load the events
@@ -118,8 +197,8 @@ def test_the_real_tensorboard_server_lists_the_run_and_its_tags(amp_run, tmp_pat
                 pass
             time.sleep(0.25)
         assert runs == ["amp"], runs
-        tags = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5))
-        assert {metrics.AMP_LOSS_SCALE, metrics.TRAIN_LOSS, metrics.PERF_SAMPLES_PER_SEC} <= tags["amp"].keys()
+        listed = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5))
+        assert {tags.AMP_LOSS_SCALE, tags.TRAIN_LOSS, tags.PERF_SAMPLES_PER_SEC} <= listed["amp"].keys()
     finally:
         server.terminate()
         server.wait(timeout=30)

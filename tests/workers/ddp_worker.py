@@ -1,6 +1,6 @@
 """Run the app's loop on one rank of a real multi-process launch; record what this rank trained on and its result.
 
-    accelerate launch --config_file accelerate_configs/cpu_multi.yaml tests/workers/ddp_worker.py OUT MODEL TRAIN VAL
+accelerate launch --config_file accelerate_configs/cpu_multi.yaml tests/workers/ddp_worker.py OUT MODEL TRAIN VAL
 """
 
 import hashlib
@@ -12,8 +12,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from app.loop import evaluate  # noqa: E402
-from tests.harness import build_run  # noqa: E402
+from app.evaluation import evaluate  # noqa: E402
+from tests.harness import build_run, train  # noqa: E402
 
 out, model_dir, train_csv, val_csv = map(Path, sys.argv[1:5])
 run = build_run(model_dir, {"train": train_csv, "validation": val_csv}, mixed_precision="no", max_steps=4)
@@ -26,11 +26,15 @@ def record(module, args, kwargs):
             rows.append(hashlib.sha1(ids[mask.bool()].numpy().tobytes()).hexdigest())
 
 
-run.parts.model.register_forward_pre_hook(record, with_kwargs=True)
-run.train()
-final = evaluate(run.accelerator, run.policy, run.parts.model, run.parts.eval_loader)
+run.model.register_forward_pre_hook(record, with_kwargs=True)
+train(run)
+final = evaluate(run.accelerator, run.policy, run.model, run.eval_loader)
 rank = run.accelerator.process_index
-torch.save({n: p.detach().clone() for n, p in run.accelerator.unwrap_model(run.parts.model).named_parameters()},
-           out / f"params-{rank}.pt")
-(out / f"rank-{rank}.json").write_text(json.dumps({"world": run.accelerator.num_processes, "rows": rows, "eval": final}))
+torch.save(
+    {n: p.detach().clone() for n, p in run.accelerator.unwrap_model(run.model).named_parameters()},
+    out / f"params-{rank}.pt",
+)
+(out / f"rank-{rank}.json").write_text(
+    json.dumps({"world": run.accelerator.num_processes, "rows": rows, "eval": final})
+)
 run.accelerator.end_training()

@@ -28,10 +28,20 @@ out, tokenizer_dir = Path(sys.argv[1]), sys.argv[2]
 accelerator = build_accelerator(replace(TrainConfig(), seed=0))
 rank = accelerator.process_index
 policy, _ = resolve_precision(True, None, "cpu", launcher=None)
-config = BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                    num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-batch = {"input_ids": torch.randint(5, 1000, (4, 16), generator=torch.Generator().manual_seed(rank)),
-         "labels": torch.tensor([0, 1, 0, 1])}
+config = BertConfig(
+    vocab_size=1000,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    num_labels=2,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+batch = {
+    "input_ids": torch.randint(5, 1000, (4, 16), generator=torch.Generator().manual_seed(rank)),
+    "labels": torch.tensor([0, 1, 0, 1]),
+}
 
 
 def shard(model: torch.nn.Module, version: str) -> torch.nn.Module:
@@ -43,12 +53,19 @@ def shard(model: torch.nn.Module, version: str) -> torch.nn.Module:
 
 
 results = {}
-for name, version, scaler_kind in (("fsdp1", "FSDP1", "app"), ("fsdp2", "FSDP2", "app"), ("fsdp1_plain", "FSDP1", "plain")):
+for name, version, scaler_kind in (
+    ("fsdp1", "FSDP1", "app"),
+    ("fsdp2", "FSDP2", "app"),
+    ("fsdp1_plain", "FSDP1", "plain"),
+):
     torch.manual_seed(0)
     model = shard(BertForSequenceClassification(config), version)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = (policy.make_scaler(1024.0, 2000, backend=version) if scaler_kind == "app"
-              else torch.amp.GradScaler("cpu", init_scale=1024.0))
+    scaler = (
+        policy.make_scaler(1024.0, 2000, backend=version)
+        if scaler_kind == "app"
+        else torch.amp.GradScaler("cpu", init_scale=1024.0)
+    )
     with policy.autocast():
         loss = model(**batch).loss
     scaler.scale(loss).backward()
@@ -65,7 +82,9 @@ for name, version, scaler_kind in (("fsdp1", "FSDP1", "app"), ("fsdp2", "FSDP2",
     if name == "fsdp2":
         save_final_model(accelerator, model, AutoTokenizer.from_pretrained(tokenizer_dir), out / "fsdp2_model")
         results[name]["first_param_sum"] = sum(
-            float((p.full_tensor() if isinstance(p, DTensor) else p).detach().sum()) for p in list(model.parameters())[:3])
+            float((p.full_tensor() if isinstance(p, DTensor) else p).detach().sum())
+            for p in list(model.parameters())[:3]
+        )
 
 (out / f"fsdp-{rank}.json").write_text(json.dumps(results))
 accelerator.end_training()

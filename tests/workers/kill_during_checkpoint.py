@@ -1,7 +1,7 @@
 """Run app/train.py and SIGKILL it at an exact point of checkpointing, as a crash or an OOM killer would.
 
-    python tests/workers/kill_during_checkpoint.py published N <train.py flags>   # right after checkpoint N is in place
-    python tests/workers/kill_during_checkpoint.py staged N <train.py flags>      # mid-write: state saved, not published
+python tests/workers/kill_during_checkpoint.py published N <train.py flags>   # right after checkpoint N is in place
+python tests/workers/kill_during_checkpoint.py staged N <train.py flags>      # mid-write: state saved, not published
 """
 
 import os
@@ -31,6 +31,9 @@ def die_after_call(owner, name: str, nth: int) -> None:
 
 
 point, nth, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-die_after_call(checkpoint.Checkpoints if point == "published" else Accelerator,
-               "save" if point == "published" else "save_state", nth)
+die_after_call(
+    checkpoint.Checkpoints if point == "published" else Accelerator,
+    "save" if point == "published" else "save_state",
+    nth,
+)
 sys.exit(main(argv))

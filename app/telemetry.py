@@ -1,8 +1,8 @@
-"""Telemetry: the tag vocabulary, the TensorBoard writer and its null twin, and the meters behind them.
+"""Telemetry: the TensorBoard writer and its null twin, and the meters the loop feeds (tags: tags.py).
 
-Between log steps, values accumulate on the device; `Telemetry.log` is the one place they are read to the host, once
-per `--logging_steps`. With several processes, throughput (samples, tokens, MFU) is summed over the ranks, memory is
-the maximum over the ranks, and the loss is the mean over the ranks.
+Values accumulate on the device between log steps and are read to the host only in `Telemetry.log` (why: the loop's
+docstring). With several processes, throughput (samples, tokens, MFU) is summed over the ranks, memory is the maximum
+over the ranks, and the loss is the mean over the ranks.
 """
 
 from __future__ import annotations
@@ -16,58 +16,29 @@ import psutil
 import torch
 from tqdm.auto import tqdm
 
-# ---- the tag vocabulary: every scalar the app writes, with its unit in the name ------------------------------------
-TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_EPOCH = "train/loss", "train/lr", "train/grad_norm", "train/epoch"
-AMP_LOSS_SCALE = "amp/loss_scale"
-AMP_SKIPPED_STEPS = "amp/skipped_steps"  # cumulative
-AMP_SKIP_RATE = "amp/skip_rate"  # skipped / optimizer steps, over the last interval
-AMP_CONSECUTIVE_SKIPS = "amp/consecutive_skips"
-AMP_APPLIED_UPDATES = "amp/applied_updates"  # cumulative
-PERF_SAMPLES_PER_SEC, PERF_TOKENS_PER_SEC = "perf/samples_per_sec", "perf/tokens_per_sec"  # tokens: padding excluded
-PERF_PADDING_FRACTION, PERF_STEP_TIME_MS, PERF_MFU_PCT = "perf/padding_fraction", "perf/step_time_ms", "perf/mfu_pct"
-MEMORY_RSS_GIB = "memory/rss_gib"  # CPU: resident set of the process
-MEMORY_ALLOCATED_GIB, MEMORY_RESERVED_GIB = "memory/allocated_gib", "memory/reserved_gib"  # GPU
-MEMORY_PEAK_ALLOCATED_GIB = "memory/peak_allocated_gib"  # GPU, since the previous log
-EVAL_LOSS, EVAL_ACCURACY, EVAL_F1 = "eval/loss", "eval/accuracy", "eval/f1"  # f1: macro-averaged
+from app.flops import flops_per_token, peak_flops
+from app.tags import (
+    AMP_APPLIED_UPDATES,
+    AMP_CONSECUTIVE_SKIPS,
+    AMP_LOSS_SCALE,
+    AMP_SKIP_RATE,
+    AMP_SKIPPED_STEPS,
+    MEMORY_ALLOCATED_GIB,
+    MEMORY_PEAK_ALLOCATED_GIB,
+    MEMORY_RESERVED_GIB,
+    MEMORY_RSS_GIB,
+    PERF_MFU_PCT,
+    PERF_PADDING_FRACTION,
+    PERF_SAMPLES_PER_SEC,
+    PERF_STEP_TIME_MS,
+    PERF_TOKENS_PER_SEC,
+    TRAIN_EPOCH,
+    TRAIN_GRAD_NORM,
+    TRAIN_LOSS,
+    TRAIN_LR,
+)
 
 GIB = 2**30
-
-# Dense peak TFLOPS per GPU from the vendors' datasheets, by a substring of the device name (first match wins).
-# fp32 without TF32 runs on CUDA cores; "tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
-PEAK_TFLOPS = [
-    ("H200", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.2}),
-    ("H100", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
-    ("A100", {"fp16": 312.0, "bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
-    ("L40S", {"fp16": 362.1, "bf16": 362.1, "tf32": 183.0, "fp32": 91.6}),
-    ("L4", {"fp16": 121.0, "bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
-    ("V100", {"fp16": 125.0, "fp32": 15.7}),
-    ("T4", {"fp16": 65.0, "fp32": 8.1}),
-]
-
-
-def peak_flops(device: torch.device, mode: str) -> float | None:
-    """The device's dense peak FLOP/s for the precision that runs its matmuls, or None where unknown (CPUs)."""
-    if device.type != "cuda":
-        return None
-    if mode == "no":
-        mode = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-    name = torch.cuda.get_device_name(device)
-    for key, table in PEAK_TFLOPS:
-        if key in name:
-            return table[mode] * 1e12 if mode in table else None
-    return None
-
-
-def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
-    """Training FLOPs per token, 6 per matmul weight plus attention, as a function of the sequence length."""
-    config = getattr(model, "config", None)
-    layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
-    if not (layers and hidden):
-        return None
-    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
-    weights = sum(p.numel() for p in model.parameters()) - embeddings  # lookups cost no FLOPs
-    return lambda seq_len: 6 * weights + 12 * layers * hidden * seq_len
 
 
 def peak_memory_tag(device: torch.device) -> tuple[str, str]:
@@ -141,8 +112,9 @@ class Telemetry:
     `start` is the TrainState the run begins from (a fresh one, or a resumed one).
     """
 
-    def __init__(self, accelerator, writer, model: torch.nn.Module, mode: str, total_steps: int,
-                 start, disable_progress: bool):
+    def __init__(
+        self, accelerator, writer, model: torch.nn.Module, mode: str, total_steps: int, start, disable_progress: bool
+    ):
         self.accelerator, self.writer = accelerator, writer
         device = accelerator.device
         self._memory = memory_probe(device)
@@ -150,7 +122,8 @@ class Telemetry:
         self._flops = flops_per_token(model)
         peak = peak_flops(device, mode)
         self._peak_flops = peak * accelerator.num_processes if peak else None
-        self._loss_sum = torch.zeros((), device=device)
+        self._loss_sum = torch.zeros((), device=device)  # over the log interval
+        self.step_loss = torch.zeros((), device=device)  # over the current optimizer step's micro-batches
         self._real_tokens = torch.zeros((), device=device, dtype=torch.int64)
         self._grad_norm = torch.zeros((), device=device)
         self._micro_batches = self._samples = self._padded_tokens = self._timed_steps = 0
@@ -159,18 +132,26 @@ class Telemetry:
         self._clock = time.perf_counter()
         self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
         self._peak_tag, self.peak_memory_kind = peak_memory_tag(device)
-        self._bar = tqdm(total=total_steps, initial=start.opt_step, unit="step", dynamic_ncols=True,
-                         disable=disable_progress or not accelerator.is_main_process)
+        self._bar = tqdm(
+            total=total_steps,
+            initial=start.opt_step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=disable_progress or not accelerator.is_main_process,
+        )
 
     # ---- called from the loop: no host syncs ---------------------------------------------------------------------
     def add_micro_batch(self, loss: torch.Tensor, batch: dict) -> None:
-        self._loss_sum += loss.detach().float()
+        self.step_loss += loss.detach().float()
         self._real_tokens += batch["attention_mask"].sum()
         self._micro_batches += 1
         self._samples += batch["input_ids"].shape[0]
         self._padded_tokens += batch["input_ids"].numel()
 
     def add_optimizer_step(self, grad_norm: torch.Tensor) -> None:
+        """Close the step: its summed micro-batch loss joins the interval's. Read `step_loss` before this."""
+        self._loss_sum += self.step_loss
+        self.step_loss.zero_()
         self._grad_norm = grad_norm.detach()
         self._timed_steps += 1
         self._bar.update(1)
@@ -197,16 +178,20 @@ class Telemetry:
             self._clock = time.perf_counter()
 
     # ---- log steps: the one host read of the interval ------------------------------------------------------------
-    def log(self, step: int, state, lr: float, loss_scale: float, epoch: float) -> dict[str, float]:
+    def log(self, step: int, state, lr: float, loss_scale: float, epoch: float) -> None:
         """Reduce over ranks, read to the host and write. Every rank must call it at the same steps."""
         device = self._loss_sum.device
-        host_counts = torch.tensor([self._micro_batches, self._samples, self._padded_tokens], dtype=torch.float64, device=device)
+        host_counts = torch.tensor(
+            [self._micro_batches, self._samples, self._padded_tokens], dtype=torch.float64, device=device
+        )
         counts = torch.cat([self._loss_sum.double().view(1), self._real_tokens.double().view(1), host_counts])
         summed = self.accelerator.reduce(counts, "sum").tolist()  # host sync: the one read of this interval
         seconds = self._timed_seconds + time.perf_counter() - self._clock
         loss_sum, real_tokens, micro_batches, samples, padded_tokens = summed
         memory = self._memory()
-        memory = dict(zip(memory, self.accelerator.reduce(torch.tensor(list(memory.values()), device=device), "max").tolist()))
+        memory = dict(
+            zip(memory, self.accelerator.reduce(torch.tensor(list(memory.values()), device=device), "max").tolist())
+        )
         grad_norm = self._grad_norm.item()  # the device is idle after the read above; identical on every rank
 
         scalars = {
@@ -235,10 +220,13 @@ class Telemetry:
             self.run_seconds += seconds
         self.writer.log(scalars, step)
         self.peak_memory_gib = max(self.peak_memory_gib, memory[self._peak_tag])
-        self._bar.set_postfix(loss=f"{scalars[TRAIN_LOSS]:.4f}", scale=f"{loss_scale:g}",
-                              samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}", refresh=False)
+        self._bar.set_postfix(
+            loss=f"{scalars[TRAIN_LOSS]:.4f}",
+            scale=f"{loss_scale:g}",
+            samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}",
+            refresh=False,
+        )
         self._reset_interval(state)
-        return scalars
 
     def _reset_interval(self, state) -> None:
         self._loss_sum.zero_()

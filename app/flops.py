@@ -1,0 +1,44 @@
+"""The model FLOPs utilisation (MFU) inputs: training FLOPs per token, and the GPU's dense peak for a precision."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+# Dense peak TFLOPS per GPU from the vendors' datasheets, by a substring of the device name (first match wins).
+# fp32 without TF32 runs on CUDA cores; "tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
+PEAK_TFLOPS = [
+    ("H200", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.2}),
+    ("H100", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("A100", {"fp16": 312.0, "bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
+    ("L40S", {"fp16": 362.1, "bf16": 362.1, "tf32": 183.0, "fp32": 91.6}),
+    ("L4", {"fp16": 121.0, "bf16": 121.0, "tf32": 60.0, "fp32": 30.3}),
+    ("V100", {"fp16": 125.0, "fp32": 15.7}),
+    ("T4", {"fp16": 65.0, "fp32": 8.1}),
+]
+
+
+def peak_flops(device: torch.device, mode: str) -> float | None:
+    """The device's dense peak FLOP/s for the precision that runs its matmuls, or None where unknown (CPUs)."""
+    if device.type != "cuda":
+        return None
+    if mode == "no":
+        mode = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    name = torch.cuda.get_device_name(device)
+    for key, table in PEAK_TFLOPS:
+        if key in name:
+            return table[mode] * 1e12 if mode in table else None
+    return None
+
+
+def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
+    """Training FLOPs per token, 6 per matmul weight plus attention, as a function of the sequence length."""
+    config = getattr(model, "config", None)
+    layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
+    if not (layers and hidden):
+        return None
+    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    weights = sum(p.numel() for p in model.parameters()) - embeddings  # lookups cost no FLOPs
+    return lambda seq_len: 6 * weights + 12 * layers * hidden * seq_len

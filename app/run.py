@@ -1,0 +1,161 @@
+"""One training run: everything it is made of, built in one place from a config, an accelerator and a policy.
+
+train.py, the tests' harness and the scripts all build their runs here, so they train the same wiring:
+
+    inputs = load_inputs(cfg, accelerator)                 # every check of user input, then tokenizing
+    run = build_run(cfg, accelerator, policy, inputs)      # weights, optimizer, schedule, scaler, resume, telemetry
+    train(run)                                             # app/loop.py
+    run.close()
+
+`load_inputs` is separate so that train.py can create its folders between the input checks and the heavy work.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from datasets import DatasetDict
+
+from app import data
+from app.checkpoint import Checkpoints, ResumePoint, ScalerCheckpoint
+from app.config import TrainConfig
+from app.data import LabelSpace
+from app.model import (
+    check_max_length,
+    has_trained_head,
+    load_model,
+    load_model_config,
+    load_tokenizer,
+    resolve_model_path,
+)
+from app.optim import build_optimizer, build_schedule, total_optimizer_steps
+from app.outputs import RunPaths
+from app.precision import PrecisionPolicy
+from app.preemption import StopRequest
+from app.runtime import backend_name
+from app.state import TrainState
+from app.telemetry import NullWriter, Telemetry
+
+
+@dataclass
+class Inputs:
+    """The checked, tokenized data and what it takes to load the model for it."""
+
+    model_path: str
+    tokenizer: object
+    labels: LabelSpace
+    tokenized: DatasetDict  # "train" and "validation"
+
+
+def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
+    """Check every input (model config, tokenizer, length, columns, labels) before any weights load, then tokenize."""
+    model_path = resolve_model_path(cfg.model_name_or_path)
+    model_config = load_model_config(model_path)
+    tokenizer = load_tokenizer(model_path)
+    check_max_length(cfg.max_length, model_config, tokenizer)
+    columns = data.resolve_columns(cfg)
+    raw = data.load_raw(cfg)
+    data.check_columns(raw, columns)
+    trained_head = model_config.id2label if has_trained_head(model_config) else None
+    labels = data.infer_labels(raw, columns.label, trained_head)
+    tokenized = data.tokenize(raw, tokenizer, columns, labels, cfg.max_length, accelerator)
+    return Inputs(model_path, tokenizer, labels, tokenized)
+
+
+@dataclass
+class Run:
+    """A run's parts. The model, optimizer and loaders have been through `accelerator.prepare`; the schedule has not
+    (a prepared schedule would step once per process, and on skipped steps too)."""
+
+    cfg: TrainConfig
+    accelerator: Accelerator
+    policy: PrecisionPolicy
+    inputs: Inputs
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer  # Accelerate's wrapper; `.optimizer` is the raw one that the scaler steps
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_loader: torch.utils.data.DataLoader
+    eval_loader: torch.utils.data.DataLoader
+    total_steps: int
+    state: TrainState
+    checkpoints: Checkpoints
+    telemetry: Telemetry
+    stop: StopRequest
+
+    def close(self) -> None:
+        self.telemetry.close()
+        self.stop.restore()
+
+
+def build_run(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    policy: PrecisionPolicy,
+    inputs: Inputs | None = None,
+    *,
+    paths: RunPaths | None = None,
+    resume: ResumePoint | None = None,
+    writer=None,
+    stop: StopRequest | None = None,
+    model: torch.nn.Module | None = None,
+) -> Run:
+    """Build a run, resumed from `resume` if given.
+
+    Args:
+        inputs: from load_inputs; loaded here if not given.
+        paths: where checkpoints go; a temporary folder if not given (the run then never keeps them).
+        writer: the TensorBoard writer (main process) or a NullWriter; a NullWriter if not given.
+        stop: the signal handler, installed by the caller before any heavy work; a new one if not given.
+        model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.
+    """
+    inputs = inputs or load_inputs(cfg, accelerator)
+    paths = paths or RunPaths("run", Path(tempfile.mkdtemp(prefix="run-")), Path(tempfile.mkdtemp(prefix="runs-")))
+    stop = stop or StopRequest(accelerator.num_processes)
+    train_loader, eval_loader = data.make_loaders(inputs.tokenized, inputs.tokenizer, cfg, policy.pad_to_multiple_of)
+    model = model or load_model(inputs.model_path, inputs.labels.id2label)
+    if cfg.torch_compile:
+        # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
+        # parameter names ("_orig_mod.") in checkpoints and in the saved model.
+        model.compile()
+    optimizer = build_optimizer(model, cfg)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    total_steps = total_optimizer_steps(cfg, len(train_loader))
+    # Built on the raw optimizer, the one the scaler steps (see loop.optimizer_step); it shares the wrapper's groups.
+    schedule = build_schedule(optimizer.optimizer, cfg, total_steps)
+    scaler = policy.make_scaler(cfg.init_loss_scale, cfg.loss_scale_growth_interval, backend_name(accelerator))
+    scaler_state = ScalerCheckpoint(scaler)
+    accelerator.register_for_checkpointing(schedule, scaler_state)
+
+    checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, paths.run_name, policy.mode)
+    checkpoints.remove_staging()
+    state = TrainState()
+    if resume:
+        checkpoints.load(resume.path)
+        state = TrainState(**vars(resume.info.state))
+        accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
+        for line in resume.info.resume_notes(policy.mode, accelerator.num_processes, scaler_state.toggled):
+            accelerator.print(line)
+
+    telemetry = Telemetry(accelerator, writer or NullWriter(), model, policy.mode, total_steps, state, cfg.disable_tqdm)
+    return Run(
+        cfg,
+        accelerator,
+        policy,
+        inputs,
+        model,
+        optimizer,
+        schedule,
+        scaler,
+        train_loader,
+        eval_loader,
+        total_steps,
+        state,
+        checkpoints,
+        telemetry,
+        stop,
+    )
