@@ -10,18 +10,44 @@ import os
 
 # Tests never touch the hub; huggingface_hub reads these once, at import, so they are set before anything imports it.
 os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+# The CPU suite hides GPUs, so that a GPU host runs it as a CPU host does; set before torch first looks for CUDA.
+# Tests marked `gpu` put the host's GPUs back for their subprocesses (gpu_env).
+os.environ.setdefault(HOST_GPUS := "AMP_TRAINER_TEST_HOST_GPUS", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import random
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 
+import app.precision
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "app" / "train.py"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
+
+# The switch that runs the whole suite as on a CPU with (1) or without (0) native bf16, whatever this host has. It is
+# read here only: in this process the app's probe is replaced, and a child gets tests/bf16_switch/sitecustomize.py,
+# which does the same before the app starts. The product has no such hook. Unset, the probe asks the real CPU.
+BF16_SWITCH = "AMP_TRAINER_TEST_BF16"
+BF16_SWITCH_DIR = ROOT / "tests" / "bf16_switch"
+REAL_BF16_PROBE = app.precision.cpu_has_native_bf16
+if os.environ.get(BF16_SWITCH) not in (None, "0", "1"):
+    raise pytest.UsageError(f"{BF16_SWITCH} must be 0 or 1, not {os.environ[BF16_SWITCH]!r}")
+if os.environ.get(BF16_SWITCH) is not None:
+    app.precision.cpu_has_native_bf16 = lambda: os.environ[BF16_SWITCH] == "1"
+
+
+def force_bf16_probe(monkeypatch, native: bool) -> None:
+    """In this process and in the children that clean_env starts: the CPU has native bf16, or it has not."""
+    monkeypatch.setenv(BF16_SWITCH, "1" if native else "0")
+    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: native)
 
 
 def save_tiny_bert(path: Path, dropout: float) -> Path:
@@ -105,11 +131,24 @@ def fresh_accelerate_state():
     GradientState._reset_state()
 
 
+# Each pytest-xdist worker takes ports from its own block, below the kernel's ephemeral range (32768 and up): a port
+# the OS hands out for bind(0) can be handed out again to another worker, or to a gloo connection, before the
+# rendezvous binds it. Within a worker tests run one at a time, so walking through the block never repeats a port.
+_PORT_BLOCK = 500
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+_ports = iter(range(20000 + int(_worker or 0) % 24 * _PORT_BLOCK + random.randrange(_PORT_BLOCK), 32768))
+
+
 def free_port() -> int:
     """A port for a rendezvous or server, so that tests running side by side never collide."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    for port in _ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # taken by something outside this suite
+                continue
+            return port
+    raise RuntimeError("no free port left in this worker's block")
 
 
 def run_app(args: list) -> int:
@@ -128,9 +167,62 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         HF_DATASETS_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
+        CUDA_VISIBLE_DEVICES="",
     )
     env.update(extra)
+    if env.get(BF16_SWITCH) is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(BF16_SWITCH_DIR), str(ROOT), env.get("PYTHONPATH")]))
     return env
+
+
+def gpu_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """clean_env with the host's GPUs visible again, for tests marked `gpu`."""
+    env = clean_env(tmp_path, **extra)
+    if env[HOST_GPUS] == "unset":
+        del env["CUDA_VISIBLE_DEVICES"]
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = env[HOST_GPUS]
+    return env
+
+
+def host_has_cuda(tmp_path: Path) -> bool:
+    """Whether the host's GPUs work: asked of a child, since this process hides them."""
+    probe = [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"]
+    return subprocess.run(probe, env=gpu_env(tmp_path), capture_output=True, text=True).stdout.strip() == "True"
+
+
+class LineWatch:
+    """A child's merged stdout/stderr, read on a thread, so that a test can wait for a line with a deadline."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process, self.lines, self._seen = process, [], threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            with self._seen:
+                self.lines.append(line)
+                self._seen.notify_all()
+
+    def wait_for(self, prefix: str, timeout: float) -> None:
+        """Return once a line starting with `prefix` was printed; fail at the deadline or if the child ends first."""
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while not any(line.startswith(prefix) for line in self.lines):
+                left = deadline - time.monotonic()
+                if left <= 0 or (self.process.poll() is not None and not self._reader.is_alive()):
+                    raise AssertionError(f"no line starting {prefix!r} within {timeout} s:\n{self.output()[-2000:]}")
+                self._seen.wait(min(left, 1.0))
+
+    def finish(self, timeout: float) -> str:
+        """Wait for the child to exit (and its output to be read); return everything it printed."""
+        self.process.wait(timeout=timeout)
+        self._reader.join(timeout=timeout)
+        return self.output()
+
+    def output(self) -> str:
+        return "".join(self.lines)
 
 
 def launch(

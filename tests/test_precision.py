@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -9,10 +10,12 @@ import pytest
 import torch
 
 from app.errors import UsageError
-from app.precision import cpu_has_native_bf16, resolve_precision
-from tests.conftest import launch, python_app
+from app.precision import resolve_precision
+from tests.conftest import BF16_SWITCH, REAL_BF16_PROBE, force_bf16_probe, launch, python_app
 
-AUTO_CPU = "bf16" if cpu_has_native_bf16() else "no"
+# `auto` on a CPU in the table below. The table forces the app's bf16 probe to match, so it holds on any host; the
+# suite-wide switch picks the branch (bf16 unless AMP_TRAINER_TEST_BF16=0), and the tests after it cover both anyway.
+AUTO_CPU = "no" if os.environ.get(BF16_SWITCH) == "0" else "bf16"
 
 
 @pytest.mark.parametrize(
@@ -29,7 +32,8 @@ AUTO_CPU = "bf16" if cpu_has_native_bf16() else "no"
         (False, "auto", "cpu", "no", AUTO_CPU, "--mixed_precision", AUTO_CPU != "no"),
     ],
 )
-def test_resolution_table(amp, flag, device, launcher, mode, source, disagreement):
+def test_resolution_table(monkeypatch, amp, flag, device, launcher, mode, source, disagreement):
+    force_bf16_probe(monkeypatch, AUTO_CPU == "bf16")
     policy, notes = resolve_precision(amp, flag, device, launcher)
     assert (policy.mode, policy.source) == (mode, source)
     assert any("overrides the launcher" in n for n in notes) == disagreement
@@ -37,11 +41,33 @@ def test_resolution_table(amp, flag, device, launcher, mode, source, disagreemen
     assert policy.autocast_enabled == (mode != "no")
 
 
-def test_fp16_on_cpu_warns_and_names_the_alternatives():
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
+def test_auto_on_a_cpu_follows_the_bf16_probe(monkeypatch, native):
+    force_bf16_probe(monkeypatch, native)
+    for flag, launcher in ((None, None), ("auto", "fp16")):  # plain python, and --mixed_precision auto over a launcher
+        policy, _ = resolve_precision(False, flag, "cpu", launcher)
+        assert policy.mode == ("bf16" if native else "no"), (flag, launcher)
+        assert ("has native bf16" in policy.reason) == native
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
+def test_fp16_on_cpu_warns_and_names_the_alternatives(monkeypatch, native):
+    force_bf16_probe(monkeypatch, native)
     _, notes = resolve_precision(True, None, "cpu", None)
     warning = next(n for n in notes if n.startswith("warning:"))
     assert "rarely fast" in warning and "kept because it was asked for" in warning and "--mixed_precision no" in warning
-    assert ("--mixed_precision bf16" in warning) == cpu_has_native_bf16()
+    assert ("--mixed_precision bf16" in warning) == native
+
+
+def cpuinfo_flags() -> set[str]:
+    with open("/proc/cpuinfo") as cpuinfo:
+        return {flag for line in cpuinfo if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="the CPU's flags are read from /proc/cpuinfo")
+def test_the_bf16_probe_agrees_with_the_cpu_flags():
+    """The real probe (not the one the suite's switch may force), against what the kernel says this CPU has."""
+    assert REAL_BF16_PROBE() == bool({"avx512_bf16", "amx_bf16"} & cpuinfo_flags())
 
 
 @pytest.mark.parametrize(
@@ -148,8 +174,10 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
             assert "overrides the launcher" not in result.stdout, name
 
 
-def test_plain_python_picks_the_fast_precision(tmp_path, quick_args):
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
+def test_plain_python_picks_the_fast_precision(tmp_path, quick_args, monkeypatch, native):
+    force_bf16_probe(monkeypatch, native)  # the child process too (tests/bf16_switch)
     result = python_app(tmp_path, [*quick_args, "--max_steps", "1", "--eval_steps", "0", "--max_eval_samples", "8"])
     assert result.returncode == 0, result.stderr[-2000:]
-    expected = "bf16 autocast on cpu" if AUTO_CPU == "bf16" else "fp32, no autocast, on cpu"
+    expected = "bf16 autocast on cpu" if native else "fp32, no autocast, on cpu"
     assert f"precision: {expected}, loss scaling off (from auto:" in result.stdout
