@@ -87,6 +87,7 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
     )
 
     # ---- train, then save ---------------------------------------------------------------------------------------
+    accelerator.print("training: SIGTERM or Ctrl-C saves a checkpoint, then stops")  # the handlers are in place
     try:
         train(run)
         final = evaluate(accelerator, policy, run.model, run.eval_loader)

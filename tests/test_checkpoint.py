@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,9 +14,10 @@ from safetensors.torch import load_file
 from app import tags
 from app.checkpoint import completed_checkpoints, find_checkpoint
 from tests import tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, free_port, python_app, run_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, free_port, python_app, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
+TRAINING_STARTED = "training: "  # the line the app prints once its signal handlers are in place
 
 
 def data_args(tiny_model_dir, review_files) -> list:
@@ -154,14 +154,12 @@ def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tin
         )
         for r in (0, 1)
     ]
+    watches = [LineWatch(rank) for rank in ranks]
     try:
-        for line in ranks[0].stdout:
-            if line.startswith("run "):  # training is about to start
-                break
-        time.sleep(1)
+        watches[0].wait_for(TRAINING_STARTED, timeout=180)  # printed once every rank's handler is in place
         for rank in ranks:
             rank.send_signal(signal.SIGTERM)
-        outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+        outputs = [watch.finish(timeout=120) for watch in watches]
     finally:
         for rank in ranks:
             rank.kill()
@@ -190,12 +188,13 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, quick_args):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    for line in process.stdout:
-        if line.startswith("run "):
-            break
-    time.sleep(1)
-    process.send_signal(signal.SIGINT)
-    output = process.communicate(timeout=120)[0]
+    watch = LineWatch(process)
+    try:
+        watch.wait_for(TRAINING_STARTED, timeout=180)
+        process.send_signal(signal.SIGINT)
+        output = watch.finish(timeout=120)
+    finally:
+        process.kill()
     assert process.returncode == 130, output[-2000:]
     assert len(completed_checkpoints(tmp_path / "out" / "checkpoints")) == 1
 
