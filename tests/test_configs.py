@@ -41,3 +41,52 @@ def test_no_bare_no_and_every_key_commented(path):
 def test_cpu_multi_starts_two_gloo_processes():
     raw = yaml.safe_load((ROOT / "accelerate_configs" / "cpu_multi.yaml").read_text())
     assert raw["distributed_type"] == "MULTI_GPU" and raw["use_cpu"] is True and raw["num_processes"] == 2
+
+
+# What each shipped file must say, as accelerate's loader reads it (the launcher's own view of the file).
+KEY_SETTINGS = {
+    "cpu.yaml": dict(distributed_type="NO", use_cpu=True, num_processes=1, num_machines=1, mixed_precision="no"),
+    "cpu_multi.yaml": dict(
+        distributed_type="MULTI_GPU", use_cpu=True, num_processes=2, num_machines=1, mixed_precision="no"
+    ),
+    "gpu.yaml": dict(
+        distributed_type="NO", use_cpu=False, num_processes=1, num_machines=1, gpu_ids="0", mixed_precision="fp16"
+    ),
+    "multi_gpu.yaml": dict(
+        distributed_type="MULTI_GPU",
+        use_cpu=False,
+        num_processes=2,
+        num_machines=1,
+        gpu_ids="all",
+        mixed_precision="fp16",
+    ),
+    # FSDP's own mixed precision would cast a second time: the app drives fp16 itself.
+    "fsdp.yaml": dict(distributed_type="FSDP", use_cpu=False, num_processes=2, num_machines=1, mixed_precision="no"),
+    "multi_node.yaml": dict(
+        distributed_type="MULTI_GPU", num_machines=2, num_processes=2, machine_rank=0, mixed_precision="no"
+    ),
+}
+
+
+def test_every_shipped_config_has_its_key_settings_listed():
+    assert KEY_SETTINGS.keys() == EXPECTED
+
+
+@pytest.mark.parametrize("name", sorted(KEY_SETTINGS))
+def test_key_settings(name):
+    config = load_config_from_file(str(ROOT / "accelerate_configs" / name))
+    got = {key: getattr(config, key) for key in KEY_SETTINGS[name]}
+    got["distributed_type"] = got["distributed_type"].value  # accelerate parses it into its DistributedType enum
+    assert got == KEY_SETTINGS[name]
+
+
+def test_fsdp_config_asks_for_fsdp2_sharded_per_transformer_layer():
+    fsdp = load_config_from_file(str(ROOT / "accelerate_configs" / "fsdp.yaml")).fsdp_config
+    assert fsdp["fsdp_version"] == 2  # the app's plain GradScaler is right for FSDP2 only
+    assert fsdp["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert fsdp["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+
+
+def test_multi_node_config_names_its_main_node():
+    config = load_config_from_file(str(ROOT / "accelerate_configs" / "multi_node.yaml"))
+    assert config.main_process_ip and config.main_process_port
