@@ -15,6 +15,9 @@ from app.run import Run
 from app.run import build_run as build_app_run
 from app.runtime import build_accelerator
 
+# What a harness run uses unless the test says otherwise.
+DEFAULTS = dict(per_device_train_batch_size=8, max_length=64, eval_steps=0, save_steps=0, disable_tqdm=True)
+
 
 def build_run(model_dir: Path, files: dict[str, Path], **overrides) -> Run:
     cfg = replace(
@@ -22,12 +25,7 @@ def build_run(model_dir: Path, files: dict[str, Path], **overrides) -> Run:
         model_name_or_path=str(model_dir),
         train_file=str(files["train"]),
         validation_file=str(files["validation"]),
-        per_device_train_batch_size=8,
-        max_length=64,
-        eval_steps=0,
-        save_steps=0,
-        disable_tqdm=True,
-        **overrides,
+        **(DEFAULTS | overrides),
     )
     cfg.validate()
     accelerator = build_accelerator(cfg)

@@ -1,0 +1,43 @@
+"""The runtime: Accelerate never autocasts behind the app's back, and the backend it runs is named right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+from app.config import TrainConfig
+from app.precision import resolve_precision
+from app.runtime import backend_name, build_accelerator
+from tests.harness import build_run, train
+
+
+@pytest.mark.parametrize("launcher", ["bf16", "fp16"])
+def test_a_launcher_precision_never_reaches_accelerate(tiny_model_dir, review_files, monkeypatch, launcher):
+    """`accelerate launch --mixed_precision bf16 app/train.py --mixed_precision no` must run fp32.
+
+    The launcher's choice reaches the script only as this variable; an Accelerator built without
+    mixed_precision="no" would read it and wrap the prepared model's forward in its own (real, on CPU) bf16 autocast.
+    """
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    run = build_run(tiny_model_dir, review_files, mixed_precision="no", max_steps=2)
+    dtypes = set()
+    for module in run.model.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_hook(lambda m, i, output: dtypes.add(output.dtype))
+    train(run)
+    assert dtypes == {torch.float32}
+    assert run.accelerator.mixed_precision == "no"  # on a CPU Accelerate ignores fp16, but would still report it
+
+
+# On a CPU, Accelerate never switches to FSDP (it runs DDP; see test_backends.py), so the accelerator's state is set
+# here as Accelerate's own AcceleratorState sets it on GPUs: distributed_type FSDP and the FSDP plugin of the config.
+@pytest.mark.parametrize("version, name, scaler", [(1, "FSDP1", "ShardedGradScaler"), (2, "FSDP2", "GradScaler")])
+def test_fsdp1_and_fsdp2_are_told_apart_and_get_their_scaler(version, name, scaler):
+    accelerator = build_accelerator(TrainConfig())
+    assert backend_name(accelerator) == "single process"
+    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin(fsdp_version=version)
+    accelerator.state.distributed_type = DistributedType.FSDP
+    assert backend_name(accelerator) == name
+    policy, _ = resolve_precision(True, None, "cpu", launcher=None)
+    assert type(policy.make_scaler(1024.0, 2000, backend=backend_name(accelerator))).__name__ == scaler

@@ -1,0 +1,54 @@
+"""What app/run.py wires from the precision policy and the config into the parts: padding and the optimizer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from app.config import TrainConfig
+from app.model import load_model
+from app.optim import build_optimizer
+from tests.harness import build_run, train
+
+
+@pytest.mark.parametrize("precision", ["bf16", "no"])
+def test_batches_are_padded_to_multiples_of_8_only_under_autocast(tiny_model_dir, review_files, precision):
+    # Batches of 2 up to the tiny model's 128 positions: most end at a length of their own, so padding shows.
+    run = build_run(
+        tiny_model_dir,
+        review_files,
+        mixed_precision=precision,
+        max_steps=6,
+        max_length=128,
+        per_device_train_batch_size=2,
+        per_device_eval_batch_size=2,
+    )
+    batches = []
+    run.model.register_forward_pre_hook(
+        lambda m, args, kwargs: batches.append(kwargs["attention_mask"]) if m.training else None, with_kwargs=True
+    )
+    train(run)
+    batches += [batch["attention_mask"] for batch in run.eval_loader]
+
+    longest = [int(mask.sum(dim=1).max()) for mask in batches]
+    assert any(n % 8 for n in longest), "no batch of this data would need padding: the test would see nothing"
+    lengths = [mask.shape[1] for mask in batches]
+    if precision == "no":  # fp32: just the longest row, no wasted positions
+        assert lengths == longest
+    else:  # tensor cores want lengths in multiples of 8
+        assert lengths == [8 * math.ceil(n / 8) for n in longest]
+
+
+def test_weight_decay_skips_biases_and_layer_norm_weights(tiny_model_dir):
+    model = load_model(str(tiny_model_dir), {0: "great", 1: "other"})
+    optimizer = build_optimizer(model, replace(TrainConfig(), weight_decay=0.05))
+    decay = {id(param): group["weight_decay"] for group in optimizer.param_groups for param in group["params"]}
+    names = dict(model.named_parameters())
+    assert len(decay) == len(names), "every trainable parameter is optimized, once"
+    for name, param in names.items():
+        # As BERT and HF Trainer do: no decay on biases and LayerNorm weights; all other weights (embeddings too) decay.
+        expected = 0.0 if name.endswith(".bias") or "LayerNorm" in name else 0.05
+        assert decay[id(param)] == expected, name
+    assert {0.0, 0.05} == set(decay.values())
