@@ -94,6 +94,15 @@ def test_bench_tiny_writes_the_json_keys(tmp_path):
         "hf_trainer_peak_memory_gib",
     ):
         assert figures[key] > 0, key
+    for ratio, (numerator, denominator) in {
+        "app_vs_bare": ("app", "bare"),
+        "app_vs_hf_trainer": ("app", "hf_trainer"),
+    }.items():
+        top, bottom = figures[f"{numerator}_samples_per_sec"], figures[f"{denominator}_samples_per_sec"]
+        # The throughputs are reported to 3 decimals and the ratio to 4: the ratio of the reported figures may differ
+        # from the reported ratio by no more than that rounding allows.
+        slack = 0.0005 * (1 + top / bottom) / bottom + 0.00005
+        assert abs(figures[ratio] - top / bottom) <= slack, (ratio, figures[ratio], top / bottom)
 
 
 def test_gpu_check_dry_run_on_cpu(tmp_path):
