@@ -1,10 +1,11 @@
 """No host reads between log steps: the app's hot loop never pulls a tensor's value to Python except at log steps.
 
 On a GPU every read of a device tensor's value is a host-device sync; scripts/gpu_check.py counts them there with
-torch.cuda.set_sync_debug_mode. On the CPU this test watches the same thing: it records every tensor read
-(`item`, `tolist`, `__bool__`, `__float__`, `__int__`) during training, by optimizer step and call site, and lets
-through only the sites listed in ALLOWED. A non-fused optimizer, for one, would show up here: GradScaler.step reads
-its overflow flag on every step for those.
+torch.cuda.set_sync_debug_mode. On the CPU this test watches the same thing: it records every tensor read during
+training (`item`, `tolist`, `__bool__`, `__float__`, `__int__`, `cpu`, `numpy`, `nonzero`, `torch.equal`,
+`torch.nonzero`, and indexing with a boolean mask, whose result's size depends on the values), by optimizer step and
+call site, and lets through only the sites listed in ALLOWED. A non-fused optimizer, for one, would show up here:
+GradScaler.step reads its overflow flag on every step for those.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import pytest
 import torch
 
 from tests.harness import build_run, train
+from tests.test_loop import inject_inf_at
 
-READS = ("item", "tolist", "__bool__", "__float__", "__int__")
+METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy", "nonzero")
+FUNCTIONS = ("equal", "nonzero")  # torch.equal, torch.nonzero
 # Reads that happen while the app runs but are not the app's, with why they are no concern (file, function):
 ALLOWED = {
     ("sampler.py", "__iter__"),  # the shuffle's randperm, made on the host
@@ -27,33 +30,60 @@ ALLOWED = {
     # transformers' own BERT forward checks padding_mask.all() to skip the SDPA mask: the model's read, not the loop's
     ("masking_utils.py", "_ignore_bidirectional_mask_sdpa"),
 }
+# The one read the app makes on purpose outside log steps: after a skipped update, the loss-scale watch reads the
+# scale (app/guards.py). It runs when that step's flag is settled, one optimizer step after the skip.
+AFTER_A_SKIP = "grad_scaler.py:get_scale.item"
 
 
-@pytest.mark.parametrize("precision", ["no", "fp16"])
-def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeypatch, precision):
-    run = build_run(tiny_model_dir, review_files, mixed_precision=precision, max_steps=10, logging_steps=5)
-    step = {"now": 0}
-    run.model.register_forward_pre_hook(lambda m, a: step.__setitem__("now", step["now"] + 1) if m.training else None)
+def spy_on_reads(monkeypatch, step: dict) -> Counter:
+    """Record each read as (optimizer step, "file:function.read") of its caller, until monkeypatch.undo()."""
     reads: Counter = Counter()
 
-    def spy(name):
-        original = getattr(torch.Tensor, name)
+    def record(name: str) -> None:
+        caller = sys._getframe(2).f_code
+        site = (Path(caller.co_filename).name, caller.co_name)
+        if site not in ALLOWED:
+            reads[(step["now"], f"{site[0]}:{site[1]}.{name}")] += 1
 
-        def read(self, *args, **kwargs):
-            caller = sys._getframe(1).f_code
-            site = (Path(caller.co_filename).name, caller.co_name)
-            if site not in ALLOWED:
-                reads[(step["now"], f"{site[0]}:{site[1]}.{name}")] += 1
-            return original(self, *args, **kwargs)
+    def spy(original, name):
+        def read(*args, **kwargs):
+            record(name)
+            return original(*args, **kwargs)
 
         return read
 
-    for name in READS:
-        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    def index(original):
+        def getitem(self, key):
+            keys = key if isinstance(key, tuple) else (key,)
+            if any(isinstance(k, torch.Tensor) and k.dtype == torch.bool for k in keys):
+                record("__getitem__[mask]")
+            return original(self, key)
+
+        return getitem
+
+    for name in METHODS:
+        monkeypatch.setattr(torch.Tensor, name, spy(getattr(torch.Tensor, name), name))
+    for name in FUNCTIONS:
+        monkeypatch.setattr(torch, name, spy(getattr(torch, name), f"torch.{name}"))
+    monkeypatch.setattr(torch.Tensor, "__getitem__", index(torch.Tensor.__getitem__))
+    return reads
+
+
+@pytest.mark.parametrize(
+    "precision, overflows", [("no", set()), ("fp16", set()), ("fp16", {3})], ids=["fp32", "fp16", "fp16-overflow"]
+)
+def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeypatch, precision, overflows):
+    run = build_run(tiny_model_dir, review_files, mixed_precision=precision, max_steps=10, logging_steps=5)
+    step = {"now": 0}
+    run.model.register_forward_pre_hook(lambda m, a: step.__setitem__("now", step["now"] + 1) if m.training else None)
+    inject_inf_at(run.model, overflows, run.optimizer)  # the skipped-step path, at a step that is not logged
+    reads = spy_on_reads(monkeypatch, step)
     train(run)
     monkeypatch.undo()
 
-    assert run.state.opt_step == 10 and run.state.skipped_steps == 0
-    outside = sorted(key for key in reads if key[0] not in (5, 10))
-    assert not outside, f"tensor reads outside log steps (step, site): {outside}"
-    assert {s for s, _ in reads} == {5, 10}, "the log steps must read (otherwise this test sees nothing)"
+    assert run.state.opt_step == 10 and run.state.skipped_steps == len(overflows)
+    expected_outside = {(skipped + 1, AFTER_A_SKIP) for skipped in overflows}
+    outside = {key for key in reads if key[0] not in (5, 10)}
+    assert outside == expected_outside, f"tensor reads outside log steps (step, site): {sorted(outside)}"
+    assert all(reads[key] == 1 for key in expected_outside), "one read of the scale per skip"
+    assert {s for s, _ in reads} >= {5, 10}, "the log steps must read (otherwise this test sees nothing)"
