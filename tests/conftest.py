@@ -139,6 +139,16 @@ _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
 _ports = iter(range(20000 + int(_worker or 0) % 24 * _PORT_BLOCK + random.randrange(_PORT_BLOCK), 32768))
 
 
+@pytest.fixture
+def one_thread():
+    """This process on one intra-op thread, for comparisons with runs that use one: a matmul's result depends on how
+    the work is split over threads (about 1e-6 between 1 and 2 threads here), which tolerances must not absorb."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def free_port() -> int:
     """A port for a rendezvous or server, so that tests running side by side never collide."""
     for port in _ports:

@@ -120,7 +120,10 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, revie
     assert all(torch.equal(params[0][n], params[1][n]) for n in params[0]), "the nodes ended with different weights"
 
 
-def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, tiny_model_no_dropout, review_files):
+def test_two_processes_equal_one_process_with_twice_the_batch(
+    tmp_path, tiny_model_no_dropout, review_files, one_thread
+):
+    # One thread on both sides: each rank, and the single process this test compares them with.
     common = [
         "--model_name_or_path",
         tiny_model_no_dropout,
@@ -144,7 +147,14 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, tiny_mod
     ]
     two = launch(
         tmp_path,
-        ["--config_file", CONFIGS / "cpu_multi.yaml", "--main_process_port", free_port()],
+        [
+            "--config_file",
+            CONFIGS / "cpu_multi.yaml",
+            "--main_process_port",
+            free_port(),
+            "--num_cpu_threads_per_process",
+            1,
+        ],
         [
             *common,
             "--per_device_train_batch_size",
@@ -156,6 +166,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, tiny_mod
         ],
     )
     assert two.returncode == 0, two.stderr[-3000:]
+    assert "1 CPU thread(s) per process" in two.stdout
     assert (
         run_app(
             [
@@ -185,7 +196,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, tiny_mod
 
 
 @pytest.mark.slow
-def test_torch_compile_matches_eager(tmp_path, tiny_model_no_dropout, review_files, capfd):
+def test_torch_compile_matches_eager(tmp_path, tiny_model_no_dropout, review_files, capfd, one_thread):
     common = [
         "--model_name_or_path",
         tiny_model_no_dropout,
