@@ -14,6 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 # Tests marked `gpu` put the host's GPUs back for their subprocesses (gpu_env).
 os.environ.setdefault(HOST_GPUS := "AMP_TRAINER_TEST_HOST_GPUS", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import functools
 import random
 import socket
 import subprocess
@@ -185,20 +186,34 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def gpu_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """clean_env with the host's GPUs visible again, for tests marked `gpu`."""
-    env = clean_env(tmp_path, **extra)
+def with_host_gpus(env: dict[str, str]) -> dict[str, str]:
+    """The environment with the host's GPUs visible again, as they were before this suite hid them."""
+    env = dict(env)
     if env[HOST_GPUS] == "unset":
-        del env["CUDA_VISIBLE_DEVICES"]
+        env.pop("CUDA_VISIBLE_DEVICES", None)
     else:
         env["CUDA_VISIBLE_DEVICES"] = env[HOST_GPUS]
     return env
 
 
-def host_has_cuda(tmp_path: Path) -> bool:
+def gpu_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """clean_env with the host's GPUs visible, for tests marked `gpu`."""
+    return with_host_gpus(clean_env(tmp_path, **extra))
+
+
+@functools.cache
+def host_has_cuda() -> bool:
     """Whether the host's GPUs work: asked of a child, since this process hides them."""
+    if not list(Path("/dev").glob("nvidia[0-9]*")) and not os.environ.get("CUDA_HOME"):
+        return False  # no NVIDIA device node: spare the child
     probe = [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"]
-    return subprocess.run(probe, env=gpu_env(tmp_path), capture_output=True, text=True).stdout.strip() == "True"
+    found = subprocess.run(probe, env=with_host_gpus(os.environ), capture_output=True, text=True, timeout=120)
+    return found.stdout.strip() == "True"
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") and not host_has_cuda():
+        pytest.skip("needs a CUDA GPU")
 
 
 class LineWatch:

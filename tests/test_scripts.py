@@ -6,15 +6,17 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import ROOT, clean_env
+import pytest
+
+from tests.conftest import ROOT, clean_env, gpu_env
 
 SCRIPTS = ROOT / "scripts"
 
 
-def run_script(tmp_path, name: str, *args) -> subprocess.CompletedProcess:
+def run_script(tmp_path, name: str, *args, env=None) -> subprocess.CompletedProcess:
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / name), *map(str, args)],
-        env=clean_env(tmp_path),
+        env=env or clean_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=300,
@@ -122,3 +124,21 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     figures = json.loads((tmp_path / "g.json").read_text())
     assert figures["results"]["fp32"]["samples_per_sec"] > 0 and figures["results"]["fp16"]["samples_per_sec"] > 0
     assert figures["fp16_speedup"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_check_on_the_gpu(tmp_path):
+    run_script(
+        tmp_path,
+        "gpu_check.py",
+        "--tiny",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+        tmp_path / "g.json",
+        env=gpu_env(tmp_path),
+    )
+    figures = json.loads((tmp_path / "g.json").read_text())
+    assert figures["results"]["fp32"]["samples_per_sec"] > 0 and figures["results"]["fp16"]["samples_per_sec"] > 0
