@@ -11,7 +11,7 @@ import os
 # Tests never touch the hub; huggingface_hub reads these once, at import, so they are set before anything imports it.
 os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
 # The CPU suite hides GPUs, so that a GPU host runs it as a CPU host does; set before torch first looks for CUDA.
-# Tests marked `gpu` put the host's GPUs back for their subprocesses (gpu_env).
+# The host's own value is kept in AMP_TRAINER_TEST_HOST_GPUS, for the subprocesses of tests marked `gpu` (gpu_env).
 os.environ.setdefault(HOST_GPUS := "AMP_TRAINER_TEST_HOST_GPUS", os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 import functools
