@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from app.config import TrainConfig
 from app.precision import resolve_precision
-from app.runtime import backend_name, build_accelerator
+from app.runtime import backend_name, build_accelerator, device_type
+from tests.conftest import clean_env
 from tests.harness import build_run, train
 
 
@@ -41,3 +44,9 @@ def test_fsdp1_and_fsdp2_are_told_apart_and_get_their_scaler(version, name, scal
     assert backend_name(accelerator) == name
     policy, _ = resolve_precision(True, None, "cpu", launcher=None)
     assert type(policy.make_scaler(1024.0, 2000, backend=backend_name(accelerator))).__name__ == scaler
+
+
+def test_the_cpu_suite_sees_no_gpu(tmp_path):
+    """On a GPU host too, the suite runs as on a CPU host: in this process and in every child it starts."""
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and clean_env(tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
+    assert not torch.cuda.is_available() and device_type() == "cpu"
