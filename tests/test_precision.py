@@ -37,6 +37,22 @@ def test_resolution_table(amp, flag, device, launcher, mode, source, disagreemen
     assert policy.autocast_enabled == (mode != "no")
 
 
+@pytest.mark.parametrize(
+    "native_bf16, launcher, expected_note",
+    [
+        (False, "no", None),  # auto resolves to fp32: it agrees with the launcher, nothing to say
+        (True, "no", "note: --mixed_precision auto (-> bf16) overrides the launcher's 'no'"),
+        (False, "bf16", "note: --mixed_precision auto (-> no) overrides the launcher's 'bf16'"),
+        (True, "bf16", None),
+    ],
+)
+def test_the_override_note_compares_what_runs_with_the_launcher(monkeypatch, native_bf16, launcher, expected_note):
+    monkeypatch.setattr("app.precision.cpu_has_native_bf16", lambda: native_bf16)
+    policy, notes = resolve_precision(False, "auto", "cpu", launcher)
+    assert policy.mode == ("bf16" if native_bf16 else "no")
+    assert [n for n in notes if n.startswith("note:")] == ([expected_note] if expected_note else [])
+
+
 def test_fp16_on_cpu_warns_and_names_the_alternatives():
     _, notes = resolve_precision(True, None, "cpu", None)
     warning = next(n for n in notes if n.startswith("warning:"))
@@ -99,14 +115,14 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
             ["--amp"],
             {},
             "precision: fp16 autocast on cpu, loss scaling on (from --amp",
-            "note: --amp (fp16) overrides the launcher's mixed_precision 'no'",
+            "note: --amp (fp16) overrides the launcher's 'no'",
         ),
         "app flag over yaml": (
             ["--config_file", bf16_yaml],
             ["--mixed_precision", "no"],
             {},
             "precision: fp32, no autocast",
-            "note: --mixed_precision (no) overrides the launcher's mixed_precision 'bf16'",
+            "note: --mixed_precision no overrides the launcher's 'bf16'",
         ),
         "wizard default config": (
             [],
