@@ -10,9 +10,13 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
 	touch $@
 
-# accelerate launch gives a single CPU process one thread unless told otherwise.
+# One process on this machine's GPU if it has one, else its CPU. Every value accelerate launch would otherwise default
+# is passed, so it opens with no warning banner. Not --config_file accelerate_configs/cpu.yaml: its use_cpu would keep
+# a GPU host on the CPU. The thread count cannot go in a YAML, and a launch without it gives a CPU process one thread.
+LAUNCH_FLAGS := --num_processes 1 --num_machines 1 --mixed_precision no --dynamo_backend no \
+	--num_cpu_threads_per_process $(THREADS)
 train: setup
-	$(VENV)/bin/accelerate launch --num_processes 1 --num_cpu_threads_per_process $(THREADS) app/train.py --mixed_precision auto
+	$(VENV)/bin/accelerate launch $(LAUNCH_FLAGS) app/train.py --mixed_precision auto
 
 lint: setup
 	$(VENV)/bin/ruff check .

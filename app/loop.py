@@ -104,7 +104,7 @@ def train(run: Run, budget: int | None = None) -> None:
             if step == first_step:
                 telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
 
-            log_due = step % cfg.logging_steps == 0
+            log_due = step % cfg.logging_steps == 0 or step >= last_step  # a short run still shows its curves
             save_due = cfg.save_steps and step % cfg.save_steps == 0
             signum = stop.agreed()
             if log_due or save_due or signum or ledger.alarm or step >= last_step:

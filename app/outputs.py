@@ -85,13 +85,26 @@ def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> N
 
 
 def save_final_model(accelerator, model, tokenizer, output_dir: Path) -> None:
-    """`save_pretrained` of the full model (gathered from shards where there are any) and the tokenizer. Collective."""
+    """`save_pretrained` of the full model (gathered from shards where there are any) and the tokenizer. Collective.
+
+    Everything is written into `.staging-model` first and then moved into `output_dir` file by file with os.replace,
+    which is atomic: a run killed mid-save leaves no half-written model.safetensors, only the staging folder.
+    """
     state_dict = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
+    staging = output_dir / ".staging-model"
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)  # left by a run killed mid-save
+    accelerator.wait_for_everyone()
     accelerator.unwrap_model(model).save_pretrained(
-        output_dir, state_dict=state_dict, is_main_process=accelerator.is_main_process, save_function=accelerator.save
+        staging, state_dict=state_dict, is_main_process=accelerator.is_main_process, save_function=accelerator.save
     )
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(output_dir)
+        tokenizer.save_pretrained(staging)
+    accelerator.wait_for_everyone()  # save_pretrained creates the folder on every rank: all are done with it
+    if accelerator.is_main_process:
+        for file in staging.iterdir():
+            os.replace(file, output_dir / file.name)
+        shutil.rmtree(staging)
     accelerator.wait_for_everyone()
 
 

@@ -179,10 +179,13 @@ def resolve_precision(
             f"mixed precision {requested!r} (from {source}) is not supported; use fp16, bf16 or no, "
             f"e.g. accelerate launch --mixed_precision fp16 app/train.py"
         )
-    if source.startswith("--") and launcher is not None and launcher != requested:
-        notes.append(f"note: {source} ({requested}) overrides the launcher's mixed_precision {launcher!r}")
-
     mode, reason = _pick_mode(requested, device_type)
+    # What runs is compared, not the word asked for: `auto` that resolves to the launcher's mode agrees with it.
+    if source.startswith("--") and launcher is not None and launcher != mode:
+        asked = f"--amp ({mode})" if amp else f"--mixed_precision {requested}"
+        if requested == "auto":
+            asked += f" (-> {mode})"
+        notes.append(f"note: {asked} overrides the launcher's {launcher!r}")
     if mode == "fp16" and device_type == "cpu":
         alternative = "--mixed_precision bf16 (this CPU has native bf16) or " if cpu_has_native_bf16() else ""
         notes.append(f"warning: {_CPU_FP16_SLOWDOWN}. For speed use {alternative}--mixed_precision no.")

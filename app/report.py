@@ -53,11 +53,21 @@ def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator) -> dict:
 
 
 def summary_table(wall_seconds: float, telemetry: Telemetry, state, final: dict[str, float]) -> str:
-    samples_per_sec = telemetry.run_samples / telemetry.run_seconds if telemetry.run_seconds else float("nan")
+    # The first step of a run is warm-up, left out of throughput: a run of one step has nothing to measure.
+    samples_per_sec = (
+        f"{telemetry.run_samples / telemetry.run_seconds:.1f} (all ranks, warm-up and evaluation excluded)"
+        if telemetry.run_samples and telemetry.run_seconds > 0
+        else "n/a (fewer than 2 steps)"
+    )
+    peak_memory = (
+        f"{telemetry.peak_memory_gib:.2f} GiB ({telemetry.peak_memory_kind}, max over ranks)"
+        if telemetry.peak_memory_gib > 0
+        else "n/a (no step was logged)"
+    )
     rows = [
         ("wall time", f"{wall_seconds:.1f} s"),
-        ("samples/s", f"{samples_per_sec:.1f} (all ranks, warm-up and evaluation excluded)"),
-        ("peak memory", f"{telemetry.peak_memory_gib:.2f} GiB ({telemetry.peak_memory_kind}, max over ranks)"),
+        ("samples/s", samples_per_sec),
+        ("peak memory", peak_memory),
         ("optimizer steps", f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"),
         *((tag, f"{value:.4f}") for tag, value in final.items()),
     ]

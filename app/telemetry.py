@@ -236,7 +236,8 @@ class Telemetry:
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.writer.log(metrics, step)
-        self._bar.write(f"step {step}: " + ", ".join(f"{tag} {value:.4f}" for tag, value in metrics.items()))
+        if self.accelerator.is_main_process:  # tqdm.write prints even where this rank's bar is disabled
+            self._bar.write(f"step {step}: " + ", ".join(f"{tag} {value:.4f}" for tag, value in metrics.items()))
 
     def close(self) -> None:
         self._bar.close()

@@ -9,8 +9,8 @@
     tensorboard --logdir runs
 
 Exit codes: 0 done, 2 bad input, 3 numeric fault or loss-scale alarm, 130/143 stopped by SIGINT/SIGTERM (after a
-checkpoint). `accelerate launch` reports any failure of its single process as 1; `torchrun` and plain python pass
-these through.
+checkpoint, or with the model saved whole if the signal came during the final evaluation or save). `accelerate launch`
+reports any failure of its single process as 1; `torchrun` and plain python pass these through.
 """
 
 from __future__ import annotations
@@ -89,15 +89,29 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
     # ---- train, then save ---------------------------------------------------------------------------------------
     accelerator.print("training: SIGTERM or Ctrl-C saves a checkpoint, then stops")  # the handlers are in place
     try:
+        if signum := stop.agreed():  # it came while loading or tokenizing: nothing trained yet, a checkpoint to resume
+            path = run.checkpoints.save(run.state)
+            raise TrainingHalted(
+                f"stopped by signal {signum} before training started; resume from {path}", stop.exit_code(signum)
+            )
         train(run)
+        accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
         final = evaluate(accelerator, policy, run.model, run.eval_loader)
         run.telemetry.log_eval(run.state.opt_step, final)
         outputs.save_final_model(accelerator, run.model, inputs.tokenizer, paths.output_dir)
         writer.hparams(report.hparams(cfg, policy, accelerator), tags.HPARAM_METRICS)
+        signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     finally:
         run.close()
     accelerator.print(report.summary_table(time.perf_counter() - started, run.telemetry, run.state, final))
     accelerator.print(f"model saved to {paths.output_dir}")
+    signum = signum or stop.signum  # one that came after the ranks agreed, while closing, is this rank's alone
+    if signum:  # never exit 0 on a signal: a scheduler must see that the job was stopped
+        raise TrainingHalted(
+            f"stopped by signal {signum} during the final evaluation or save; the model is complete in "
+            f"{paths.output_dir}, nothing to resume",
+            stop.exit_code(signum),
+        )
     return 0
 
 

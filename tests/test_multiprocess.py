@@ -7,7 +7,7 @@ import subprocess
 
 import torch
 
-from tests.conftest import ACCELERATE, ROOT, clean_env, free_port
+from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch
 
 
 def test_two_ranks_train_on_different_shards_and_end_identical(tmp_path, tiny_model_dir, review_files):
@@ -37,3 +37,12 @@ def test_two_ranks_train_on_different_shards_and_end_identical(tmp_path, tiny_mo
     params = [torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1)]
     for name in params[0]:
         assert torch.equal(params[0][name], params[1][name]), f"{name} differs between the ranks"
+
+
+def test_each_evaluation_line_is_printed_once_under_two_ranks(tmp_path, quick_args):
+    flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]
+    result = launch(tmp_path, flags, [*quick_args, "--max_steps", "4", "--eval_steps", "2"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "backend: DDP, 2 process(es)" in result.stdout, result.stdout[-3000:]
+    # step 2: a mid-run evaluation; step 4: the final one.
+    assert [result.stdout.count(f"step {step}: eval/loss ") for step in (2, 4)] == [1, 1], result.stdout[-3000:]

@@ -41,6 +41,22 @@ def test_resolution_table(monkeypatch, amp, flag, device, launcher, mode, source
     assert policy.autocast_enabled == (mode != "no")
 
 
+@pytest.mark.parametrize(
+    "native_bf16, launcher, expected_note",
+    [
+        (False, "no", None),  # auto resolves to fp32: it agrees with the launcher, nothing to say
+        (True, "no", "note: --mixed_precision auto (-> bf16) overrides the launcher's 'no'"),
+        (False, "bf16", "note: --mixed_precision auto (-> no) overrides the launcher's 'bf16'"),
+        (True, "bf16", None),
+    ],
+)
+def test_the_override_note_compares_what_runs_with_the_launcher(monkeypatch, native_bf16, launcher, expected_note):
+    force_bf16_probe(monkeypatch, native_bf16)
+    policy, notes = resolve_precision(False, "auto", "cpu", launcher)
+    assert policy.mode == ("bf16" if native_bf16 else "no")
+    assert [n for n in notes if n.startswith("note:")] == ([expected_note] if expected_note else [])
+
+
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
 def test_auto_on_a_cpu_follows_the_bf16_probe(monkeypatch, native):
     force_bf16_probe(monkeypatch, native)
@@ -125,14 +141,14 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
             ["--amp"],
             {},
             "precision: fp16 autocast on cpu, loss scaling on (from --amp",
-            "note: --amp (fp16) overrides the launcher's mixed_precision 'no'",
+            "note: --amp (fp16) overrides the launcher's 'no'",
         ),
         "app flag over yaml": (
             ["--config_file", bf16_yaml],
             ["--mixed_precision", "no"],
             {},
             "precision: fp32, no autocast",
-            "note: --mixed_precision (no) overrides the launcher's mixed_precision 'bf16'",
+            "note: --mixed_precision no overrides the launcher's 'bf16'",
         ),
         "wizard default config": (
             [],

@@ -202,3 +202,23 @@ def test_the_real_tensorboard_server_lists_the_run_and_its_tags(amp_run, tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_a_run_shorter_than_logging_steps_logs_its_last_step(tmp_path, quick_args, capfd):
+    """6 steps with the default --logging_steps 10: the last step is logged anyway, with the scaler's story."""
+    args = [*quick_args, "--amp", "--max_steps", "6", "--logging_steps", "10", "--eval_steps", "0"]
+    assert run_app(args) == 0
+    logged = tb.scalars(tmp_path / "runs" / "test")
+    for tag in (tags.TRAIN_LOSS, tags.AMP_LOSS_SCALE, tags.AMP_SKIPPED_STEPS, tags.PERF_SAMPLES_PER_SEC):
+        assert list(logged.get(tag, {})) == [6], f"{tag}: {logged.get(tag)}"
+    assert logged[tags.AMP_LOSS_SCALE][6] > 1, "fp16 ran with the scaler on"
+    summary = capfd.readouterr().out
+    assert "nan" not in summary and "n/a" not in summary and "0.00 GiB" not in summary, summary
+
+
+def test_a_one_step_run_says_what_it_could_not_measure(tmp_path, quick_args, capfd):
+    assert run_app([*quick_args, "--max_steps", "1", "--eval_steps", "0"]) == 0
+    out = capfd.readouterr().out
+    summary = out[out.index("run summary") :]
+    assert "n/a (fewer than 2 steps)" in summary and "nan" not in summary, summary
+    assert "0.00 GiB" not in summary and "GiB (CPU RSS" in summary, summary

@@ -2,6 +2,7 @@
 
 python tests/workers/kill_during_checkpoint.py published N <train.py flags>   # right after checkpoint N is in place
 python tests/workers/kill_during_checkpoint.py staged N <train.py flags>      # mid-write: state saved, not published
+python tests/workers/kill_during_checkpoint.py model 1 <train.py flags>       # final model written, not yet moved
 """
 
 import os
@@ -11,6 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import transformers.modeling_utils  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 from app import checkpoint  # noqa: E402
@@ -30,10 +32,11 @@ def die_after_call(owner, name: str, nth: int) -> None:
     setattr(owner, name, wrapper)
 
 
+POINTS = {  # point: the call after whose Nth return the run dies
+    "published": (checkpoint.Checkpoints, "save"),
+    "staged": (Accelerator, "save_state"),
+    "model": (transformers.modeling_utils, "safe_save_file"),  # the final model's weights written, not yet in place
+}
 point, nth, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-die_after_call(
-    checkpoint.Checkpoints if point == "published" else Accelerator,
-    "save" if point == "published" else "save_state",
-    nth,
-)
+die_after_call(*POINTS[point], nth)
 sys.exit(main(argv))
