@@ -69,12 +69,15 @@ class BestModel:
             self.state.evals_without_improvement += 1
         if better:
             self.state.best_metric, self.state.best_step = value, step
-        if self.patience is None or self.state.evals_without_improvement < self.patience:
+        if not self.out_of_patience():
             return None
         return (
             f"early stopping at optimizer step {step}: {self.tag} has not improved on {self.state.best_metric:.4f} "
             f"(step {self.state.best_step}) by more than {self.threshold} for {self.patience} evaluation(s)"
         )
+
+    def out_of_patience(self) -> bool:
+        return self.patience is not None and self.state.evals_without_improvement >= self.patience
 
     def best_checkpoint(self, checkpoints_root: Path) -> Path | None:
         """The checkpoint to load at the end, or None when the model in memory is already the best."""

@@ -80,6 +80,8 @@ def train(run: Run, budget: int | None = None) -> None:
     ledger = StepLedger(run, ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips))
     loss_watch = LossWatch(accelerator)
     best = BestModel(cfg, state)
+    if best.out_of_patience():  # resumed from the checkpoint of the evaluation that stopped the run
+        last_step = state.opt_step
     batches_per_epoch = len(run.train_loader)
     first_step = state.opt_step + 1  # of this call: after a resume, warm-up happens again
     model.train()

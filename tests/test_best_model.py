@@ -5,11 +5,13 @@ A high learning rate makes the tiny model's eval loss bounce: it peaks (is lowes
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from tests import tb
@@ -66,10 +68,12 @@ def assert_same_weights(expected_file, got_file) -> None:
 
 
 def test_the_saved_model_is_the_best_evaluations_even_with_save_total_limit_1(
-    tmp_path, tiny_model_dir, review_files, capsys
+    tmp_path, tiny_model_dir, review_files, capsys, monkeypatch
 ):
     args = [*common_args(tiny_model_dir, review_files), "--load_best_model_at_end", "--save_total_limit", "1"]
-    assert run_app([*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]) == 0
+    args = [str(a) for a in [*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]]
+    monkeypatch.setattr(sys, "argv", ["app/train.py", *args])  # the command line that the model card records
+    assert run_app(args) == 0
     losses = tb.scalars(tmp_path / "runs" / "r")["eval/loss"]
     assert sorted(losses) == list(range(2, 17, 2)), "an evaluation every 2 steps, the last one at the end"
     best = best_step(losses)
@@ -80,6 +84,22 @@ def test_the_saved_model_is_the_best_evaluations_even_with_save_total_limit_1(
     checkpoint = tmp_path / "out" / "checkpoints" / f"step-{best}"
     assert checkpoint.is_dir(), "save_total_limit pruned the best checkpoint"
     assert_same_weights(checkpoint / "model.safetensors", tmp_path / "out" / "model.safetensors")
+
+    card = (tmp_path / "out" / "README.md").read_text()
+    for fact in (
+        f"| base model | {tiny_model_dir} |",
+        f"| data | {review_files['train']}, validation {review_files['validation']} |",
+        "| examples | 96 training, 48 validation |",
+        "| labels | great, other |",
+        "| precision | fp32, no autocast, on cpu, loss scaling off (from --mixed_precision",
+        "| optimizer steps | 16 of 16 (16 applied, 0 skipped for fp16 overflow) |",
+        f"| weights saved from | step {best}, the best eval/loss; stored in float32 |",
+        f"| eval/loss | {losses[best]:.4f} |",
+        f"    app/train.py {' '.join(args)}",
+    ):
+        assert fact in card, f"the model card lacks {fact!r}"
+    assert yaml.safe_load((tmp_path / "out" / "training_args.yaml").read_text())["learning_rate"] == 1e-2
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "float32"
 
 
 def kill_run(tmp_path, nth: int, args: list) -> subprocess.CompletedProcess:
@@ -124,6 +144,15 @@ def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(tmp_path,
     assert f"early stopping at optimizer step {expected_stop}" in resumed.stdout
     assert f"loaded the best model, step {best} " in resumed.stdout
     assert_same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run" / "model.safetensors")
+
+    # Killed right after the checkpoint of the evaluation that stopped the run: the resume trains no further.
+    here = ["--output_dir", tmp_path / "run2", "--logdir", tmp_path / "runs2"]
+    killed = kill_run(tmp_path, sorted(in_loop).index(expected_stop) + 1, [*args, *here])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = python_app(tmp_path, [*args, *here, "--resume_from_checkpoint", "latest"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "optimizer steps  " + str(expected_stop) in resumed.stdout, "the resumed run trained past the stop"
+    assert_same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run2" / "model.safetensors")
 
 
 def test_best_model_flags_need_evaluations(tmp_path, quick_args, capsys):
