@@ -147,10 +147,10 @@ def check_output_file(path: str | None) -> None:
 
 
 def trained_max_length(model_path: str, model_config, tokenizer) -> int:
+    """What the model saw in training: longer inputs at prediction would be texts it never learned from."""
     args = Path(model_path) / "training_args.yaml"
-    if args.is_file():
-        return yaml.safe_load(args.read_text())["max_length"]
-    return max_positions(model_config, tokenizer)
+    trained = yaml.safe_load(args.read_text()).get("max_length") if args.is_file() else None
+    return trained if isinstance(trained, int) else max_positions(model_config, tokenizer)
 
 
 @torch.no_grad()
