@@ -128,15 +128,16 @@ class Checkpoints:
             if final.exists():  # a stale copy of this step from an earlier, interrupted attempt
                 shutil.rmtree(final)
             os.replace(staging, final)
-            self._prune(keep=final)
+            self._prune(keep=final, best=state.best_step)
         acc.wait_for_everyone()
         self.last_saved = final
         return final
 
-    def _prune(self, keep: Path) -> None:
+    def _prune(self, keep: Path, best: int | None) -> None:
         if self.save_total_limit is None:
             return
-        old = [p for p in completed_checkpoints(self.root) if p != keep]
+        spared = {keep, self.root / f"step-{best}"}  # the best is loaded at the end (--load_best_model_at_end)
+        old = [p for p in completed_checkpoints(self.root) if p not in spared]
         for path in old[: max(0, len(old) + 1 - self.save_total_limit)]:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -19,6 +19,7 @@ from typing import Literal, Optional
 import yaml
 from transformers import HfArgumentParser
 
+from app.best import check_best_model_flags
 from app.errors import UsageError
 
 DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -125,6 +126,24 @@ class TrainConfig:
     save_total_limit: Optional[int] = _help("Keep only the newest N checkpoints.", default=2)
     resume_from_checkpoint: Optional[str] = _help('"latest" (in --output_dir) or a checkpoint folder.', default=None)
     disable_tqdm: bool = _help("Hide the progress bar.", default=False)
+    load_best_model_at_end: bool = _help(
+        "End with the weights of the best evaluation (--metric_for_best_model), not the last step's. Needs "
+        "--eval_steps; every evaluation then writes a checkpoint, and the best one is never pruned.",
+        default=False,
+    )
+    metric_for_best_model: Optional[str] = _help(
+        "eval/loss, eval/accuracy or eval/f1 (or loss, accuracy, f1). Default: eval/loss.", default=None
+    )
+    greater_is_better: Optional[bool] = _help(
+        "Whether a higher --metric_for_best_model is better. Default: False for loss, True otherwise.", default=None
+    )
+    early_stopping_patience: Optional[int] = _help(
+        "Stop after this many evaluations in a row without improvement of --metric_for_best_model. Needs --eval_steps.",
+        default=None,
+    )
+    early_stopping_threshold: float = _help(
+        "An evaluation improves only if it beats the best by more than this.", default=0.0
+    )
 
     def validate(self) -> None:
         """Reject values that cannot work, with the fix in the message."""
@@ -165,6 +184,7 @@ class TrainConfig:
             path = getattr(self, name)
             if path is not None and Path(path).suffix.lower() not in DATA_FILE_TYPES:
                 raise UsageError(f"--{name} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
+        check_best_model_flags(self)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -114,7 +114,20 @@ def _load_files(train_file: str, validation_file: str | None) -> DatasetDict:
         raise UsageError(
             f"--train_file and --validation_file must have the same format, got {' and '.join(sorted(kinds))}"
         )
-    kind = kinds.pop()
+    return _read_files(kinds.pop(), files)
+
+
+def read_data_file(path: str, flag: str) -> Dataset:
+    """One user data file (csv, json/jsonl, parquet) with all its columns; UsageError if it cannot be read."""
+    if not Path(path).is_file():
+        raise UsageError(f"{flag} {path}: no such file")
+    if Path(path).suffix.lower() not in DATA_FILE_TYPES:
+        raise UsageError(f"{flag} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
+    with _quiet_loading():
+        return _read_files(DATA_FILE_TYPES[Path(path).suffix.lower()], {"input": path})["input"]
+
+
+def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
     try:
         return load_dataset(kind, data_files=files)
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"

@@ -19,11 +19,13 @@ from __future__ import annotations
 import torch
 from accelerate import skip_first_batches
 
+from app.best import BestModel
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.evaluation import evaluate
 from app.guards import LossWatch, ScaleWatch
 from app.precision import OverflowFlag
 from app.run import Run
+from app.tags import TRAIN_STOPPED_EARLY
 
 
 class StepLedger:
@@ -77,6 +79,9 @@ def train(run: Run, budget: int | None = None) -> None:
     last_step = run.total_steps if budget is None else min(run.total_steps, state.opt_step + budget)
     ledger = StepLedger(run, ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips))
     loss_watch = LossWatch(accelerator)
+    best = BestModel(cfg, state)
+    if best.out_of_patience():  # resumed from the checkpoint of the evaluation that stopped the run
+        last_step = state.opt_step
     batches_per_epoch = len(run.train_loader)
     first_step = state.opt_step + 1  # of this call: after a resume, warm-up happens again
     model.train()
@@ -105,7 +110,9 @@ def train(run: Run, budget: int | None = None) -> None:
                 telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
 
             log_due = step % cfg.logging_steps == 0 or step >= last_step  # a short run still shows its curves
-            save_due = cfg.save_steps and step % cfg.save_steps == 0
+            eval_due = cfg.eval_steps and step % cfg.eval_steps == 0 and step < run.total_steps
+            # The best model is loaded from a checkpoint at the end, so each evaluation gets one.
+            save_due = (cfg.save_steps and step % cfg.save_steps == 0) or (eval_due and cfg.load_best_model_at_end)
             signum = stop.agreed()
             if log_due or save_due or signum or ledger.alarm or step >= last_step:
                 ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
@@ -127,9 +134,16 @@ def train(run: Run, budget: int | None = None) -> None:
                         f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE
                     )
                 ledger.alarm = None  # warned; the watch fires again only after a new run of skips
-            if cfg.eval_steps and step % cfg.eval_steps == 0 and step < run.total_steps:
+            if eval_due:
                 with telemetry.paused():
-                    telemetry.log_eval(step, evaluate(accelerator, policy, model, run.eval_loader))
+                    metrics = evaluate(accelerator, policy, model, run.eval_loader)
+                    telemetry.log_eval(step, metrics)
+                stopped_early = best.after_eval(step, metrics)
+                if stopped_early:
+                    ledger.settle()  # the run ends here: this step's outcome is its last
+                    telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
+                    accelerator.print(stopped_early)
+                    last_step = step
             if save_due:
                 with telemetry.paused():
                     checkpoints.save(state)

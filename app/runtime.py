@@ -30,17 +30,26 @@ def pinned_batches() -> bool:
 
 def build_accelerator(cfg: TrainConfig) -> Accelerator:
     """The Accelerator for this run, after checking that the launched processes really form one job."""
+    accelerator = connect_accelerator(
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
+        dataloader_config=DataLoaderConfiguration(
+            use_seedable_sampler=True, data_seed=cfg.seed, non_blocking=pinned_batches()
+        ),
+    )
+    set_seed(cfg.seed)
+    return accelerator
+
+
+def connect_accelerator(**options) -> Accelerator:
+    """An Accelerator with `options` that leaves precision to the app, once the launched processes form one job."""
     try:
         accelerator = Accelerator(
             # The app autocasts and scales itself; Accelerate's AMP would override our autocast and scale again.
             mixed_precision="no",
             # Without this, a multi-process launch on a machine with no GPU starts N unconnected copies.
             cpu=device_type() == "cpu",
-            gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-            # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
-            dataloader_config=DataLoaderConfiguration(
-                use_seedable_sampler=True, data_seed=cfg.seed, non_blocking=pinned_batches()
-            ),
+            **options,
         )
     except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
         raise UsageError(f"Accelerate cannot set up this launch: {first_line(e)}; check the launch config") from None
@@ -50,7 +59,6 @@ def build_accelerator(cfg: TrainConfig) -> Accelerator:
             f"{launched} processes were launched but they are not connected (Accelerate sees 1); on CPU, launch with "
             "--config_file accelerate_configs/cpu_multi.yaml or set ACCELERATE_USE_CPU=1"
         )
-    set_seed(cfg.seed)
     if not accelerator.is_main_process:
         _quiet_libraries()
     return accelerator

@@ -13,6 +13,9 @@ class TrainState:
     applied_updates: int = 0  # steps whose update reached the weights; the LR schedule follows these
     skipped_steps: int = 0  # steps the scaler skipped because the fp16 gradients overflowed
     consecutive_skips: int = 0
+    best_step: int | None = None  # the step of the best evaluation so far (app/best.py), when one is tracked
+    best_metric: float | None = None
+    evals_without_improvement: int = 0  # early stopping's patience counter
 
     def record_outcome(self, skipped: bool) -> None:
         """Settle a taken optimizer step as applied or skipped (the loop counted it in opt_step when it was taken)."""

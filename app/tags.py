@@ -5,6 +5,7 @@ Scripts and tests read runs back through these names, so a tag is renamed here o
 
 # ---- scalars --------------------------------------------------------------------------------------------------------
 TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_EPOCH = "train/loss", "train/lr", "train/grad_norm", "train/epoch"
+TRAIN_STOPPED_EARLY = "train/stopped_early"  # 1 at the step where early stopping ended the run
 AMP_LOSS_SCALE = "amp/loss_scale"
 AMP_SKIPPED_STEPS = "amp/skipped_steps"  # cumulative
 AMP_SKIP_RATE = "amp/skip_rate"  # skipped / optimizer steps, over the last interval

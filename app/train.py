@@ -26,10 +26,12 @@ import os
 import time
 
 from app import checkpoint, outputs, report, tags
+from app.best import end_with_best
 from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
 from app.evaluation import evaluate
 from app.loop import train
+from app.model_card import write_model_card
 from app.precision import PrecisionPolicy, check_backend, launcher_choice, resolve_precision
 from app.preemption import StopRequest
 from app.run import build_run, load_inputs
@@ -98,7 +100,10 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
         accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
         final = evaluate(accelerator, policy, run.model, run.eval_loader)
         run.telemetry.log_eval(run.state.opt_step, final)
+        final = end_with_best(run, final)
         outputs.save_final_model(accelerator, run.model, inputs.tokenizer, paths.output_dir)
+        if accelerator.is_main_process:
+            write_model_card(run, paths.run_name, paths.output_dir, final)
         writer.hparams(report.hparams(cfg, policy, accelerator), tags.HPARAM_METRICS)
         signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     finally:

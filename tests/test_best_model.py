@@ -1,0 +1,165 @@
+"""Best model at the end and early stopping: real runs on the tiny model, read back from TensorBoard and the files.
+
+A high learning rate makes the tiny model's eval loss bounce: it peaks (is lowest) mid-run, then gets worse.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tests import tb
+from tests.conftest import ROOT, clean_env, python_app, run_app
+
+KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
+BOUNCY = ["--learning_rate", "1e-2", "--warmup_ratio", "0", "--max_steps", "16", "--eval_steps", "2"]
+
+
+def common_args(tiny_model_dir, review_files) -> list:
+    return [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--train_file",
+        review_files["train"],
+        "--validation_file",
+        review_files["validation"],
+        "--per_device_train_batch_size",
+        "8",
+        "--max_length",
+        "64",
+        "--disable_tqdm",
+        "--mixed_precision",
+        "no",
+        "--run_name",
+        "r",
+        *BOUNCY,
+    ]
+
+
+def best_step(eval_losses: dict[int, float]) -> int:
+    """The step of the lowest eval loss; the earliest on a tie, since only a strict improvement replaces the best."""
+    return min(sorted(eval_losses), key=lambda step: eval_losses[step])
+
+
+def stop_step(eval_losses: dict[int, float], patience: int) -> int | None:
+    """The evaluation at which `patience` evaluations in a row have not beaten the best (threshold 0)."""
+    best, waited = None, 0
+    for step in sorted(eval_losses):
+        if best is None or eval_losses[step] < best:
+            best, waited = eval_losses[step], 0
+        else:
+            waited += 1
+            if waited == patience:
+                return step
+    return None
+
+
+def assert_same_weights(expected_file, got_file) -> None:
+    expected, got = load_file(expected_file), load_file(got_file)
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} is not the best checkpoint's"
+
+
+def test_the_saved_model_is_the_best_evaluations_even_with_save_total_limit_1(
+    tmp_path, tiny_model_dir, review_files, capsys, monkeypatch
+):
+    args = [*common_args(tiny_model_dir, review_files), "--load_best_model_at_end", "--save_total_limit", "1"]
+    args = [str(a) for a in [*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]]
+    monkeypatch.setattr(sys, "argv", ["app/train.py", *args])  # the command line that the model card records
+    assert run_app(args) == 0
+    losses = tb.scalars(tmp_path / "runs" / "r")["eval/loss"]
+    assert sorted(losses) == list(range(2, 17, 2)), "an evaluation every 2 steps, the last one at the end"
+    best = best_step(losses)
+    assert best < 16, f"the setup should make the eval loss peak mid-run: {losses}"
+
+    out = capsys.readouterr().out
+    assert f"loaded the best model, step {best} (eval/loss {losses[best]:.4f})" in out
+    checkpoint = tmp_path / "out" / "checkpoints" / f"step-{best}"
+    assert checkpoint.is_dir(), "save_total_limit pruned the best checkpoint"
+    assert_same_weights(checkpoint / "model.safetensors", tmp_path / "out" / "model.safetensors")
+
+    card = (tmp_path / "out" / "README.md").read_text()
+    for fact in (
+        f"| base model | {tiny_model_dir} |",
+        f"| data | {review_files['train']}, validation {review_files['validation']} |",
+        "| examples | 96 training, 48 validation |",
+        "| labels | great, other |",
+        "| precision | fp32, no autocast, on cpu, loss scaling off (from --mixed_precision",
+        "| optimizer steps | 16 of 16 (16 applied, 0 skipped for fp16 overflow) |",
+        f"| weights saved from | step {best}, the best eval/loss; stored in float32 |",
+        f"| eval/loss | {losses[best]:.4f} |",
+        f"    app/train.py {' '.join(args)}",
+    ):
+        assert fact in card, f"the model card lacks {fact!r}"
+    assert yaml.safe_load((tmp_path / "out" / "training_args.yaml").read_text())["learning_rate"] == 1e-2
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "float32"
+
+
+def kill_run(tmp_path, nth: int, args: list) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(KILLER), "published", str(nth), *map(str, args)]
+    return subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+
+
+def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(tmp_path, tiny_model_dir, review_files):
+    args = [
+        *common_args(tiny_model_dir, review_files),
+        "--load_best_model_at_end",
+        "--early_stopping_patience",
+        "2",
+        "--save_steps",
+        "0",
+    ]
+    ref = python_app(tmp_path, [*args, "--output_dir", tmp_path / "ref", "--logdir", tmp_path / "ref_runs"])
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    curves = tb.scalars(tmp_path / "ref_runs" / "r")
+    losses = curves["eval/loss"]
+    # The loop evaluates before max_steps; the final evaluation, at the stop step, repeats the loop's last one.
+    in_loop = {step: loss for step, loss in losses.items() if step < 16}
+    expected_stop = stop_step(in_loop, patience=2)
+    assert expected_stop is not None and expected_stop < 16, f"the setup should stop early: {losses}"
+    assert curves["train/stopped_early"] == {expected_stop: 1.0}
+    assert f"early stopping at optimizer step {expected_stop}: eval/loss has not improved" in ref.stdout
+    assert "optimizer steps  " + str(expected_stop) in ref.stdout, "training went on after the stop"
+    best = best_step(in_loop)
+    assert_same_weights(
+        tmp_path / "ref" / "checkpoints" / f"step-{best}" / "model.safetensors", tmp_path / "ref" / "model.safetensors"
+    )
+
+    # Killed right after the checkpoint of the evaluation after the best: the patience count has started.
+    evaluations_to_kill_after = sorted(in_loop).index(best) + 2
+    here = ["--output_dir", tmp_path / "run", "--logdir", tmp_path / "runs"]
+    killed = kill_run(tmp_path, evaluations_to_kill_after, [*args, *here])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (tmp_path / "run" / "model.safetensors").exists(), "the killed run must not have finished"
+    resumed = python_app(tmp_path, [*args, *here, "--resume_from_checkpoint", "latest"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {tmp_path / 'run' / 'checkpoints' / f'step-{best + 2}'}" in resumed.stdout
+    assert f"early stopping at optimizer step {expected_stop}" in resumed.stdout
+    assert f"loaded the best model, step {best} " in resumed.stdout
+    assert_same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run" / "model.safetensors")
+
+    # Killed right after the checkpoint of the evaluation that stopped the run: the resume trains no further.
+    here = ["--output_dir", tmp_path / "run2", "--logdir", tmp_path / "runs2"]
+    killed = kill_run(tmp_path, sorted(in_loop).index(expected_stop) + 1, [*args, *here])
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = python_app(tmp_path, [*args, *here, "--resume_from_checkpoint", "latest"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "optimizer steps  " + str(expected_stop) in resumed.stdout, "the resumed run trained past the stop"
+    assert_same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run2" / "model.safetensors")
+
+
+def test_best_model_flags_need_evaluations(tmp_path, quick_args, capsys):
+    for flags in (["--load_best_model_at_end"], ["--early_stopping_patience", "3"]):
+        assert run_app([*quick_args, "--eval_steps", "0", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: {flags[0]} needs evaluations during training: pass --eval_steps N (N >= 1)"]
+    assert run_app([*quick_args, "--metric_for_best_model", "precision"]) == 2
+    assert "--metric_for_best_model 'precision' is not an evaluation metric" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
