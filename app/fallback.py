@@ -41,7 +41,7 @@ def fall_back(run, alarm_step: int) -> None:
     mode = target_mode(old.device_type)
     why = "this device has native bf16" if mode == "bf16" else "this device has no native bf16"
     new = dataclasses.replace(
-        old, mode=mode, source=SOURCE, reason=f"fp16's loss scale collapsed at optimizer step {alarm_step}; {why}"
+        old, mode=mode, source=SOURCE, reason=f"the loss-scale alarm, handled at optimizer step {alarm_step}; {why}"
     )
     path = run.checkpoints.last_saved  # never None: keep_start_point saved step 0
     run.policy = new
@@ -53,7 +53,7 @@ def fall_back(run, alarm_step: int) -> None:
     vars(run.state).update(vars(RunInfo.read(path).state))
     run.telemetry.rewind(run.state)
     note = (
-        f"fallback: fp16's loss scale collapsed at optimizer step {alarm_step}; going back to {path.name} "
+        f"fallback at optimizer step {alarm_step}, on the loss-scale alarm: going back to {path.name} "
         f"(optimizer step {run.state.opt_step}) and carrying on in {new.label} ({why})"
     )
     run.accelerator.print(note)

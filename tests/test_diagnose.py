@@ -134,7 +134,7 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
     assert run_app([*args, "--max_steps", "6"]) == 0
     out = capsys.readouterr().out
     assert (
-        "fallback: fp16's loss scale collapsed at optimizer step 3; going back to step-0 (optimizer step 0) and "
+        "fallback at optimizer step 3, on the loss-scale alarm: going back to step-0 (optimizer step 0) and "
         f"carrying on in {label}"
     ) in out
     run_dir = tmp_path / "runs" / "test"
