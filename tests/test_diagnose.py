@@ -163,3 +163,11 @@ def test_a_second_alarm_after_the_fallback_stops_with_exit_3(overflow_model_dir,
         fallback.fall_back(run, 7)
     run.close()
     assert halted.value.exit_code == 3 and "after the fallback to bf16" in str(halted.value)
+
+
+def test_overflow_report_names_the_first_gradient_to_overflow(tiny_model_dir, review_files):
+    # A healthy forward pass, but a loss scale no fp16 gradient survives: the backward pass overflows first at the end.
+    run = harness.build_run(tiny_model_dir, review_files, amp=True, init_loss_scale=1e30, max_steps=1)
+    line = diagnose.overflow_report(run, diagnose.first_training_batch(run))
+    run.close()
+    assert line == "first overflow: classifier (gradient, max |x| = inf in float16)"
