@@ -16,6 +16,7 @@ from accelerate.utils import send_to_device
 
 from app import precision, tags
 from app.model import load_model_config
+from app.runtime import backend_name
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
 PREFLIGHT_LIMIT = FP16_MAX / 2  # above half the range, the next layer's sum or a larger batch may overflow
@@ -126,6 +127,9 @@ def preflight(run) -> None:
     batch that names the first modules whose output exceeds half of fp16's range. Main process; fp16 only."""
     policy, accelerator = run.policy, run.accelerator
     if policy.mode != "fp16" or not accelerator.is_main_process:
+        return
+    if backend_name(accelerator).startswith("FSDP"):  # a sharded forward on one rank would wait for the others
+        accelerator.print("amp pre-flight: skipped under FSDP (each rank holds a shard of the weights)")
         return
     started = time.perf_counter()
     lines = []
