@@ -171,3 +171,14 @@ def test_overflow_report_names_the_first_gradient_to_overflow(tiny_model_dir, re
     line = diagnose.overflow_report(run, diagnose.first_training_batch(run))
     run.close()
     assert line == "first overflow: classifier (gradient, max |x| = inf in float16)"
+
+
+def test_the_preflight_checks_the_loops_first_batch(tiny_model_dir, review_files):
+    run = harness.build_run(tiny_model_dir, review_files, amp=True, max_steps=1)
+    checked = diagnose.first_training_batch(run)
+    run.train_loader.set_epoch(0)  # as the loop starts its first epoch
+    trained = next(iter(run.train_loader))
+    run.close()
+    assert checked.keys() == trained.keys()
+    for key in checked:
+        assert torch.equal(checked[key], trained[key]), key
