@@ -182,3 +182,20 @@ def test_the_preflight_checks_the_loops_first_batch(tiny_model_dir, review_files
     assert checked.keys() == trained.keys()
     for key in checked:
         assert torch.equal(checked[key], trained[key]), key
+
+
+def test_preflight_flags_a_nan_output(tmp_path, review_files, capsys):
+    # NaN compares False with everything: a check written as `value > limit` would let it through.
+    from transformers import BertModel
+
+    path = save_tiny_bert(tmp_path / "nan-bert", dropout=0.1)
+    model = BertModel.from_pretrained(path)
+    with torch.no_grad():
+        model.get_submodule(OVERFLOWING).weight[0, 0] = float("nan")
+    model.save_pretrained(path)
+    run = harness.build_run(path, review_files, amp=True, max_steps=1)
+    capsys.readouterr()
+    diagnose.preflight(run)
+    run.close()
+    line = capsys.readouterr().out.strip()
+    assert f"first in execution order: bert.{OVERFLOWING} (max |x| = nan)" in line, line
