@@ -54,13 +54,14 @@ class RunInfo:
     precision: str  # the policy's mode: "no", "fp16" or "bf16"
     num_processes: int
     state: TrainState = field(default_factory=TrainState)
+    fallback: dict | None = None  # {"from": "fp16", "at_step": N} once --on_scale_collapse fallback switched precision
 
     @classmethod
     def read(cls, checkpoint: Path) -> RunInfo:
         saved = json.loads((checkpoint / STATE_FILE).read_text())
         counters = {f.name for f in dataclasses.fields(TrainState)}  # counters of older versions are dropped
         state = TrainState(**{k: v for k, v in saved.pop("state").items() if k in counters})
-        return cls(saved["run_name"], saved["precision"], saved["num_processes"], state)
+        return cls(saved["run_name"], saved["precision"], saved["num_processes"], state, saved.get("fallback"))
 
     def write(self, checkpoint: Path) -> None:
         _write_atomically(checkpoint / STATE_FILE, json.dumps(dataclasses.asdict(self), indent=2))
@@ -103,6 +104,7 @@ class Checkpoints:
         self.root = Path(output_dir) / "checkpoints"
         self.save_total_limit = save_total_limit
         self.run_name, self.precision = run_name, precision
+        self.fallback: dict | None = None  # recorded in every checkpoint after a precision fallback (fallback.py)
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
 
     def remove_staging(self) -> None:
@@ -121,7 +123,7 @@ class Checkpoints:
         acc.wait_for_everyone()
         acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
         if acc.is_main_process:
-            RunInfo(self.run_name, self.precision, acc.num_processes, state).write(staging)
+            RunInfo(self.run_name, self.precision, acc.num_processes, state, self.fallback).write(staging)
         # Without this barrier a slow rank's RNG file could still be missing when the folder is renamed.
         acc.wait_for_everyone()
         if acc.is_main_process:

@@ -82,8 +82,20 @@ class TrainConfig:
     max_consecutive_skips: int = _help(
         "Alarm when more optimizer steps than this in a row are skipped for overflow.", default=50
     )
-    on_scale_collapse: Literal["stop", "warn"] = _help(
-        "On the loss-scale alarm: checkpoint and stop (exit 3), or warn and go on.", default="stop"
+    on_scale_collapse: Literal["stop", "warn", "fallback"] = _help(
+        "On the loss-scale alarm: checkpoint and stop (exit 3), warn and go on, or fallback: go back to the last "
+        "checkpoint (or step 0) and carry on in bf16 where the device has it, else fp32.",
+        default="stop",
+    )
+    skip_amp_preflight: bool = _help(
+        "Skip the fp16 pre-flight check (one forward pass of the first batch, before step 1, that names the modules "
+        "whose outputs exceed fp16's range).",
+        default=False,
+    )
+    pad_to_multiple_of: Optional[int] = _help(
+        "Pad each batch's length to a multiple of this. Default: 8 with fp16/bf16 autocast (tensor cores), none in "
+        "fp32; 1 turns it off. compare_amp.py sets it once for all its runs, so they see the same batch shapes.",
+        default=None,
     )
 
     # ---- optimization ---------------------------------------------------------------------------------------------
@@ -173,7 +185,7 @@ class TrainConfig:
             )
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise UsageError("give --num_train_epochs above 0, or --max_steps")
-        for name in ("max_train_samples", "max_eval_samples", "save_total_limit"):
+        for name in ("max_train_samples", "max_eval_samples", "save_total_limit", "pad_to_multiple_of"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
         if self.dataset_name and self.train_file:

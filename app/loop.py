@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from accelerate import skip_first_batches
 
+from app import diagnose, fallback
 from app.best import BestModel
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.evaluation import evaluate
@@ -84,6 +85,9 @@ def train(run: Run, budget: int | None = None) -> None:
         last_step = state.opt_step
     batches_per_epoch = len(run.train_loader)
     first_step = state.opt_step + 1  # of this call: after a resume, warm-up happens again
+    if state.opt_step == 0 and not cfg.skip_amp_preflight:
+        diagnose.preflight(run)
+    fallback.keep_start_point(run)
     model.train()
     while state.opt_step < last_step:
         run.train_loader.set_epoch(state.epoch)
@@ -116,7 +120,11 @@ def train(run: Run, budget: int | None = None) -> None:
             signum = stop.agreed()
             if log_due or save_due or signum or ledger.alarm or step >= last_step:
                 ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
-                loss_watch.check(step, checkpoints.last_saved)  # never log or save past a non-finite loss
+                try:
+                    loss_watch.check(step, checkpoints.last_saved)  # never log or save past a non-finite loss
+                except TrainingHalted:
+                    diagnose.report_overflow(run, batch, step)
+                    raise
             if log_due or ledger.alarm:
                 telemetry.log(
                     step,
@@ -127,6 +135,10 @@ def train(run: Run, budget: int | None = None) -> None:
                 )
             if ledger.alarm:
                 accelerator.print(ledger.alarm)
+                diagnose.report_overflow(run, batch, step)  # `batch`: this step's last micro-batch, still on the device
+                if cfg.on_scale_collapse == "fallback":
+                    fallback.fall_back(run, step)
+                    return train(run, budget)  # from the checkpoint, in the new precision, with fresh watches
                 if cfg.on_scale_collapse == "stop":
                     with telemetry.paused():
                         path = checkpoints.save(state)

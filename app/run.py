@@ -86,6 +86,7 @@ class Run:
     checkpoints: Checkpoints
     telemetry: Telemetry
     stop: StopRequest
+    scaler_state: ScalerCheckpoint | None = None  # what Accelerate checkpoints; a precision fallback swaps its scaler
 
     def close(self) -> None:
         self.telemetry.close()
@@ -116,7 +117,8 @@ def build_run(
     inputs = inputs or load_inputs(cfg, accelerator)
     paths = paths or RunPaths("run", Path(tempfile.mkdtemp(prefix="run-")), Path(tempfile.mkdtemp(prefix="runs-")))
     stop = stop or StopRequest(accelerator.num_processes)
-    train_loader, eval_loader = data.make_loaders(inputs.tokenized, inputs.tokenizer, cfg, policy.pad_to_multiple_of)
+    pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
+    train_loader, eval_loader = data.make_loaders(inputs.tokenized, inputs.tokenizer, cfg, pad_to)
     model = model or load_model(inputs.model_path, inputs.labels.id2label)
     if cfg.torch_compile:
         # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
@@ -137,6 +139,7 @@ def build_run(
     if resume:
         checkpoints.load(resume.path)
         state = TrainState(**vars(resume.info.state))
+        checkpoints.fallback = resume.info.fallback
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         for line in resume.info.resume_notes(policy.mode, accelerator.num_processes, scaler_state.toggled):
             accelerator.print(line)
@@ -158,4 +161,5 @@ def build_run(
         checkpoints,
         telemetry,
         stop,
+        scaler_state,
     )

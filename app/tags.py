@@ -21,5 +21,10 @@ EVAL_LOSS, EVAL_ACCURACY, EVAL_F1 = "eval/loss", "eval/accuracy", "eval/f1"  # f
 # ---- texts (markdown, written once at step 0) -----------------------------------------------------------------------
 RUN_CONFIG, RUN_ENVIRONMENT, RUN_PRECISION, RUN_TF32 = "run/config", "run/environment", "run/precision", "run/tf32"
 
+# ---- texts written when they happen (fp16 diagnostics: app/diagnose.py, app/fallback.py) -----------------------------
+AMP_PREFLIGHT = "amp/preflight"  # before step 1: the first batch's module outputs against fp16's range
+AMP_OVERFLOW_REPORT = "amp/overflow_report"  # at the alarm: the first module whose output or gradient overflowed
+AMP_FALLBACK = "amp/fallback"  # --on_scale_collapse fallback: from which step, to which precision, why
+
 # ---- the metric columns of TensorBoard's HPARAMS tab, read from the scalars above -----------------------------------
 HPARAM_METRICS = [EVAL_ACCURACY, EVAL_F1, EVAL_LOSS, PERF_SAMPLES_PER_SEC, AMP_SKIPPED_STEPS, AMP_LOSS_SCALE]

@@ -79,8 +79,8 @@ class TensorBoardWriter:
         for tag, value in scalars.items():
             self._writer.add_scalar(tag, value, step)
 
-    def text(self, tag: str, markdown: str) -> None:
-        self._writer.add_text(tag, markdown, 0)
+    def text(self, tag: str, markdown: str, step: int = 0) -> None:
+        self._writer.add_text(tag, markdown, step)
 
     def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
         """The HPARAMS tab's row for this run; its metric columns read the scalars already logged under these tags."""
@@ -99,7 +99,7 @@ class NullWriter:
 
     def log(self, scalars: dict[str, float], step: int) -> None: ...
 
-    def text(self, tag: str, markdown: str) -> None: ...
+    def text(self, tag: str, markdown: str, step: int = 0) -> None: ...
 
     def hparams(self, hparams: dict, metric_tags: list[str]) -> None: ...
 
@@ -233,6 +233,12 @@ class Telemetry:
         self._micro_batches = 0
         self._last_log = (state.opt_step, state.skipped_steps)
         self._zero_timing()  # no synchronize: the read in log() already waited for the device
+
+    def rewind(self, state) -> None:
+        """Continue from an earlier `state` (a fallback to a checkpoint): a fresh interval, the bar moved back."""
+        self.step_loss.zero_()
+        self._reset_interval(state)
+        self._bar.n = state.opt_step
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.writer.log(metrics, step)

@@ -25,7 +25,7 @@ import gc
 import os
 import time
 
-from app import checkpoint, outputs, report, tags
+from app import checkpoint, fallback, outputs, report, tags
 from app.best import end_with_best
 from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
@@ -60,12 +60,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str], stop: StopRequest) -> int:
     started = time.perf_counter()
+    resume = checkpoint.find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir)
+    policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
+    notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
     for line in (policy.describe(), *notes, *describe_backend(accelerator)):
         accelerator.print(line)
 
     # ---- folders: decide and check, create nothing yet ------------------------------------------------------------
-    resume = checkpoint.find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir)
     paths = outputs.resolve_paths(cfg, policy.label, resume)
     outputs.check_output_dir(paths, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
     outputs.check_log_dir(paths, resuming=resume is not None)
@@ -98,13 +100,13 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
             )
         train(run)
         accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
-        final = evaluate(accelerator, policy, run.model, run.eval_loader)
+        final = evaluate(accelerator, run.policy, run.model, run.eval_loader)
         run.telemetry.log_eval(run.state.opt_step, final)
         final = end_with_best(run, final)
         outputs.save_final_model(accelerator, run.model, inputs.tokenizer, paths.output_dir)
         if accelerator.is_main_process:
             write_model_card(run, paths.run_name, paths.output_dir, final)
-        writer.hparams(report.hparams(cfg, policy, accelerator), tags.HPARAM_METRICS)
+        writer.hparams(report.hparams(cfg, run.policy, accelerator), tags.HPARAM_METRICS)
         signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     finally:
         run.close()

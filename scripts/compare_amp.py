@@ -6,9 +6,12 @@
     python scripts/compare_amp.py --model_name_or_path bert-base-uncased --train_file train.csv --max_steps 500
 
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
-order and steps. The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), so TensorBoard overlays them.
+order and steps. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them (default 8,
+what AMP runs pad to), so every run sees the same batch shapes and, with them, the same dropout masks.
+The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), so TensorBoard overlays them.
 --report_dir gets report.md and comparison.png: loss curves, loss scale, throughput and peak memory, a table of
-ratios, and a verdict in words.
+ratios, eval metrics, padding, the fp16 pre-flight, whether this device has native fp16/bf16 matmuls, and a verdict
+in words that names the likely cause when fp16 did not pay off.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from app import tags  # noqa: E402
 from app.telemetry import peak_memory_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PAD = 8  # what AMP runs pad to on their own (precision.PrecisionPolicy.pad_to_multiple_of)
+NOT_ENOUGH = "not enough steps to judge"
 OWNED_FLAGS = ("--amp", "--mixed_precision", "--run_name", "--output_dir", "--resume_from_checkpoint")
 
 
@@ -40,25 +45,51 @@ def default_launcher() -> list[str]:
     return launcher
 
 
+def native_matmuls(gpu: bool) -> dict[str, str | None]:
+    """Per low precision, the hardware that runs its matmuls natively on this machine, or None where it is emulated."""
+    if gpu:
+        major, minor = torch.cuda.get_device_capability() if torch.cuda.is_available() else (0, 0)
+        return {
+            "fp16": f"tensor cores (sm_{major}{minor})" if major >= 7 else None,
+            "bf16": f"tensor cores (sm_{major}{minor})" if major >= 8 else None,
+        }
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = set()
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    named = {"avx512_fp16": "AVX512-FP16", "amx_fp16": "AMX-FP16", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}
+    have = lambda *keys: ", ".join(named[k] for k in keys if k in flags) or None  # noqa: E731
+    return {"fp16": have("avx512_fp16", "amx_fp16"), "bf16": have("avx512_bf16", "amx_bf16")}
+
+
 def read_run(run_dir: Path) -> dict:
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     curves = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
-    device = "unknown device"
+    device, preflight = "unknown device", None
     for tag in events.Tags()["tensors"]:
+        text = events.Tensors(tag)[0].tensor_proto.string_val[0].decode()
         if tag.startswith("run/environment"):
-            table = events.Tensors(tag)[0].tensor_proto.string_val[0].decode()
             device = next(
-                (row.split("|")[2].strip() for row in table.splitlines() if row.startswith("| device |")), device
+                (row.split("|")[2].strip() for row in text.splitlines() if row.startswith("| device |")), device
             )
+        if tag.startswith(tags.AMP_PREFLIGHT + "/"):
+            preflight = text
     gpu_run = tags.MEMORY_PEAK_ALLOCATED_GIB in curves
     memory_tag, memory_kind = peak_memory_tag(torch.device("cuda" if gpu_run else "cpu"))
     last = lambda tag: curves[tag][max(curves[tag])] if curves.get(tag) else float("nan")  # noqa: E731
     speeds = list(curves.get(tags.PERF_SAMPLES_PER_SEC, {}).values())
+    padding = list(curves.get(tags.PERF_PADDING_FRACTION, {}).values())
     return {
         "curves": curves,
         "device": device,
+        "gpu": gpu_run,
+        "timed_intervals": len(speeds),  # log intervals with a throughput: the first step is warm-up, not timed
         "samples_per_sec": sum(speeds) / len(speeds) if speeds else float("nan"),
+        "padding_fraction": sum(padding) / len(padding) if padding else float("nan"),
+        "preflight": preflight,
         "peak_memory_gib": max(curves.get(memory_tag, {0: float("nan")}).values()),
         "memory_kind": memory_kind,
         "accuracy": last(tags.EVAL_ACCURACY),
@@ -74,33 +105,64 @@ def largest_deviation(reference: dict[int, float], other: dict[int, float]) -> f
     return max((abs(reference[s] - other[s]) for s in common), default=float("nan"))
 
 
-def verdict(runs: dict[str, dict]) -> str:
+def _deviation(base: dict, run: dict) -> str:
+    value = largest_deviation(base["curves"].get(tags.TRAIN_LOSS, {}), run["curves"].get(tags.TRAIN_LOSS, {}))
+    return "no common logged steps" if value != value else f"{value:.2e}"  # NaN: nothing to compare
+
+
+def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
+    """The comparison in words. `native`: as native_matmuls says, for the device the runs ran on."""
     base, fp16 = runs["no"], runs["fp16"]
+    where = f"on this {base['device']}"
+    if not (base["timed_intervals"] and fp16["timed_intervals"]):
+        return (
+            f"{NOT_ENOUGH} {where}: the fp32 run timed {base['timed_intervals']} log interval(s) and fp16 "
+            f"{fp16['timed_intervals']} (the first optimizer step is warm-up and is never timed); "
+            "give more --max_steps than --logging_steps."
+        )
     speed = fp16["samples_per_sec"] / base["samples_per_sec"]
     memory = fp16["peak_memory_gib"] / base["peak_memory_gib"]
     accuracy = 100 * (fp16["accuracy"] - base["accuracy"])
-    where = f"on this {base['device']}"
+    steps = max(fp16["curves"].get(tags.TRAIN_LOSS, {1: 0}))
+    skipped = fp16["skipped_steps"] if fp16["skipped_steps"] > 0.05 * steps else 0
     if speed >= 1.1:
         text = (
             f"{where} fp16 is {speed:.2f}x the speed of fp32 with {memory:.2f}x the peak memory and an accuracy "
             f"change of {accuracy:+.1f} points: use --amp here."
         )
-    elif speed < 0.9:
-        better = "--mixed_precision no"
-        if "bf16" in runs:
-            bf16_speed = runs["bf16"]["samples_per_sec"] / base["samples_per_sec"]
-            better += f" or bf16 ({bf16_speed:.2f}x fp32)" if bf16_speed > 1 else ""
-        text = f"{where} fp16 is {speed:.2f}x the speed of fp32: use {better} here."
     else:
-        text = (
-            f"{where} fp16 runs at about the speed of fp32 ({speed:.2f}x) with {memory:.2f}x the peak memory; "
-            "use --amp only if the memory matters."
-        )
-    if fp16["skipped_steps"] and fp16["skipped_steps"] > 0.05 * max(fp16["curves"].get(tags.TRAIN_LOSS, {1: 0})):
-        text += f" Note: the scaler skipped {fp16['skipped_steps']:.0f} steps; watch amp/loss_scale."
+        if speed < 0.9:
+            better = "--mixed_precision no"
+            if "bf16" in runs and runs["bf16"]["timed_intervals"]:
+                bf16_speed = runs["bf16"]["samples_per_sec"] / base["samples_per_sec"]
+                better += f" or bf16 ({bf16_speed:.2f}x fp32)" if bf16_speed > 1 else ""
+            elif native["bf16"]:
+                better += f" or try bf16 (this device has {native['bf16']}: --with_bf16 measures it)"
+            text = f"{where} fp16 is {speed:.2f}x the speed of fp32: use {better} here."
+        else:
+            text = (
+                f"{where} fp16 runs at about the speed of fp32 ({speed:.2f}x) with {memory:.2f}x the peak memory; "
+                "use --amp only if the memory matters."
+            )
+        text += f" Likely cause: {likely_cause(native, skipped)}."
+    if skipped:
+        text += f" Note: the scaler skipped {skipped:.0f} steps; watch amp/loss_scale."
+    if fp16["preflight"] and fp16["preflight"].lstrip().startswith("warning"):
+        text += " The fp16 pre-flight warned before step 1 (see below)."
     if accuracy < -1:
         text += f" Accuracy fell by {-accuracy:.1f} points with fp16."
     return text
+
+
+def likely_cause(native: dict[str, str | None], skipped: float) -> str:
+    if skipped:
+        return f"the loss scaler skipped {skipped:.0f} steps, so fewer updates did the work"
+    if not native["fp16"]:
+        return "this device has no native fp16 matmuls (no tensor cores, AVX512-FP16 or AMX-FP16), so fp16 is emulated"
+    return (
+        "the model or batch is too small for matmuls to dominate a step: casts, the loss scaler and the optimizer "
+        "cost the same in both runs"
+    )
 
 
 def plot(runs: dict[str, dict], path: Path) -> None:
@@ -129,26 +191,35 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_report(runs: dict[str, dict], command: list[str], path: Path) -> str:
+def _timed(run: dict, text: str) -> str:
+    return text if run["timed_intervals"] else "not enough steps"
+
+
+def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: str) -> str:
     base = runs["no"]
+    native = native_matmuls(base["gpu"])
     rows = {
-        "samples/s": lambda r: f"{r['samples_per_sec']:.2f}",
-        "speed-up vs fp32": lambda r: f"{r['samples_per_sec'] / base['samples_per_sec']:.2f}x",
+        "samples/s": lambda r: _timed(r, f"{r['samples_per_sec']:.2f}"),
+        "speed-up vs fp32": lambda r: _timed(base, _timed(r, f"{r['samples_per_sec'] / base['samples_per_sec']:.2f}x")),
+        "timed log intervals": lambda r: f"{r['timed_intervals']}",
         f"peak memory (GiB, {base['memory_kind']})": lambda r: f"{r['peak_memory_gib']:.3f}",
         "peak-memory ratio vs fp32": lambda r: f"{r['peak_memory_gib'] / base['peak_memory_gib']:.2f}x",
         "final eval/accuracy": lambda r: f"{r['accuracy']:.4f}",
         "eval-accuracy delta vs fp32 (points)": lambda r: f"{100 * (r['accuracy'] - base['accuracy']):+.2f}",
         "final eval/f1": lambda r: f"{r['f1']:.4f}",
-        "largest train/loss deviation vs fp32": lambda r: (
-            f"{largest_deviation(base['curves'].get(tags.TRAIN_LOSS, {}), r['curves'].get(tags.TRAIN_LOSS, {})):.2e}"
-        ),
+        "final eval/loss": lambda r: f"{r['eval_loss']:.4f}",
+        "largest train/loss deviation vs fp32": lambda r: _deviation(base, r),
+        "padding fraction": lambda r: f"{r['padding_fraction']:.3f}",
         "skipped steps": lambda r: f"{r['skipped_steps']:.0f}",
         "final loss scale": lambda r: f"{r['loss_scale']:g}",
     }
     modes = list(runs)
     table = [f"| | {' | '.join('fp32' if m == 'no' else m for m in modes)} |", "|---|" + "---|" * len(modes)]
     table += [f"| {name} | {' | '.join(cell(runs[m]) for m in modes)} |" for name, cell in rows.items()]
-    said = verdict(runs)
+    said = verdict(runs, native)
+    where = "GPU" if base["gpu"] else "CPU"
+    hardware = ", ".join(f"{mode}: {native[mode] or 'no (emulated)'}" for mode in ("fp16", "bf16"))
+    preflight = runs["fp16"]["preflight"] or "not run (--skip_amp_preflight, or an older app)"
     path.write_text(
         "\n".join(
             [
@@ -156,11 +227,18 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path) -> str:
                 "",
                 f"Device: {base['device']}",
                 "",
+                f"Native low-precision matmuls on this {where}: {hardware}",
+                "",
+                f"Padding: every run pads to a multiple of {pad_to} (`--pad_to_multiple_of {pad_to}`), so all runs "
+                "see the same batch shapes and dropout masks; they differ in precision only.",
+                "",
                 f"Command (each run adds `--mixed_precision <mode>`): `{shlex.join(command)}`",
                 "",
                 *table,
                 "",
                 "Throughput is the mean of perf/samples_per_sec (warm-up and evaluation excluded).",
+                "",
+                f"fp16 pre-flight: {preflight}",
                 "",
                 f"**Verdict:** {said}",
                 "",
@@ -186,6 +264,9 @@ def main() -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     logdir = Path(train_flags[train_flags.index("--logdir") + 1]) if "--logdir" in train_flags else Path("runs")
     launcher = shlex.split(args.launcher) if args.launcher else default_launcher()
+    if "--pad_to_multiple_of" not in train_flags:
+        train_flags += ["--pad_to_multiple_of", str(DEFAULT_PAD)]  # once, for every run: same batches, same masks
+    pad_to = train_flags[train_flags.index("--pad_to_multiple_of") + 1]
     command = [*launcher, str(ROOT / "app" / "train.py"), *train_flags]
 
     runs, failed = {}, []
@@ -211,7 +292,7 @@ def main() -> int:
         print(f"error: no comparison: the runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     plot(runs, report_dir / "comparison.png")
-    said = write_report(runs, command, report_dir / "report.md")
+    said = write_report(runs, command, report_dir / "report.md", pad_to)
     print(f"\n{said}\nreport: {report_dir / 'report.md'}" + (f"\nfailed runs: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

@@ -68,6 +68,8 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ),
         ("wrong flag type", ["--per_device_train_batch_size", "two"], {}, "invalid int value: 'two'"),
         ("batch size 0", ["--per_device_train_batch_size", "0"], {}, "--per_device_train_batch_size must be 1 or more"),
+        ("padding to 0", ["--pad_to_multiple_of", "0"], {}, "--pad_to_multiple_of must be 1 or more"),
+        ("unknown fallback", ["--on_scale_collapse", "retry"], {}, "invalid choice: 'retry'"),
         ("missing model", ["--model_name_or_path", ws / "no_such_model"], {}, "no_such_model: no such folder"),
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
         (

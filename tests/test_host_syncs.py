@@ -27,6 +27,7 @@ ALLOWED = {
     ("sampler.py", "__iter__"),  # the shuffle's randperm, made on the host
     ("dataloader.py", "__init__"),  # a DataLoader iterator's base seed, drawn from its own host generator
     ("precision.py", "read"),  # OverflowFlag.read: a host buffer that a non-blocking copy filled a step earlier
+    ("diagnose.py", "read"),  # the fp16 pre-flight's one read, once, before step 1 (and the alarm's replay)
     # transformers' own BERT forward checks padding_mask.all() to skip the SDPA mask: the model's read, not the loop's
     ("masking_utils.py", "_ignore_bidirectional_mask_sdpa"),
 }

@@ -49,7 +49,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
         "--logging_steps",
         "2",
         "--max_length",
-        "64",
+        "60",  # not a multiple of 8: without one padding for both runs, fp16's batches would be longer
         "--disable_tqdm",
     )
     assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16"}
@@ -64,6 +64,11 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
     ):
         assert field in report, field
     assert "| final loss scale | 1 | 65536 |" in report
+    # A controlled comparison: one padding for both runs, so the same batches and padding fraction.
+    assert "`--pad_to_multiple_of 8`" in report
+    padding = next(row for row in report.splitlines() if row.startswith("| padding fraction |")).split("|")[2:4]
+    assert padding[0] == padding[1], padding
+    assert "fp16 pre-flight: amp pre-flight: clean" in report and "Native low-precision matmuls on this CPU" in report
     assert (tmp_path / "report" / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "report:" in result.stdout
 

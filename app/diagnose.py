@@ -1,0 +1,209 @@
+"""fp16 diagnostics: the pre-flight check before step 1, and the overflow report that replays an offending batch.
+
+Both watch every module through hooks for as long as one pass takes, then remove them, and leave no trace in the
+training: the global RNG streams (dropout draws from them), the loader's sampler, the weights and the gradients are
+put back as they were, so a run with a check is bitwise the run without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+import torch
+from accelerate.utils import send_to_device
+
+from app import precision, tags
+from app.model import load_model_config
+from app.runtime import backend_name
+
+FP16_MAX = torch.finfo(torch.float16).max  # 65504
+PREFLIGHT_LIMIT = FP16_MAX / 2  # above half the range, the next layer's sum or a larger batch may overflow
+
+
+@contextlib.contextmanager
+def rng_untouched():
+    """Everything inside may draw random numbers; afterwards the global streams are as they were."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
+def _largest(value) -> torch.Tensor | None:
+    """max |x| over the floating-point tensors in a module's output (a tensor, a tuple or a ModelOutput)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().abs().amax().float() if value.is_floating_point() and value.numel() else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    found = [m for m in (_largest(v) for v in items) if m is not None]
+    return torch.stack(found).amax() if found else None
+
+
+def _too_large(value: float) -> bool:
+    return not value < PREFLIGHT_LIMIT  # NaN compares False: caught too
+
+
+class ModuleWatch:
+    """Forward hooks on every named module: each output's max |x| in execution order, and optionally its gradient's."""
+
+    def __init__(self, model: torch.nn.Module, gradients: bool = False):
+        self.forward: dict[str, torch.Tensor] = {}  # kept on the device until the pass ends: no sync per module
+        self.backward: dict[str, torch.Tensor] = {}
+        self.dtypes: dict[str, torch.dtype] = {}
+        self._gradients = gradients
+        self._handles = [
+            module.register_forward_hook(self._hook(name)) for name, module in model.named_modules() if name
+        ]
+
+    def _hook(self, name: str):
+        def record(module, inputs, output):
+            largest = _largest(output)
+            if largest is None or name in self.forward:
+                return
+            self.forward[name] = largest
+            tensor = output if isinstance(output, torch.Tensor) else None
+            if tensor is None and isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+                tensor = output[0]
+            if tensor is not None:
+                self.dtypes[name] = tensor.dtype
+                if self._gradients and tensor.requires_grad:
+                    tensor.register_hook(self._gradient_hook(name))
+
+        return record
+
+    def _gradient_hook(self, name: str):
+        def record(grad: torch.Tensor) -> None:  # returns None: the gradient flows on unchanged
+            self.backward.setdefault(name, grad.detach().abs().amax().float())
+
+        return record
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def read(self, values: dict[str, torch.Tensor]) -> list[tuple[str, float]]:
+        if not values:
+            return []
+        host = torch.stack(list(values.values())).tolist()  # host sync: once, after the pass
+        return list(zip(values, host))
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.") if dtype else "its dtype"
+
+
+def first_training_batch(run) -> dict:
+    """This rank's first batch of the run's first epoch, built from the dataset: the loader's own state is untouched."""
+    loader = run.train_loader
+    sampler = loader.get_sampler()
+    generator = getattr(sampler, "generator", None)
+    saved = generator.get_state() if generator is not None else None
+    indices = next(iter(loader.batch_sampler))  # the seedable sampler reseeds from (seed, epoch) on each pass
+    if generator is not None:
+        generator.set_state(saved)
+    batch = loader.collate_fn([loader.dataset[i] for i in indices])
+    return send_to_device(dict(batch), run.accelerator.device)
+
+
+def bf16_available(device_type: str) -> bool:
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and precision.cpu_has_native_bf16()  # through the module: tests swap the probe
+
+
+def stored_in_bf16(model_path: str) -> bool:
+    config = load_model_config(model_path)
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(stored).removeprefix("torch.") == "bfloat16"
+
+
+def preflight(run) -> None:
+    """Before the first fp16 step: warn if the model was stored in bf16, and run one hooked forward pass of the first
+    batch that names the first modules whose output exceeds half of fp16's range. Main process; fp16 only."""
+    policy, accelerator = run.policy, run.accelerator
+    if policy.mode != "fp16" or not accelerator.is_main_process:
+        return
+    if backend_name(accelerator).startswith("FSDP"):  # a sharded forward on one rank would wait for the others
+        accelerator.print("amp pre-flight: skipped under FSDP (each rank holds a shard of the weights)")
+        return
+    started = time.perf_counter()
+    lines = []
+    if stored_in_bf16(run.inputs.model_path):
+        offer = (
+            "this device has bf16: try --mixed_precision bf16"
+            if bf16_available(policy.device_type)
+            else "this device has no native bf16: --mixed_precision no is the safe choice"
+        )
+        lines.append(
+            f"warning: the model config says its weights were stored in bfloat16; activations trained in bf16 often "
+            f"exceed fp16's range (max {FP16_MAX:g}); {offer}"
+        )
+    model = accelerator.unwrap_model(run.model)  # no DDP hooks: this pass is this rank's alone
+    was_training = model.training
+    watch = ModuleWatch(model)
+    try:
+        with rng_untouched(), torch.no_grad(), policy.autocast():
+            model.eval()  # no dropout: the check sees the weights, not a random mask
+            model(**first_training_batch(run))
+    finally:
+        watch.remove()
+        model.train(was_training)
+    found = [(name, value) for name, value in watch.read(watch.forward) if _too_large(value)]
+    seconds = time.perf_counter() - started
+    if found:
+        named = ", ".join(f"{name} (max |x| = {value:.4g})" for name, value in found[:3])
+        lines.append(
+            f"warning: amp pre-flight: {len(found)} module output(s) of the first batch exceed half of fp16's range "
+            f"({PREFLIGHT_LIMIT:g}) or are not finite; first in execution order: {named}. Expect loss-scale skips; "
+            f"consider --mixed_precision bf16 or no ({seconds:.2f} s)"
+        )
+    else:
+        largest = max((value for _, value in watch.read(watch.forward)), default=0.0)
+        lines.append(
+            f"amp pre-flight: clean, largest module output {largest:.4g} < {PREFLIGHT_LIMIT:g} ({seconds:.2f} s)"
+        )
+    for line in lines:
+        accelerator.print(line)
+    run.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
+
+
+def overflow_report(run, batch: dict | None) -> str:
+    """Replay `batch` forward and backward under the run's autocast and loss scale; name the first module whose output
+    or gradient is not finite or beyond fp16's range. Weights, gradients and RNG streams are left as they were."""
+    if batch is None:
+        return "overflow report: no batch to replay"
+    model = run.accelerator.unwrap_model(run.model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    saved_grads = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    watch = ModuleWatch(model, gradients=True)
+    try:
+        with rng_untouched(), run.accelerator.no_sync(run.model):
+            with run.policy.autocast():
+                loss = model(**batch).loss
+            (loss.float() * run.scaler.get_scale()).backward()  # the scale the failing step used: same gradients
+    finally:
+        watch.remove()
+        for p, grad in zip(params, saved_grads):
+            p.grad = grad
+    for kind, values in (("forward output", watch.forward), ("gradient", watch.backward)):
+        for name, value in watch.read(values):
+            if not value <= FP16_MAX:
+                shown = "inf" if value == float("inf") else f"{value:.4g}"
+                dtype = _dtype_name(watch.dtypes.get(name))
+                return f"first overflow: {name} ({kind}, max |x| = {shown} in {dtype})"
+    return "overflow report: the replayed batch stays within fp16's range (the overflow came from another batch)"
+
+
+def report_overflow(run, batch: dict | None, step: int) -> None:
+    """The overflow report, on stderr and as TensorBoard text. Every rank replays its own batch; the main one says."""
+    line = overflow_report(run, batch)
+    if run.accelerator.is_main_process:
+        print(line, file=sys.stderr, flush=True)
+    run.telemetry.writer.text(tags.AMP_OVERFLOW_REPORT, line, step)

@@ -1,0 +1,109 @@
+"""scripts/compare_amp.py: the verdict's branches on synthetic runs, and a comparison that differs in precision only
+(same batch shapes, same dropout masks). The end-to-end run of the script is in test_scripts.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+import torch
+
+from app import tags
+from tests import harness
+from tests.conftest import ROOT, run_app
+
+spec = importlib.util.spec_from_file_location("compare_amp", ROOT / "scripts" / "compare_amp.py")
+compare_amp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compare_amp)
+
+NO_NATIVE = {"fp16": None, "bf16": None}
+NATIVE_BF16 = {"fp16": None, "bf16": "AVX512-BF16"}
+TENSOR_CORES = {"fp16": "tensor cores (sm_80)", "bf16": "tensor cores (sm_80)"}
+
+
+def synthetic(samples_per_sec: float, timed: int = 3, skipped: float = 0, accuracy: float = 0.8, steps: int = 20):
+    return {
+        "curves": {tags.TRAIN_LOSS: {s: 0.5 for s in range(1, steps + 1)}},
+        "device": "cpu",
+        "gpu": False,
+        "timed_intervals": timed,
+        "samples_per_sec": samples_per_sec if timed else float("nan"),
+        "padding_fraction": 0.3,
+        "preflight": None,
+        "peak_memory_gib": 1.0,
+        "memory_kind": "CPU RSS",
+        "accuracy": accuracy,
+        "f1": 0.7,
+        "eval_loss": 0.5,
+        "skipped_steps": skipped,
+        "loss_scale": 65536.0,
+    }
+
+
+def test_verdict_fp16_faster_says_use_amp():
+    said = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(20)}, TENSOR_CORES)
+    assert "fp16 is 2.00x the speed of fp32" in said and "use --amp here" in said and "Likely cause" not in said
+
+
+def test_verdict_fp16_slower_without_native_fp16_names_the_emulation():
+    said = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(5)}, NO_NATIVE)
+    assert "fp16 is 0.50x the speed of fp32: use --mixed_precision no here." in said
+    assert "Likely cause: this device has no native fp16 matmuls" in said
+    assert "bf16" not in said  # neither measured nor native here: not offered
+
+
+def test_verdict_offers_bf16_measured_or_native():
+    measured = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(5), "bf16": synthetic(13)}, NATIVE_BF16)
+    assert "use --mixed_precision no or bf16 (1.30x fp32) here" in measured
+    slower_bf16 = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(5), "bf16": synthetic(9)}, NATIVE_BF16)
+    assert "use --mixed_precision no here" in slower_bf16
+    native = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(5)}, NATIVE_BF16)
+    assert "or try bf16 (this device has AVX512-BF16: --with_bf16 measures it)" in native
+
+
+def test_verdict_blames_skipped_steps_before_the_hardware():
+    said = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(5, skipped=6)}, TENSOR_CORES)
+    assert "Likely cause: the loss scaler skipped 6 steps" in said and "Note: the scaler skipped 6 steps" in said
+
+
+def test_verdict_same_speed_on_native_fp16_names_the_small_model():
+    said = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(10.5)}, TENSOR_CORES)
+    assert "about the speed of fp32 (1.05x)" in said and "Likely cause: the model or batch is too small" in said
+
+
+@pytest.mark.parametrize("short", ["no", "fp16"])
+def test_a_short_run_is_reported_in_words_never_nan(tmp_path, short):
+    runs = {"no": synthetic(10), "fp16": synthetic(5)}
+    runs[short] = synthetic(0, timed=0)
+    said = compare_amp.write_report(runs, ["python", "app/train.py"], tmp_path / "report.md", "8")
+    report = (tmp_path / "report.md").read_text()
+    assert said.startswith("not enough steps to judge on this cpu") and "nan" not in said
+    assert "nan" not in report.lower() and "| samples/s |" in report and "not enough steps" in report
+
+
+def test_every_precision_sees_the_same_batch_shapes(tiny_model_dir, review_files):
+    # 24, not 8: the harness truncates to 64 tokens, a multiple of 8, so padding to 8 would change no shape here.
+    shapes = {}
+    for precision in ("no", "fp16", "bf16"):
+        run = harness.build_run(tiny_model_dir, review_files, mixed_precision=precision, pad_to_multiple_of=24)
+        shapes[precision] = [tuple(batch["input_ids"].shape) for batch in run.train_loader]
+        run.close()
+    assert shapes["no"] == shapes["fp16"] == shapes["bf16"]
+    assert all(length % 24 == 0 for _, length in shapes["no"])
+    unpadded = harness.build_run(tiny_model_dir, review_files, mixed_precision="no")
+    assert [tuple(batch["input_ids"].shape) for batch in unpadded.train_loader] != shapes["no"]  # the flag acts
+    unpadded.close()
+
+
+def test_two_fp32_runs_of_a_comparison_deviate_by_zero(quick_args, tmp_path):
+    curves = []
+    for name in ("a", "b"):
+        args = list(quick_args)
+        args[args.index("--run_name") + 1] = name
+        args[args.index("--output_dir") + 1] = str(tmp_path / name)
+        assert run_app([*args, "--mixed_precision", "no", "--pad_to_multiple_of", "8", "--max_steps", "4"]) == 0
+        curves.append(compare_amp.read_run(tmp_path / "runs" / name)["curves"][tags.TRAIN_LOSS])
+    assert sorted(curves[0]) == [1, 2, 3, 4] and all(math.isfinite(v) for v in curves[0].values())
+    assert compare_amp.largest_deviation(*curves) == 0.0
+    assert torch.tensor(list(curves[0].values())).std() > 0  # real, changing losses, not a constant

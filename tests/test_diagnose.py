@@ -1,0 +1,201 @@
+"""fp16 diagnostics (app/diagnose.py, app/fallback.py) on real tiny models: one whose fp16 output overflows in a named
+Linear, one healthy, one whose config says bf16. Every test forces the bf16 probe it depends on, never reads it."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import app.precision
+from app import diagnose, fallback, loop, tags
+from app.errors import TrainingHalted
+from tests import harness, tb
+from tests.conftest import run_app, save_tiny_bert
+
+OVERFLOWING = "encoder.layer.1.intermediate.dense"  # in the saved BertModel; "bert." in the classifier built from it
+
+
+@pytest.fixture(scope="session")
+def overflow_model_dir(tmp_path_factory) -> Path:
+    """A tiny BERT whose layer-1 intermediate Linear outputs ~1e5: beyond fp16 (65504), harmless in fp32 and bf16."""
+    from transformers import BertModel
+
+    path = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-overflow"), dropout=0.1)
+    model = BertModel.from_pretrained(path)
+    with torch.no_grad():
+        model.get_submodule(OVERFLOWING).weight.mul_(1e6)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def bf16_config_model_dir(tmp_path_factory) -> Path:
+    path = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-bf16-config"), dropout=0.1)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+    return path
+
+
+def with_model(quick_args: list[str], model_dir: Path) -> list[str]:
+    args = list(quick_args)
+    args[args.index("--model_name_or_path") + 1] = str(model_dir)
+    return args
+
+
+def all_texts(run_dir: Path, tag: str) -> list[str]:
+    events = tb.load(run_dir)
+    return [e.tensor_proto.string_val[0].decode() for e in events.Tensors(f"{tag}/text_summary")]
+
+
+def test_preflight_and_overflow_report_name_the_overflowing_linear(
+    quick_args, overflow_model_dir, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: False)
+    args = with_model(quick_args, overflow_model_dir)
+    code = run_app([*args, "--amp", "--max_steps", "6", "--max_consecutive_skips", "2", "--eval_steps", "0"])
+    out, err = capsys.readouterr()
+    assert code == 3
+    preflight = next(line for line in out.splitlines() if "amp pre-flight" in line)
+    assert f"first in execution order: bert.{OVERFLOWING} (max |x| = inf)" in preflight
+    report = f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
+    assert report in err
+    run_dir = tmp_path / "runs" / "test"
+    assert f"bert.{OVERFLOWING}" in all_texts(run_dir, tags.AMP_PREFLIGHT)[0]
+    assert all_texts(run_dir, tags.AMP_OVERFLOW_REPORT) == [report]
+
+
+def test_healthy_preflight_says_one_clean_line_and_leaves_no_trace(tiny_model_dir, review_files, capsys):
+    final = {}
+    for skip in (False, True):
+        run = harness.build_run(tiny_model_dir, review_files, amp=True, max_steps=3, skip_amp_preflight=skip)
+        harness.train(run)
+        final[skip] = {k: v.clone() for k, v in run.model.state_dict().items()}
+        lines = [line for line in capsys.readouterr().out.splitlines() if "pre-flight" in line]
+        if skip:
+            assert lines == []
+        else:
+            assert len(lines) == 1 and lines[0].startswith("amp pre-flight: clean, largest module output"), lines
+    assert final[False].keys() == final[True].keys()
+    for name in final[False]:
+        assert torch.equal(final[False][name], final[True][name]), name
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_preflight_warns_about_a_model_stored_in_bf16(quick_args, bf16_config_model_dir, capsys, monkeypatch, has_bf16):
+    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: has_bf16)
+    assert run_app([*with_model(quick_args, bf16_config_model_dir), "--amp", "--max_steps", "1"]) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "stored in bfloat16" in line]
+    assert len(warnings) == 1
+    offer = "this device has bf16: try --mixed_precision bf16"
+    assert (offer in warnings[0]) == has_bf16, warnings[0]
+    assert ("has no native bf16" in warnings[0]) != has_bf16, warnings[0]
+
+
+def test_overflow_replay_leaves_weights_grads_and_rng_unchanged(overflow_model_dir, review_files):
+    run = harness.build_run(overflow_model_dir, review_files, amp=True, max_steps=2, skip_amp_preflight=True)
+    loop.train(run)
+    model = run.model
+    model.train()  # replayed as in training: dropout draws from the global RNG
+    batch = diagnose.first_training_batch(run)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)  # gradients of a step in progress must survive the replay
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    grads = [p.grad.clone() for p in model.parameters()]
+    rng = torch.get_rng_state()
+    optimizer_state = {k: {n: t.clone() for n, t in s.items()} for k, s in run.optimizer.optimizer.state.items()}
+
+    line = diagnose.overflow_report(run, batch)
+    run.close()
+
+    assert line == f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
+    assert torch.equal(torch.get_rng_state(), rng)
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, weights[name]), name
+    for p, grad in zip(model.parameters(), grads):
+        assert torch.equal(p.grad, grad)
+    for key, saved in optimizer_state.items():
+        for name, value in saved.items():
+            assert torch.equal(run.optimizer.optimizer.state[key][name], value)
+
+
+@pytest.mark.parametrize("has_bf16, target", [(True, "bf16"), (False, "no")])
+def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
+    quick_args, overflow_model_dir, tmp_path, capsys, monkeypatch, has_bf16, target
+):
+    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: has_bf16)
+    label = "fp32" if target == "no" else target
+    args = [*with_model(quick_args, overflow_model_dir), "--amp", "--max_consecutive_skips", "2", "--eval_steps", "0"]
+    args += ["--on_scale_collapse", "fallback", "--save_steps", "5"]
+    assert run_app([*args, "--max_steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "fallback at optimizer step 3, on the loss-scale alarm: going back to step-0 (optimizer step 0) and "
+        f"carrying on in {label}"
+    ) in out
+    run_dir = tmp_path / "runs" / "test"
+    losses = tb.scalars(run_dir)[tags.TRAIN_LOSS]  # steps 1-3 were logged twice: the later, fallback values win
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(v) for v in losses.values()), losses
+    precision = all_texts(run_dir, tags.RUN_PRECISION)
+    assert len(precision) == 2 and precision[0].startswith("precision: fp16 autocast")
+    assert "until step 3; then" in precision[1] and "from --on_scale_collapse fallback" in precision[1]
+    assert f"carrying on in {label}" in all_texts(run_dir, tags.AMP_FALLBACK)[0]
+    saved = json.loads((tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").read_text())
+    assert saved["precision"] == target and saved["fallback"] == {"from": "fp16", "at_step": 3}
+
+    # Asked for fp16 again, the resume continues in the fallback precision and says so.
+    assert run_app([*args, "--max_steps", "6", "--resume_from_checkpoint", "latest"]) == 0
+    out = capsys.readouterr().out
+    assert f"note: resuming in {label}, not fp16: this run fell back from fp16 at optimizer step 3" in out
+    assert out.startswith(f"precision: {target + ' autocast' if target == 'bf16' else 'fp32, no autocast,'} on cpu")
+    assert "loss-scale alarm" not in out and "loss scaling toggled" not in out  # saved with the disabled scaler
+    assert json.loads((tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").read_text())["fallback"]
+
+
+def test_a_second_alarm_after_the_fallback_stops_with_exit_3(overflow_model_dir, review_files):
+    run = harness.build_run(overflow_model_dir, review_files, amp=True, max_steps=1, skip_amp_preflight=True)
+    run.policy = replace(run.policy, mode="bf16", source=fallback.SOURCE)
+    with pytest.raises(TrainingHalted) as halted:
+        fallback.fall_back(run, 7)
+    run.close()
+    assert halted.value.exit_code == 3 and "after the fallback to bf16" in str(halted.value)
+
+
+def test_overflow_report_names_the_first_gradient_to_overflow(tiny_model_dir, review_files):
+    # A healthy forward pass, but a loss scale no fp16 gradient survives: the backward pass overflows first at the end.
+    run = harness.build_run(tiny_model_dir, review_files, amp=True, init_loss_scale=1e30, max_steps=1)
+    line = diagnose.overflow_report(run, diagnose.first_training_batch(run))
+    run.close()
+    assert line == "first overflow: classifier (gradient, max |x| = inf in float16)"
+
+
+def test_the_preflight_checks_the_loops_first_batch(tiny_model_dir, review_files):
+    run = harness.build_run(tiny_model_dir, review_files, amp=True, max_steps=1)
+    checked = diagnose.first_training_batch(run)
+    run.train_loader.set_epoch(0)  # as the loop starts its first epoch
+    trained = next(iter(run.train_loader))
+    run.close()
+    assert checked.keys() == trained.keys()
+    for key in checked:
+        assert torch.equal(checked[key], trained[key]), key
+
+
+def test_preflight_flags_a_nan_output(tmp_path, review_files, capsys):
+    # NaN compares False with everything: a check written as `value > limit` would let it through.
+    from transformers import BertModel
+
+    path = save_tiny_bert(tmp_path / "nan-bert", dropout=0.1)
+    model = BertModel.from_pretrained(path)
+    with torch.no_grad():
+        model.get_submodule(OVERFLOWING).weight[0, 0] = float("nan")
+    model.save_pretrained(path)
+    run = harness.build_run(path, review_files, amp=True, max_steps=1)
+    capsys.readouterr()
+    diagnose.preflight(run)
+    run.close()
+    line = capsys.readouterr().out.strip()
+    assert f"first in execution order: bert.{OVERFLOWING} (max |x| = nan)" in line, line
