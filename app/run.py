@@ -116,7 +116,9 @@ def build_run(
     inputs = inputs or load_inputs(cfg, accelerator)
     paths = paths or RunPaths("run", Path(tempfile.mkdtemp(prefix="run-")), Path(tempfile.mkdtemp(prefix="runs-")))
     stop = stop or StopRequest(accelerator.num_processes)
-    train_loader, eval_loader = data.make_loaders(inputs.tokenized, inputs.tokenizer, cfg, policy.pad_to_multiple_of)
+    train_loader, eval_loader = data.make_loaders(
+        inputs.tokenized, inputs.tokenizer, cfg, policy.pad_to_multiple_of, accelerator.num_processes
+    )
     model = model or load_model(inputs.model_path, inputs.labels.id2label)
     if cfg.torch_compile:
         # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
