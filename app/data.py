@@ -262,7 +262,9 @@ def tokenize(
         return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
 
 
-def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None, num_processes=1):
+def make_loaders(
+    tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None, num_processes: int = 1
+):
     """Dynamically padded batches: training ones shuffled (length-grouped by default), evaluation ones in length order.
 
     The training loader has its own generator, which keeps DataLoader iteration from drawing on the global RNG that
