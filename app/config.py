@@ -118,12 +118,17 @@ class TrainConfig:
     torch_compile: bool = _help(
         "Compile the model with torch.compile; autocast and the scaler stay eager.", default=False
     )
+    train_sampling_strategy: Literal["group_by_length", "random"] = _help(
+        "Training batch order. group_by_length: shuffled batches of examples of similar length, so dynamic padding "
+        "pads little (as HF Trainer's group_by_length); random: plain shuffled examples.",
+        default="group_by_length",
+    )
 
     # ---- logging, evaluation and outputs --------------------------------------------------------------------------
     logging_steps: int = _help(
         "Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10
     )
-    eval_steps: int = _help("Evaluate every N optimizer steps (0: only at the end).", default=100)
+    eval_steps: int = _help("Evaluate every N optimizer steps (0: only at the end, as HF Trainer).", default=0)
     output_dir: Optional[str] = _help(
         "Where the final model and checkpoints go. Default: outputs/<run_name>.", default=None
     )

@@ -24,6 +24,7 @@ from transformers import DataCollatorWithPadding
 from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
 from app.runtime import pinned_batches
+from app.sampling import LengthGroupedSampler, length_order, token_counts
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
 
@@ -274,23 +275,34 @@ def tokenize(
         return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
 
 
-def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None):
-    """Dynamically padded batches; the training loader shuffles with its own generator.
+def make_loaders(
+    tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None, num_processes: int = 1
+):
+    """Dynamically padded batches: training ones shuffled (length-grouped by default), evaluation ones in length order.
 
-    Its own generator keeps DataLoader iteration from drawing on the global RNG that dropout uses, so a resumed run
-    sees the same dropout masks as an uninterrupted one.
+    The training loader has its own generator, which keeps DataLoader iteration from drawing on the global RNG that
+    dropout uses, so a resumed run sees the same dropout masks as an uninterrupted one.
     """
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     pin = pinned_batches()
+    if cfg.train_sampling_strategy == "group_by_length":
+        lengths = token_counts(tokenized["train"])
+        order = {"sampler": LengthGroupedSampler(lengths, cfg.per_device_train_batch_size, num_processes, cfg.seed)}
+    else:  # Accelerate swaps in its seedable sampler for this one (runtime.build_accelerator)
+        order = {"shuffle": True}
     train_loader = DataLoader(
         tokenized["train"],
         batch_size=cfg.per_device_train_batch_size,
-        shuffle=True,
+        **order,
         collate_fn=collate,
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=pin,
     )
     eval_loader = DataLoader(
-        tokenized["validation"], batch_size=cfg.per_device_eval_batch_size, collate_fn=collate, pin_memory=pin
+        tokenized["validation"],
+        batch_size=cfg.per_device_eval_batch_size,
+        sampler=length_order(token_counts(tokenized["validation"])),
+        collate_fn=collate,
+        pin_memory=pin,
     )
     return train_loader, eval_loader

@@ -3,6 +3,7 @@
     python scripts/bench.py                          # embedded MiniLM, batch 16 x length 128, fp32, this device
     python scripts/bench.py --precision fp16 --json bench.json
     python scripts/bench.py --tiny --steps 3         # a tiny BERT: checks that it runs, says nothing about speed
+    python scripts/bench.py --job                    # the whole default job against HF Trainer (scripts/bench_job.py)
 
 All three train copies of the same model (same initial weights) on the same tokenized data, with the same batch size,
 collator, AdamW settings, clipping and precision:
@@ -95,6 +96,10 @@ def tiny_model_dir(folder: Path) -> str:
 
 
 def main() -> int:
+    if "--job" in sys.argv[1:]:  # the whole-job benchmark has its own flags and file
+        import bench_job
+
+        return bench_job.main([arg for arg in sys.argv[1:] if arg != "--job"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per implementation per round (>= 2)")
     parser.add_argument("--rounds", type=int, default=3)

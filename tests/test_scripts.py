@@ -112,6 +112,18 @@ def test_bench_tiny_writes_the_json_keys(tmp_path):
         assert abs(figures[ratio] - top / bottom) <= slack, (ratio, figures[ratio], top / bottom)
 
 
+def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path):
+    run_script(tmp_path, "bench.py", "--job", "--tiny", "--json", tmp_path / "job.json")
+    figures = json.loads((tmp_path / "job.json").read_text())
+    for key in ("app_wall_s", "hf_wall_s", "hf_grouped_wall_s"):
+        assert figures[key] > 0, key
+    for key in ("app_accuracy", "hf_accuracy", "hf_grouped_accuracy"):
+        assert 0 <= figures[key] <= 1, key
+    assert figures["app_vs_hf"] == round(figures["app_wall_s"] / figures["hf_wall_s"], 3)
+    assert figures["app_vs_hf_grouped"] == round(figures["app_wall_s"] / figures["hf_grouped_wall_s"], 3)
+    assert figures["precision"] in ("no", "fp16", "bf16")
+
+
 def test_gpu_check_dry_run_on_cpu(tmp_path):
     run_script(
         tmp_path,
