@@ -137,7 +137,8 @@ def fresh_accelerate_state():
 # rendezvous binds it. Within a worker tests run one at a time, so walking through the block never repeats a port.
 _PORT_BLOCK = 500
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-_ports = iter(range(20000 + int(_worker or 0) % 24 * _PORT_BLOCK + random.randrange(_PORT_BLOCK), 32768))
+_block_start, _offset = 20000 + int(_worker or 0) % 24 * _PORT_BLOCK, random.randrange(_PORT_BLOCK)
+_ports = (_block_start + (_offset + i) % _PORT_BLOCK for i in range(_PORT_BLOCK))  # a random start, then round
 
 
 @pytest.fixture
