@@ -91,13 +91,14 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
     )
 
     # ---- train, then save ---------------------------------------------------------------------------------------
-    accelerator.print("training: SIGTERM or Ctrl-C saves a checkpoint, then stops")  # the handlers are in place
     try:
         if signum := stop.agreed():  # it came while loading or tokenizing: nothing trained yet, a checkpoint to resume
             path = run.checkpoints.save(run.state)
             raise TrainingHalted(
                 f"stopped by signal {signum} before training started; resume from {path}", stop.exit_code(signum)
             )
+        # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
+        accelerator.print("training: SIGTERM or Ctrl-C saves a checkpoint, then stops")
         train(run)
         accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
         final = evaluate(accelerator, run.policy, run.model, run.eval_loader)

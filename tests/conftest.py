@@ -137,7 +137,8 @@ def fresh_accelerate_state():
 # rendezvous binds it. Within a worker tests run one at a time, so walking through the block never repeats a port.
 _PORT_BLOCK = 500
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-_ports = iter(range(20000 + int(_worker or 0) % 24 * _PORT_BLOCK + random.randrange(_PORT_BLOCK), 32768))
+_block_start, _offset = 20000 + int(_worker or 0) % 24 * _PORT_BLOCK, random.randrange(_PORT_BLOCK)
+_ports = (_block_start + (_offset + i) % _PORT_BLOCK for i in range(_PORT_BLOCK))  # a random start, then round
 
 
 @pytest.fixture
@@ -230,7 +231,7 @@ class LineWatch:
                 self.lines.append(line)
                 self._seen.notify_all()
 
-    def wait_for(self, prefix: str, timeout: float) -> None:
+    def wait_for(self, prefix: str, timeout: float = 180) -> None:
         """Return once a line starting with `prefix` was printed; fail at the deadline or if the child ends first."""
         deadline = time.monotonic() + timeout
         with self._seen:
@@ -240,10 +241,13 @@ class LineWatch:
                     raise AssertionError(f"no line starting {prefix!r} within {timeout} s:\n{self.output()[-2000:]}")
                 self._seen.wait(min(left, 1.0))
 
-    def finish(self, timeout: float) -> str:
+    def finish(self, timeout: float = 180) -> str:
         """Wait for the child to exit (and its output to be read); return everything it printed."""
-        self.process.wait(timeout=timeout)
-        self._reader.join(timeout=timeout)
+        try:
+            self.process.wait(timeout=timeout)
+        finally:
+            self.process.kill()  # a no-op once it has exited; no child outlives its test
+        self._reader.join(timeout=30)
         return self.output()
 
     def output(self) -> str:
