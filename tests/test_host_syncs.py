@@ -22,6 +22,8 @@ READS = ("item", "tolist", "__bool__", "__float__", "__int__")
 # Reads that happen while the app runs but are not the app's, with why they are no concern (file, function):
 ALLOWED = {
     ("sampler.py", "__iter__"),  # the shuffle's randperm, made on the host
+    ("sampling.py", "order"),  # the length-grouped order, made on the host once per epoch
+    ("sampling.py", "__iter__"),
     ("dataloader.py", "__init__"),  # a DataLoader iterator's base seed, drawn from its own host generator
     ("precision.py", "read"),  # OverflowFlag.read: a host buffer that a non-blocking copy filled a step earlier
     # transformers' own BERT forward checks padding_mask.all() to skip the SDPA mask: the model's read, not the loop's
