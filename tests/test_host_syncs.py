@@ -25,6 +25,8 @@ FUNCTIONS = ("equal", "nonzero")  # torch.equal, torch.nonzero
 # Reads that happen while the app runs but are not the app's, with why they are no concern (file, function):
 ALLOWED = {
     ("sampler.py", "__iter__"),  # the shuffle's randperm, made on the host
+    ("sampling.py", "order"),  # the length-grouped order, made on the host once per epoch
+    ("sampling.py", "__iter__"),
     ("dataloader.py", "__init__"),  # a DataLoader iterator's base seed, drawn from its own host generator
     ("precision.py", "read"),  # OverflowFlag.read: a host buffer that a non-blocking copy filled a step earlier
     ("diagnose.py", "read"),  # the fp16 pre-flight's one read, once, before step 1 (and the alarm's replay)
