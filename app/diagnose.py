@@ -15,7 +15,6 @@ import torch
 from accelerate.utils import send_to_device
 
 from app import precision, tags
-from app.model import load_model_config
 from app.runtime import backend_name
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
@@ -116,8 +115,7 @@ def bf16_available(device_type: str) -> bool:
     return device_type == "cpu" and precision.cpu_has_native_bf16()  # through the module: tests swap the probe
 
 
-def stored_in_bf16(model_path: str) -> bool:
-    config = load_model_config(model_path)
+def stored_in_bf16(config) -> bool:
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return str(stored).removeprefix("torch.") == "bfloat16"
 
@@ -133,7 +131,7 @@ def preflight(run) -> None:
         return
     started = time.perf_counter()
     lines = []
-    if stored_in_bf16(run.inputs.model_path):
+    if stored_in_bf16(run.inputs.model_config):
         offer = (
             "this device has bf16: try --mixed_precision bf16"
             if bf16_available(policy.device_type)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from datasets import DatasetDict
+from transformers import PretrainedConfig
 
 from app import data
 from app.checkpoint import Checkpoints, ResumePoint, ScalerCheckpoint
@@ -46,6 +47,7 @@ class Inputs:
     """The checked, tokenized data and what it takes to load the model for it."""
 
     model_path: str
+    model_config: PretrainedConfig  # as stored, before the weights load in fp32
     tokenizer: object
     labels: LabelSpace
     tokenized: DatasetDict  # "train" and "validation"
@@ -63,7 +65,7 @@ def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
     trained_head = model_config.id2label if has_trained_head(model_config) else None
     labels = data.infer_labels(raw, columns.label, trained_head)
     tokenized = data.tokenize(raw, tokenizer, columns, labels, cfg.max_length, accelerator)
-    return Inputs(model_path, tokenizer, labels, tokenized)
+    return Inputs(model_path, model_config, tokenizer, labels, tokenized)
 
 
 @dataclass

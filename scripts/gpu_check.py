@@ -71,7 +71,8 @@ def main() -> int:
     config = BertConfig(num_labels=2, max_position_embeddings=512, **size)  # BERT-base unless --tiny
     tokenizer = load_tokenizer(resolve_model_path(None))  # the embedded MiniLM's, the same 30,522-token vocabulary
     tokens = synthetic_tokens(config.vocab_size, args.batch_size * (args.warmup + 2 * args.steps + 4), args.seq_len)
-    inputs = Inputs("bert-base (from config)", tokenizer, LabelSpace(("0", "1"), string_labels=False), tokens)
+    labels = LabelSpace(("0", "1"), string_labels=False)
+    inputs = Inputs("bert-base (from config)", config, tokenizer, labels, tokens)
     total = 4 * (args.warmup + 2 * args.steps)
     cfg = replace(
         TrainConfig(),

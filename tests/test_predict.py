@@ -56,7 +56,8 @@ def predict(*args) -> int:
     return main([str(a) for a in args])
 
 
-def assert_predictions_match(output: pd.DataFrame, source: pd.DataFrame, model_dir) -> None:
+def assert_predictions_match(output: pd.DataFrame, source: pd.DataFrame, model_dir, order_shows: bool = True) -> None:
+    """`order_shows`: the rows are many enough that one out of place changes the probabilities measurably."""
     assert list(output.columns) == [*source.columns, "predicted_label", "probability"]
     assert list(output["text"]) == list(source["text"]), "the rows are not in the input's order"
     expected = reference(model_dir, list(source["text"]))
@@ -64,8 +65,8 @@ def assert_predictions_match(output: pd.DataFrame, source: pd.DataFrame, model_d
     assert list(output["predicted_label"]) == [id2label[i] for i in expected.argmax(-1).tolist()]
     got, want = torch.tensor(output["probability"].values), expected.max(-1).values.double()
     assert (got - want).abs().max() < 1e-6  # fp32, batched and padded vs one by one: measured 6e-8
-    # The tiny model's probabilities differ little from text to text; enough that one row out of place shows.
-    assert (got - want.roll(1)).abs().max() > 1e-5, "the probabilities cannot tell a shifted order apart"
+    if order_shows:  # the tiny model's probabilities differ little from text to text; over many rows enough to show
+        assert (got - want.roll(1)).abs().max() > 1e-5, "the probabilities cannot tell a shifted order apart"
 
 
 def test_predict_a_csv_keeps_its_rows_and_columns_and_names_the_labels(tmp_path, trained, review_files):
@@ -128,7 +129,8 @@ def test_texts_from_the_command_line_and_from_stdin(trained, capsys, monkeypatch
     texts = ["Great coffee, will buy again.", "Stale, bitter and overpriced."]
     assert predict(*texts, "--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm") == 0
     from_args = pd.read_csv(io.StringIO(capsys.readouterr().out))
-    assert_predictions_match(from_args, pd.DataFrame({"text": texts}), trained)
+    # Two texts may come out within 1e-6 of each other: the order is checked on many rows in the CSV tests.
+    assert_predictions_match(from_args, pd.DataFrame({"text": texts}), trained, order_shows=False)
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(texts) + "\n\n"))
     assert predict("--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm") == 0
     assert pd.read_csv(io.StringIO(capsys.readouterr().out)).equals(from_args)
