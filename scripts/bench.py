@@ -127,6 +127,9 @@ def main() -> int:
         save_steps=0,
         disable_tqdm=True,
         max_train_samples=2000,
+        # The same kind of batches as the bare loop and HF Trainer (random order): a step is compared with a step.
+        # What length-grouping saves shows in --job, where each side runs its own defaults.
+        train_sampling_strategy="random",
     )
     policy, _ = resolve_precision(False, args.precision, device_type(), launcher=None)
     accelerator = build_accelerator(cfg)
