@@ -6,8 +6,8 @@
 
 One after the other, each in its own subprocess, so that each pays its own start-up, loading, tokenizing, training
 and final evaluation:
-  app          `accelerate launch --num_processes 1 --num_cpu_threads_per_process <cores> app/train.py
-               --mixed_precision auto`, as `make train` runs it (its defaults: grouped batches, one evaluation)
+  app          `accelerate launch <the Makefile's LAUNCH_FLAGS> app/train.py --mixed_precision auto`, as
+               `make train` runs it (its defaults: grouped batches, one evaluation)
   hf           HF Trainer on the same job with TrainingArguments' defaults (random batches)
   hf_grouped   HF Trainer with train_sampling_strategy="group_by_length"
 The job is the same for all three: the embedded MiniLM and reviews (4,000/1,000 split), batch 16, max_length 128,
@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
 
     samples = [*_flag("max_train_samples", train_samples), *_flag("max_eval_samples", eval_samples)]
     app_cmd = [
-        *(str(ACCELERATE), "launch", "--num_processes", "1", "--num_cpu_threads_per_process", str(threads)),
+        *(str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no"),
+        *("--dynamo_backend", "no", "--num_cpu_threads_per_process", str(threads)),  # the Makefile's LAUNCH_FLAGS
         *(str(ROOT / "app" / "train.py"), "--mixed_precision", "auto", "--disable_tqdm"),
         *("--output_dir", str(workdir / "app"), "--logdir", str(workdir / "runs"), "--run_name", "job"),
         *_flag("model_name_or_path", model),
