@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from app.errors import UsageError
-from app.evaluation import evaluate
+from app.evaluation import evaluate, evaluates_during_training
 from app.state import TrainState
 from app.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
@@ -100,8 +100,7 @@ def end_with_best(run, final: dict[str, float]) -> dict[str, float]:
     """
     cfg, state, accelerator = run.cfg, run.state, run.accelerator
     best = BestModel(cfg, state)
-    evaluated_in_loop = cfg.eval_steps and state.opt_step % cfg.eval_steps == 0 and state.opt_step < run.total_steps
-    if not evaluated_in_loop:  # the loop leaves the last step's evaluation to the caller
+    if not evaluates_during_training(cfg.eval_steps, state.opt_step, run.total_steps):  # else the loop counted it
         best.after_eval(state.opt_step, final)
     path = best.best_checkpoint(run.checkpoints.root) if cfg.load_best_model_at_end else None
     if path is None:

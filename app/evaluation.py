@@ -10,6 +10,11 @@ from app.precision import PrecisionPolicy
 from app.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 
+def evaluates_during_training(eval_steps: int, step: int, total_steps: int) -> bool:
+    """Whether the loop evaluates after optimizer step `step`. The last step's evaluation is the caller's (train.py)."""
+    return bool(eval_steps) and step % eval_steps == 0 and step < total_steps
+
+
 @torch.no_grad()
 def evaluate(accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module, loader) -> dict[str, float]:
     """Loss, accuracy and macro-F1 over the whole validation set, gathered from every rank without duplicates."""

@@ -22,7 +22,7 @@ from accelerate import skip_first_batches
 from app import diagnose, fallback
 from app.best import BestModel
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
-from app.evaluation import evaluate
+from app.evaluation import evaluate, evaluates_during_training
 from app.guards import LossWatch, ScaleWatch
 from app.precision import OverflowFlag
 from app.run import Run
@@ -114,7 +114,7 @@ def train(run: Run, budget: int | None = None) -> None:
                 telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
 
             log_due = step % cfg.logging_steps == 0 or step >= last_step  # a short run still shows its curves
-            eval_due = cfg.eval_steps and step % cfg.eval_steps == 0 and step < run.total_steps
+            eval_due = evaluates_during_training(cfg.eval_steps, step, run.total_steps)
             # The best model is loaded from a checkpoint at the end, so each evaluation gets one.
             save_due = (cfg.save_steps and step % cfg.save_steps == 0) or (eval_due and cfg.load_best_model_at_end)
             signum = stop.agreed()
