@@ -98,16 +98,16 @@ def review_files(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
+def data_flags(model_dir, files: dict[str, Path]) -> list:
+    """The flags that point a run at a model and at train/validation files: where most tests start."""
+    return ["--model_name_or_path", model_dir, "--train_file", files["train"], "--validation_file", files["validation"]]
+
+
 @pytest.fixture
 def quick_args(tmp_path, tiny_model_dir, review_files) -> list[str]:
     """Flags for a fast real run on the tiny model and the small files, writing under tmp_path."""
     return [
-        "--model_name_or_path",
-        str(tiny_model_dir),
-        "--train_file",
-        str(review_files["train"]),
-        "--validation_file",
-        str(review_files["validation"]),
+        *map(str, data_flags(tiny_model_dir, review_files)),
         "--output_dir",
         str(tmp_path / "out"),
         "--logdir",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from transformers import BertConfig, BertForSequenceClassification
 
-from tests.conftest import python_app, run_app
+from tests.conftest import data_flags, python_app, run_app
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -146,12 +146,7 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
 
 def test_every_bad_input_gives_one_line_and_exit_2(workspace, tiny_model_dir, review_files, capfd, monkeypatch):
     base = [
-        "--model_name_or_path",
-        tiny_model_dir,
-        "--train_file",
-        review_files["train"],
-        "--validation_file",
-        review_files["validation"],
+        *data_flags(tiny_model_dir, review_files),
         "--output_dir",
         workspace / "new_out",
         "--logdir",

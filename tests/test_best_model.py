@@ -15,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests import tb
-from tests.conftest import ROOT, clean_env, python_app, run_app
+from tests.conftest import ROOT, clean_env, data_flags, python_app, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 BOUNCY = ["--learning_rate", "1e-2", "--warmup_ratio", "0", "--max_steps", "16", "--eval_steps", "2"]
@@ -23,12 +23,7 @@ BOUNCY = ["--learning_rate", "1e-2", "--warmup_ratio", "0", "--max_steps", "16",
 
 def common_args(tiny_model_dir, review_files) -> list:
     return [
-        "--model_name_or_path",
-        tiny_model_dir,
-        "--train_file",
-        review_files["train"],
-        "--validation_file",
-        review_files["validation"],
+        *data_flags(tiny_model_dir, review_files),
         "--per_device_train_batch_size",
         "8",
         "--max_length",

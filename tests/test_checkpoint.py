@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from app import tags
 from app.checkpoint import completed_checkpoints, find_checkpoint
 from tests import tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, free_port, python_app, run_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, free_port, python_app, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 TRAINING_STARTED = "training: "  # the line the app prints once its signal handlers are in place
@@ -22,12 +22,7 @@ TRAINING_STARTED = "training: "  # the line the app prints once its signal handl
 
 def data_args(tiny_model_dir, review_files) -> list:
     return [
-        "--model_name_or_path",
-        tiny_model_dir,
-        "--train_file",
-        review_files["train"],
-        "--validation_file",
-        review_files["validation"],
+        *data_flags(tiny_model_dir, review_files),
         "--per_device_train_batch_size",
         "8",
         "--max_length",

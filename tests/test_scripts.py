@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, clean_env, gpu_env
+from tests.conftest import ROOT, clean_env, data_flags, gpu_env
 
 SCRIPTS = ROOT / "scripts"
 
@@ -36,12 +36,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
         tmp_path / "report",
         "--launcher",
         sys.executable,  # plain python: the same launcher for both runs, and quicker to start
-        "--model_name_or_path",
-        tiny_model_dir,
-        "--train_file",
-        review_files["train"],
-        "--validation_file",
-        review_files["validation"],
+        *data_flags(tiny_model_dir, review_files),
         "--logdir",
         tmp_path / "runs",
         "--max_steps",

@@ -14,7 +14,7 @@ import pytest
 
 from app import tags
 from tests import tb
-from tests.conftest import clean_env, free_port, run_app
+from tests.conftest import clean_env, data_flags, free_port, run_app
 
 TRAIN_TAGS = {tags.TRAIN_LOSS, tags.TRAIN_LR, tags.TRAIN_GRAD_NORM, tags.TRAIN_EPOCH}
 AMP_TAGS = {
@@ -34,12 +34,7 @@ def amp_run(tmp_path_factory, tiny_model_dir, review_files):
     """A short fp16 run on the CPU, logged every 2 optimizer steps."""
     root = tmp_path_factory.mktemp("amp_run")
     args = [
-        "--model_name_or_path",
-        tiny_model_dir,
-        "--train_file",
-        review_files["train"],
-        "--validation_file",
-        review_files["validation"],
+        *data_flags(tiny_model_dir, review_files),
         "--output_dir",
         root / "out",
         "--logdir",
