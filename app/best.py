@@ -9,14 +9,17 @@ evaluations for the same reason: the best step must have a checkpoint to come ba
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load_file
-
+from app.checkpoint import Checkpoints
 from app.errors import UsageError
 from app.evaluation import evaluate, evaluates_during_training
 from app.state import TrainState
-from app.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
+from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
+
+if TYPE_CHECKING:
+    from app.config import TrainConfig
+    from app.run import Run
 
 METRICS = {"loss": EVAL_LOSS, "accuracy": EVAL_ACCURACY, "f1": EVAL_F1}
 
@@ -31,7 +34,7 @@ def metric_tag(name: str | None) -> str:
     return METRICS[bare]
 
 
-def check_best_model_flags(cfg) -> None:
+def check_best_model_flags(cfg: TrainConfig) -> None:
     """Part of TrainConfig.validate."""
     metric_tag(cfg.metric_for_best_model)
     if cfg.early_stopping_patience is not None and cfg.early_stopping_patience < 1:
@@ -49,7 +52,7 @@ def check_best_model_flags(cfg) -> None:
 class BestModel:
     """Tracks the best evaluation in `state` and decides on early stopping."""
 
-    def __init__(self, cfg, state: TrainState):
+    def __init__(self, cfg: TrainConfig, state: TrainState):
         self.tag = metric_tag(cfg.metric_for_best_model)
         self.greater_is_better = cfg.greater_is_better if cfg.greater_is_better is not None else self.tag != EVAL_LOSS
         self.active = cfg.load_best_model_at_end or cfg.early_stopping_patience is not None
@@ -79,20 +82,14 @@ class BestModel:
     def out_of_patience(self) -> bool:
         return self.patience is not None and self.state.evals_without_improvement >= self.patience
 
-    def best_checkpoint(self, checkpoints_root: Path) -> Path | None:
+    def best_checkpoint(self, checkpoints: Checkpoints) -> Path | None:
         """The checkpoint to load at the end, or None when the model in memory is already the best."""
         if self.state.best_step is None or self.state.best_step == self.state.opt_step:
             return None
-        return checkpoints_root / f"step-{self.state.best_step}"
+        return checkpoints.path(self.state.best_step)
 
 
-def load_model_weights(accelerator, model: torch.nn.Module, checkpoint: Path) -> None:
-    """Put a checkpoint's model weights (as accelerator.save_state wrote them) into the model, on every rank."""
-    accelerator.unwrap_model(model).load_state_dict(load_file(checkpoint / "model.safetensors"), strict=True)
-    accelerator.wait_for_everyone()
-
-
-def end_with_best(run, final: dict[str, float]) -> dict[str, float]:
+def end_with_best(run: Run, final: dict[str, float]) -> dict[str, float]:
     """After the final evaluation: let it compete for best, then load the best weights if asked.
 
     Returns:
@@ -102,10 +99,10 @@ def end_with_best(run, final: dict[str, float]) -> dict[str, float]:
     best = BestModel(cfg, state)
     if not evaluates_during_training(cfg.eval_steps, state.opt_step, run.total_steps):  # else the loop counted it
         best.after_eval(state.opt_step, final)
-    path = best.best_checkpoint(run.checkpoints.root) if cfg.load_best_model_at_end else None
+    path = best.best_checkpoint(run.checkpoints) if cfg.load_best_model_at_end else None
     if path is None:
         return final
-    load_model_weights(accelerator, run.model, path)
+    run.checkpoints.load_model_weights(run.model, path)
     accelerator.print(
         f"loaded the best model, step {state.best_step} ({best.tag} {state.best_metric:.4f}), from {path} in place "
         f"of step {state.opt_step}'s"

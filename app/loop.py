@@ -1,44 +1,56 @@
-"""The training loop: one function for fp32, fp16 and bf16, and a small optimizer-step helper.
+"""The training loop: one function for fp32, fp16 and bf16, with the optimizer step and the end-of-step decisions.
 
 There is no `if amp:` here. `policy.autocast()` and the scaler are called the same way in every mode; with AMP off
-they are exact no-ops.
+they are exact no-ops. The loop knows nothing of tasks: a batch goes into the model, and the model returns the loss.
+
+One optimizer step, in the order it happens:
+1. micro-batches: forward under autocast, backward of the scaled loss, the meters (telemetry);
+2. `optimizer_step`: unscale, clip, settle the previous step (`StepLedger`), send this step's overflow flag to the
+   host, step, update the scale;
+3. `StepDue`: what this step must do besides the update, decided in one place: log, evaluate, save, stop, last;
+4. in this order: settle this step and check for non-finite losses; log; the loss-scale alarm (stop, warn, or fall
+   back to a checkpoint and carry on from there); evaluate (best model, early stopping); save; stop on a signal.
 
 Host syncs. This is the one place that says why the loop reads so little from the device. Every read of a device
 value (`.item()`, a Python `if` on a tensor, a blocking copy) makes the host wait for the GPU to finish all queued
 work, so the next step cannot be queued while this one runs. Between log steps the loop therefore reads nothing:
 - with AMP off, nothing at all;
 - with fp16 on a fused optimizer (see optim.py), the overflow flag travels to the host without blocking and is read
-  one step later (precision.OverflowFlag, StepLedger below); the loss scale is read on skipped steps only (guards.py);
-- losses, token counts and gradient norms accumulate on the device (telemetry.py), non-finite losses are counted on
-  the device (guards.LossWatch).
+  one step later (amp.scaler.OverflowFlag, StepLedger below); the loss scale is read on skipped steps only
+  (amp.watches.ScaleWatch);
+- losses, token counts and gradient norms accumulate on the device (telemetry.meters), non-finite losses are counted
+  on the device (amp.watches.LossWatch).
 Everything is read at log, checkpoint and stop steps, and at the last step.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from accelerate import skip_first_batches
 
-from app import diagnose, fallback
+from app.amp import diagnose, fallback
+from app.amp.scaler import OverflowFlag
+from app.amp.watches import LossWatch, ScaleWatch
 from app.best import BestModel
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.evaluation import evaluate, evaluates_during_training
-from app.guards import LossWatch, ScaleWatch
-from app.precision import OverflowFlag
 from app.run import Run
-from app.tags import TRAIN_STOPPED_EARLY
+from app.telemetry.tags import TRAIN_STOPPED_EARLY
 
 
 class StepLedger:
     """Settles each optimizer step as applied or skipped once its overflow flag is on the host, and moves the LR on.
 
-    A step is normally settled one step late, when its flag has long landed (see precision.OverflowFlag), and still
+    A step is normally settled one step late, when its flag has long landed (see amp.scaler.OverflowFlag), and still
     before the next update, so the LR follows applied updates exactly. At log, checkpoint and stop points the loop
     settles the current step at once: the one host sync of those steps.
     """
 
-    def __init__(self, run: Run, scale_watch: ScaleWatch):
-        self.state, self.schedule, self.scaler, self.scale_watch = run.state, run.schedule, run.scaler, scale_watch
+    def __init__(self, run: Run):
+        self.state, self.schedule, self.scaler = run.state, run.schedule, run.scaler
+        self.scale_watch = ScaleWatch(run.cfg.min_loss_scale, run.cfg.max_consecutive_skips)
         self.overflow = OverflowFlag(run.scaler, run.accelerator.device)
         self.alarm: str | None = None  # the loss-scale alarm's diagnostic, once it fires
 
@@ -67,6 +79,51 @@ def optimizer_step(run: Run, ledger: StepLedger) -> torch.Tensor:
     return grad_norm
 
 
+@dataclass(frozen=True)
+class StepDue:
+    """What an optimizer step must do besides its update. Every rank decides the same."""
+
+    log: bool
+    evaluate: bool
+    save: bool
+    signum: int  # a stop signal that some rank received, else 0
+    last: bool
+
+    @classmethod
+    def after(cls, run: Run, step: int, last_step: int) -> StepDue:
+        cfg = run.cfg
+        evaluate_now = evaluates_during_training(cfg.eval_steps, step, run.total_steps)
+        return cls(
+            log=step % cfg.logging_steps == 0 or step >= last_step,  # a short run still shows its curves
+            evaluate=evaluate_now,
+            # The best model is loaded from a checkpoint at the end, so each evaluation gets one.
+            save=bool(cfg.save_steps and step % cfg.save_steps == 0) or (evaluate_now and cfg.load_best_model_at_end),
+            signum=run.stop.agreed(),  # collective
+            last=step >= last_step,
+        )
+
+
+def on_alarm(run: Run, ledger: StepLedger, batch: dict, step: int) -> bool:
+    """Report the loss-scale alarm, then stop, warn or fall back as --on_scale_collapse says.
+
+    Returns:
+        True when the run fell back to its last checkpoint in another precision: the loop carries on from there.
+    """
+    run.accelerator.print(ledger.alarm)
+    diagnose.report_overflow(run, batch, step)  # `batch`: this step's last micro-batch, still on the device
+    if run.cfg.on_scale_collapse == "stop":
+        with run.telemetry.paused():
+            path = run.checkpoints.save(run.state)
+        raise TrainingHalted(
+            f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE
+        )
+    ledger.alarm = None  # warned; the watch fires again only after a new run of skips
+    if run.cfg.on_scale_collapse == "fallback":
+        fallback.fall_back(run, step)
+        return True
+    return False
+
+
 def train(run: Run, budget: int | None = None) -> None:
     """Train until `run.total_steps` optimizer steps, or `budget` more of them (a benchmark's segment).
 
@@ -75,11 +132,9 @@ def train(run: Run, budget: int | None = None) -> None:
     Raises:
         TrainingHalted: on a loss-scale alarm (after checkpointing), a numeric fault, or an agreed stop signal.
     """
-    cfg, accelerator, policy, state, telemetry = run.cfg, run.accelerator, run.policy, run.state, run.telemetry
-    model, scaler, checkpoints, stop = run.model, run.scaler, run.checkpoints, run.stop
+    cfg, accelerator, state, telemetry, model = run.cfg, run.accelerator, run.state, run.telemetry, run.model
     last_step = run.total_steps if budget is None else min(run.total_steps, state.opt_step + budget)
-    ledger = StepLedger(run, ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips))
-    loss_watch = LossWatch(accelerator)
+    ledger, loss_watch = StepLedger(run), LossWatch(accelerator)
     best = BestModel(cfg, state)
     if best.out_of_patience():  # resumed from the checkpoint of the evaluation that stopped the run
         last_step = state.opt_step
@@ -96,15 +151,17 @@ def train(run: Run, budget: int | None = None) -> None:
             skip_first_batches(run.train_loader, state.batches_in_epoch) if state.batches_in_epoch else run.train_loader
         )
         for batch in batches:
+            # ---- one micro-batch -------------------------------------------------------------------------------
             with accelerator.accumulate(model):
-                with policy.autocast():
+                with run.policy.autocast():
                     loss = model(**batch).loss
-                accelerator.backward(scaler.scale(loss))
+                accelerator.backward(run.scaler.scale(loss))
             state.batches_in_epoch += 1
             telemetry.add_micro_batch(loss, batch)
             if not accelerator.sync_gradients:
                 continue  # still accumulating: no optimizer step on this micro-batch
 
+            # ---- the optimizer step ----------------------------------------------------------------------------
             grad_norm = optimizer_step(run, ledger)
             state.opt_step += 1
             step = state.opt_step
@@ -113,42 +170,25 @@ def train(run: Run, budget: int | None = None) -> None:
             if step == first_step:
                 telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
 
-            log_due = step % cfg.logging_steps == 0 or step >= last_step  # a short run still shows its curves
-            eval_due = evaluates_during_training(cfg.eval_steps, step, run.total_steps)
-            # The best model is loaded from a checkpoint at the end, so each evaluation gets one.
-            save_due = (cfg.save_steps and step % cfg.save_steps == 0) or (eval_due and cfg.load_best_model_at_end)
-            signum = stop.agreed()
-            if log_due or save_due or signum or ledger.alarm or step >= last_step:
+            # ---- what the step must do besides the update ------------------------------------------------------
+            due = StepDue.after(run, step, last_step)
+            if due.log or due.save or due.signum or due.last or ledger.alarm:
                 ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
                 try:
-                    loss_watch.check(step, checkpoints.last_saved)  # never log or save past a non-finite loss
+                    loss_watch.check(step, run.checkpoints.last_saved)  # never log or save past a non-finite loss
                 except TrainingHalted:
                     diagnose.report_overflow(run, batch, step)
                     raise
-            if log_due or ledger.alarm:
-                telemetry.log(
-                    step,
-                    state,
-                    run.schedule.get_last_lr()[0],
-                    scaler.get_scale(),
-                    state.epoch + state.batches_in_epoch / batches_per_epoch,
-                )
-            if ledger.alarm:
-                accelerator.print(ledger.alarm)
-                diagnose.report_overflow(run, batch, step)  # `batch`: this step's last micro-batch, still on the device
-                if cfg.on_scale_collapse == "fallback":
-                    fallback.fall_back(run, step)
-                    return train(run, budget)  # from the checkpoint, in the new precision, with fresh watches
-                if cfg.on_scale_collapse == "stop":
-                    with telemetry.paused():
-                        path = checkpoints.save(state)
-                    raise TrainingHalted(
-                        f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE
-                    )
-                ledger.alarm = None  # warned; the watch fires again only after a new run of skips
-            if eval_due:
+            if due.log or ledger.alarm:
+                lr, epoch = run.schedule.get_last_lr()[0], state.epoch + state.batches_in_epoch / batches_per_epoch
+                telemetry.log(step, state, lr, run.scaler.get_scale(), epoch)
+            if ledger.alarm and on_alarm(run, ledger, batch, step):
+                ledger, loss_watch = StepLedger(run), LossWatch(accelerator)  # for the new scaler
+                first_step = state.opt_step + 1
+                break  # the epoch starts over from the checkpoint's data position
+            if due.evaluate:
                 with telemetry.paused():
-                    metrics = evaluate(accelerator, policy, model, run.eval_loader)
+                    metrics = evaluate(accelerator, run.policy, model, run.eval_loader)
                     telemetry.log_eval(step, metrics)
                 stopped_early = best.after_eval(step, metrics)
                 if stopped_early:
@@ -156,13 +196,14 @@ def train(run: Run, budget: int | None = None) -> None:
                     telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
                     accelerator.print(stopped_early)
                     last_step = step
-            if save_due:
+            if due.save:
                 with telemetry.paused():
-                    checkpoints.save(state)
-            if signum:
-                path = checkpoints.save(state)
+                    run.checkpoints.save(state)
+            if due.signum:
+                path = run.checkpoints.save(state)
                 raise TrainingHalted(
-                    f"stopped by signal {signum} at optimizer step {step}; resume from {path}", stop.exit_code(signum)
+                    f"stopped by signal {due.signum} at optimizer step {step}; resume from {path}",
+                    run.stop.exit_code(due.signum),
                 )
             if step >= last_step:
                 break

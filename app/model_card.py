@@ -1,4 +1,4 @@
-"""The model card: a README.md and training_args.yaml beside the saved model, saying how it was trained.
+"""The model card: a README.md beside the saved model, saying how it was trained.
 
 Written by the main process after the final save, from what the run actually did (precision, steps, skipped steps,
 the model's evaluation), not from what was asked for.
@@ -9,14 +9,18 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import yaml
-
+from app.config import TrainConfig
 from app.model import EMBEDDED_MODEL_PACKAGE
+from app.outputs import CONFIG_FILE
+
+if TYPE_CHECKING:
+    from app.run import Run
 
 
-def write_model_card(run, run_name: str, output_dir: Path, final: dict[str, float]) -> None:
-    """README.md and training_args.yaml in `output_dir`. Main process.
+def write_model_card(run: Run, run_name: str, output_dir: Path, final: dict[str, float]) -> None:
+    """README.md in `output_dir`. Main process.
 
     Args:
         final: the evaluation of the saved model (the best one's with --load_best_model_at_end).
@@ -74,16 +78,13 @@ def write_model_card(run, run_name: str, output_dir: Path, final: dict[str, floa
         "",
         f"    {shlex.join(sys.argv)}",
         "",
-        "The resolved configuration is in `training_args.yaml`.",
+        f"The resolved configuration is in `{CONFIG_FILE}`.",
         "",
     ]
     (output_dir / "README.md").write_text("\n".join(lines))
-    (output_dir / "training_args.yaml").write_text(
-        yaml.safe_dump(cfg.to_dict() | {"run_name": run_name}, sort_keys=False)
-    )
 
 
-def _data(cfg) -> str:
+def _data(cfg: TrainConfig) -> str:
     if cfg.train_file:
         return f"{cfg.train_file}" + (f", validation {cfg.validation_file}" if cfg.validation_file else "")
     if cfg.dataset_name:

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
+from accelerate import Accelerator
 from accelerate.utils import broadcast_object_list
 
 from app.checkpoint import ResumePoint
 from app.config import TrainConfig
 from app.errors import UsageError
+
+CONFIG_FILE = "training_args.yaml"
 
 
 @dataclass(frozen=True)
@@ -79,12 +81,16 @@ def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> N
         shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "train_config.yaml").write_text(
-            yaml.safe_dump(cfg.to_dict() | {"run_name": paths.run_name}, sort_keys=False)
-        )
+        write_config(cfg, folder)
 
 
-def save_final_model(accelerator, model, tokenizer, output_dir: Path) -> None:
+def write_config(cfg: TrainConfig, folder: Path) -> None:
+    """The resolved config as `training_args.yaml`, the name HF Trainer users know (its `training_args.bin`, in YAML
+    that `--config` reads back). The one config file of an output folder; predict.py reads `max_length` from it."""
+    (folder / CONFIG_FILE).write_text(cfg.to_yaml())
+
+
+def save_final_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: Path) -> None:
     """`save_pretrained` of the full model (gathered from shards where there are any) and the tokenizer. Collective.
 
     Everything is written into `.staging-model` first and then moved into `output_dir` file by file with os.replace,

@@ -25,8 +25,7 @@ import dataclasses
 import gc
 import os
 import time
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import pandas as pd
@@ -35,52 +34,50 @@ import transformers
 import yaml
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, HfArgumentParser
+from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
+from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
+from app.cli import OneLineParser, exit_code_of, flag
 from app.data import read_data_file
 from app.errors import UsageError
 from app.model import has_trained_head, load_model_config, load_tokenizer, max_positions
-from app.precision import PrecisionPolicy, launcher_choice, resolve_precision
+from app.outputs import CONFIG_FILE
 from app.runtime import connect_accelerator, describe_backend, device_type
 
 OUTPUT_TYPES = (".csv", ".jsonl")
 LABEL_COLUMN, PROBABILITY_COLUMN = "predicted_label", "probability"
 
 
-def _help(text: str, **extra) -> dict:
-    return field(metadata={"help": text}, **extra)
-
-
 @dataclass
 class PredictConfig:
-    model_name_or_path: Optional[str] = _help(
+    model_name_or_path: Optional[str] = flag(
         "A folder saved by app/train.py, or any sequence classifier (local folder or cached hub id).", default=None
     )
-    input_file: Optional[str] = _help(
+    input_file: Optional[str] = flag(
         "Texts to classify: .csv, .json, .jsonl or .parquet. Default: the texts given on the command line, or stdin.",
         default=None,
     )
-    text_column: str = _help("Column of --input_file with the text.", default="text")
-    text_pair_column: Optional[str] = _help("Optional second text column, for sentence-pair models.", default=None)
-    output_file: Optional[str] = _help(
+    text_column: str = flag("Column of --input_file with the text.", default="text")
+    text_pair_column: Optional[str] = flag("Optional second text column, for sentence-pair models.", default=None)
+    output_file: Optional[str] = flag(
         "Where the predictions go: .csv or .jsonl, the input's columns plus predicted_label and probability. "
         "Default: CSV on stdout.",
         default=None,
     )
-    mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = _help(
+    mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = flag(
         "Precision, as in training: unset means `accelerate launch`'s choice, or auto under plain python.", default=None
     )
-    per_device_eval_batch_size: int = _help("Texts per batch per process.", default=64)
-    max_length: Optional[int] = _help(
+    per_device_eval_batch_size: int = flag("Texts per batch per process.", default=64)
+    max_length: Optional[int] = flag(
         "Tokens per text; longer ones are truncated. Default: the --max_length the model was trained with (its "
         "training_args.yaml), else the model's limit.",
         default=None,
     )
-    compare_fp32: bool = _help(
+    compare_fp32: bool = flag(
         "Predict again in fp32 and report how often the labels agree and the largest probability difference.",
         default=False,
     )
-    disable_tqdm: bool = _help("Hide the progress bar.", default=False)
+    disable_tqdm: bool = flag("Hide the progress bar.", default=False)
 
     def validate(self, texts: list[str]) -> None:
         if not self.model_name_or_path:
@@ -94,13 +91,8 @@ class PredictConfig:
                 raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
 
 
-class _Parser(HfArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        raise UsageError(f"{message}; see python app/predict.py --help")
-
-
 def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
-    parser = _Parser(PredictConfig, allow_abbrev=False, description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(PredictConfig, "app/predict.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("texts", nargs="*", help="Texts to classify (before the flags), if no --input_file.")
     namespace = parser.parse_args(argv)
     names = {f.name for f in dataclasses.fields(PredictConfig)}
@@ -121,9 +113,9 @@ def read_input(cfg: PredictConfig, texts: list[str], num_processes: int) -> pd.D
         raise UsageError("several processes cannot share stdin; pass --input_file")
     else:
         table = pd.DataFrame({cfg.text_column: [line for line in sys.stdin.read().splitlines() if line.strip()]})
-    for flag, name in (("--text_column", cfg.text_column), ("--text_pair_column", cfg.text_pair_column)):
+    for option, name in (("--text_column", cfg.text_column), ("--text_pair_column", cfg.text_pair_column)):
         if name is not None and name not in table.columns:
-            raise UsageError(f"{flag} {name!r} is not in the input; its columns are: {', '.join(table.columns)}")
+            raise UsageError(f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}")
         odd = [v for v in (table[name] if name is not None else ()) if not isinstance(v, str)]
         if odd:
             raise UsageError(f"column {name!r} holds {type(odd[0]).__name__} {odd[0]!r}; texts must be strings")
@@ -148,7 +140,7 @@ def check_output_file(path: str | None) -> None:
 
 def trained_max_length(model_path: str, model_config, tokenizer) -> int:
     """What the model saw in training: longer inputs at prediction would be texts it never learned from."""
-    args = Path(model_path) / "training_args.yaml"
+    args = Path(model_path) / CONFIG_FILE
     trained = yaml.safe_load(args.read_text()).get("max_length") if args.is_file() else None
     return trained if isinstance(trained, int) else max_positions(model_config, tokenizer)
 
@@ -239,19 +231,18 @@ def run(cfg: PredictConfig, texts: list[str], accelerator, policy: PrecisionPoli
 
 
 def main(argv: list[str] | None = None) -> int:
+    return exit_code_of(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    cfg, texts = parse_args(argv)
+    policy, notes = resolve_precision(False, cfg.mixed_precision, device_type(), launcher_choice())
+    accelerator = connect_accelerator()
     try:
-        cfg, texts = parse_args(argv)
-        policy, notes = resolve_precision(False, cfg.mixed_precision, device_type(), launcher_choice())
-        accelerator = connect_accelerator()
-        try:
-            return run(cfg, texts, accelerator, policy, notes)
-        finally:
-            gc.collect()  # before tearing down: gloo otherwise sometimes aborts at interpreter exit
-            accelerator.end_training()
-    except UsageError as error:
-        if os.environ.get("RANK", "0") == "0":  # every rank stops alike; one of them says why
-            print(f"error: {error}", file=sys.stderr)
-        return error.exit_code
+        return run(cfg, texts, accelerator, policy, notes)
+    finally:
+        gc.collect()  # before tearing down: gloo otherwise sometimes aborts at interpreter exit
+        accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ from datasets import DatasetDict
 from transformers import PretrainedConfig
 
 from app import data
-from app.checkpoint import Checkpoints, ResumePoint, ScalerCheckpoint
+from app.amp.policy import PrecisionPolicy
+from app.amp.scaler import ScalerCheckpoint, make_scaler
+from app.checkpoint import Checkpoints, ResumePoint, RunInfo
 from app.config import TrainConfig
 from app.data import LabelSpace
 from app.model import (
@@ -35,11 +37,11 @@ from app.model import (
 )
 from app.optim import build_optimizer, build_schedule, total_optimizer_steps
 from app.outputs import RunPaths
-from app.precision import PrecisionPolicy
 from app.preemption import StopRequest
 from app.runtime import backend_name
 from app.state import TrainState
-from app.telemetry import NullWriter, Telemetry
+from app.telemetry.meters import Telemetry
+from app.telemetry.writer import NullWriter, TensorBoardWriter
 
 
 @dataclass
@@ -65,7 +67,9 @@ def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
     trained_head = model_config.id2label if has_trained_head(model_config) else None
     labels = data.infer_labels(raw, columns.label, trained_head)
     tokenized = data.tokenize(raw, tokenizer, columns, labels, cfg.max_length, accelerator)
-    return Inputs(model_path, model_config, tokenizer, labels, tokenized)
+    return Inputs(
+        model_path=model_path, model_config=model_config, tokenizer=tokenizer, labels=labels, tokenized=tokenized
+    )
 
 
 @dataclass
@@ -88,7 +92,20 @@ class Run:
     checkpoints: Checkpoints
     telemetry: Telemetry
     stop: StopRequest
-    scaler_state: ScalerCheckpoint | None = None  # what Accelerate checkpoints; a precision fallback swaps its scaler
+    scaler_state: ScalerCheckpoint  # what Accelerate checkpoints; it holds `scaler`
+
+    def switch_precision(self, policy: PrecisionPolicy, record: dict) -> None:
+        """Train on in `policy` (a precision fallback), with a fresh scaler; later checkpoints record the switch."""
+        self.policy = policy
+        self.scaler = make_scaler(policy, self.cfg.init_loss_scale, self.cfg.loss_scale_growth_interval, "")
+        self.scaler_state.scaler = self.scaler  # Accelerate knows the checkpointed object by position: keep it
+        self.checkpoints.precision, self.checkpoints.fallback = policy.mode, record
+
+    def rewind_to(self, checkpoint: Path) -> None:
+        """Back to a checkpoint of this run: weights, optimizer, schedule, scaler, RNG streams and counters."""
+        self.checkpoints.load(checkpoint)
+        vars(self.state).update(vars(RunInfo.read(checkpoint).state))
+        self.telemetry.rewind(self.state)
 
     def close(self) -> None:
         self.telemetry.close()
@@ -103,7 +120,7 @@ def build_run(
     *,
     paths: RunPaths | None = None,
     resume: ResumePoint | None = None,
-    writer=None,
+    writer: TensorBoardWriter | NullWriter | None = None,
     stop: StopRequest | None = None,
     model: torch.nn.Module | None = None,
 ) -> Run:
@@ -133,7 +150,7 @@ def build_run(
     total_steps = total_optimizer_steps(cfg, len(train_loader))
     # Built on the raw optimizer, the one the scaler steps (see loop.optimizer_step); it shares the wrapper's groups.
     schedule = build_schedule(optimizer.optimizer, cfg, total_steps)
-    scaler = policy.make_scaler(cfg.init_loss_scale, cfg.loss_scale_growth_interval, backend_name(accelerator))
+    scaler = make_scaler(policy, cfg.init_loss_scale, cfg.loss_scale_growth_interval, backend_name(accelerator))
     scaler_state = ScalerCheckpoint(scaler)
     accelerator.register_for_checkpointing(schedule, scaler_state)
 
@@ -150,20 +167,20 @@ def build_run(
 
     telemetry = Telemetry(accelerator, writer or NullWriter(), model, policy.mode, total_steps, state, cfg.disable_tqdm)
     return Run(
-        cfg,
-        accelerator,
-        policy,
-        inputs,
-        model,
-        optimizer,
-        schedule,
-        scaler,
-        train_loader,
-        eval_loader,
-        total_steps,
-        state,
-        checkpoints,
-        telemetry,
-        stop,
-        scaler_state,
+        cfg=cfg,
+        accelerator=accelerator,
+        policy=policy,
+        inputs=inputs,
+        model=model,
+        optimizer=optimizer,
+        schedule=schedule,
+        scaler=scaler,
+        train_loader=train_loader,
+        eval_loader=eval_loader,
+        total_steps=total_steps,
+        state=state,
+        checkpoints=checkpoints,
+        telemetry=telemetry,
+        stop=stop,
+        scaler_state=scaler_state,
     )

@@ -1,7 +1,7 @@
 """The runtime: the Accelerator, seeding, printing on the main process, and what actually runs.
 
 Accelerate owns processes, devices, data sharding and gathering. It never owns precision here: the Accelerator is
-built with `mixed_precision="no"` whatever the launcher says, and precision.py reads the launcher's choice instead.
+built with `mixed_precision="no"` whatever the launcher says, and amp/policy.py reads the launcher's choice.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Batch orders: length-grouped training batches, and evaluation in length order.
 
-Dynamic padding pads a batch to its longest example, so a batch of mixed lengths computes mostly padding (41% of the
-default job's tokens, in random order). Grouping examples of similar length into batches removes most of it.
+Dynamic padding pads a batch to its longest example, so a batch of mixed lengths computes much padding (see
+docs/benchmarks.md for the default job's share). Grouping examples of similar length into batches removes most of it.
 
 The training order is a pure function of (seed, epoch, number of processes): no global RNG is drawn, so an exact
 resume (set_epoch, then skip the batches already consumed) replays the same batches. Accelerate cuts this index order

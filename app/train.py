@@ -21,44 +21,50 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python app/train.py` from a checkout, without installing the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import dataclasses
 import gc
-import os
 import time
 
-from app import checkpoint, fallback, outputs, report, tags
+from accelerate import Accelerator
+
+from app import checkpoint, outputs
+from app.amp import fallback
+from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
 from app.best import end_with_best
+from app.cli import exit_code_of
 from app.config import TrainConfig, parse_config
-from app.errors import TrainingHalted, UsageError
+from app.errors import TrainingHalted
 from app.evaluation import evaluate
 from app.loop import train
 from app.model_card import write_model_card
-from app.precision import PrecisionPolicy, check_backend, launcher_choice, resolve_precision
 from app.preemption import StopRequest
 from app.run import build_run, load_inputs
 from app.runtime import build_accelerator, describe_backend, device_type, requested_backend
-from app.telemetry import NullWriter, TensorBoardWriter
+from app.telemetry import report, tags
+from app.telemetry.writer import open_writer
 
 
 def main(argv: list[str] | None = None) -> int:
+    return exit_code_of(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    cfg = parse_config(argv)
+    # One precision decision, before any heavy work; Accelerate never sees it.
+    policy, notes = resolve_precision(cfg.amp, cfg.mixed_precision, device_type(), launcher_choice())
+    refuse_amp_under_deepspeed(policy, requested_backend())
+    accelerator = build_accelerator(cfg)
+    stop = StopRequest(accelerator.num_processes)
     try:
-        cfg = parse_config(argv)
-        # One precision decision, before any heavy work; Accelerate never sees it.
-        policy, notes = resolve_precision(cfg.amp, cfg.mixed_precision, device_type(), launcher_choice())
-        check_backend(policy, requested_backend())
-        accelerator = build_accelerator(cfg)
-        stop = StopRequest(accelerator.num_processes)
-        try:
-            return run_training(cfg, accelerator, policy, notes, stop)
-        finally:
-            stop.restore()
-            _end(accelerator)
-    except (UsageError, TrainingHalted) as halt:
-        if os.environ.get("RANK", "0") == "0":  # every rank stops alike; one of them says why
-            print(f"error: {halt}" if isinstance(halt, UsageError) else str(halt), file=sys.stderr)
-        return halt.exit_code
+        return run_training(cfg, accelerator, policy, notes, stop)
+    finally:
+        stop.restore()
+        _end(accelerator)
 
 
-def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str], stop: StopRequest) -> int:
+def run_training(
+    cfg: TrainConfig, accelerator: Accelerator, policy: PrecisionPolicy, notes: list[str], stop: StopRequest
+) -> int:
     started = time.perf_counter()
     resume = checkpoint.find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
@@ -69,6 +75,7 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
 
     # ---- folders: decide and check, create nothing yet ------------------------------------------------------------
     paths = outputs.resolve_paths(cfg, policy.label, resume)
+    cfg = dataclasses.replace(cfg, run_name=paths.run_name, output_dir=str(paths.output_dir))  # as resolved
     outputs.check_output_dir(paths, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
     outputs.check_log_dir(paths, resuming=resume is not None)
 
@@ -76,12 +83,9 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
     inputs = load_inputs(cfg, accelerator)
     if accelerator.is_main_process:
         outputs.prepare(paths, cfg, overwrite_checkpoints=cfg.overwrite_output_dir and resume is None)
-    writer = (
-        TensorBoardWriter(paths.log_dir, purge_step=resume.info.state.opt_step + 1 if resume else None)
-        if accelerator.is_main_process
-        else NullWriter()
-    )
-    report.write_start_texts(writer, cfg, accelerator, policy, notes, paths.run_name)
+    purge_step = resume.info.state.opt_step + 1 if resume else None
+    writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)
+    report.write_start_texts(writer, cfg, accelerator, policy, notes)
 
     # ---- model, optimizer, schedule, scaler, checkpoints and telemetry, resumed if asked ---------------------------
     run = build_run(cfg, accelerator, policy, inputs, paths=paths, resume=resume, writer=writer, stop=stop)
@@ -123,7 +127,7 @@ def run_training(cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: 
     return 0
 
 
-def _end(accelerator) -> None:
+def _end(accelerator: Accelerator) -> None:
     # Collect before tearing down: gloo otherwise sometimes aborts at interpreter exit.
     gc.collect()
     accelerator.end_training()

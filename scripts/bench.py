@@ -7,7 +7,7 @@
 
 All three train copies of the same model (same initial weights) on the same tokenized data, with the same batch size,
 collator, AdamW settings, clipping and precision:
-  app          the app's own train() (accumulate, autocast, scaler, telemetry to TensorBoard, guards)
+  app          the app's own train() (accumulate, autocast, scaler, telemetry to TensorBoard, AMP watches)
   bare         autocast + GradScaler + clip + fused AdamW in ten lines: no Accelerate, no logging
   hf_trainer   transformers.Trainer with equivalent TrainingArguments
 Each warms up, then they take turns for --rounds rounds of --steps steps, so drift of the machine hits all alike.
@@ -42,14 +42,14 @@ from transformers import (  # noqa: E402
     get_linear_schedule_with_warmup,  # noqa: E402
 )
 
+from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.model import load_model, load_tokenizer, resolve_model_path  # noqa: E402
 from app.outputs import RunPaths  # noqa: E402
-from app.precision import resolve_precision  # noqa: E402
 from app.run import build_run, load_inputs  # noqa: E402
 from app.runtime import build_accelerator, device_type  # noqa: E402
-from app.telemetry import TensorBoardWriter  # noqa: E402
+from app.telemetry.writer import TensorBoardWriter  # noqa: E402
 
 GIB = 2**30
 

@@ -1,6 +1,6 @@
 """Benchmark the whole default job, each process timed from start to end: this app against HF Trainer.
 
-    python scripts/bench.py --job                                      # the default job (about 30 min on 2 cores)
+    python scripts/bench.py --job                                      # the default job, three times over
     python scripts/bench.py --job --max_train_samples 800 --json job.json
     python scripts/bench.py --job --tiny                               # a tiny BERT: checks that it runs, no speed
 
@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app import tags  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
+from app.telemetry import tags  # noqa: E402
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 TINY_SAMPLES = 64  # --tiny: training and validation reviews each
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.hf_worker:
         return hf_worker(args)
 
-    from app.precision import resolve_precision
+    from app.amp.policy import resolve_precision
     from app.runtime import device_type
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-job-"))

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from app import tags  # noqa: E402
-from app.telemetry import peak_memory_tag  # noqa: E402
+from app.telemetry import tags  # noqa: E402
+from app.telemetry.meters import peak_memory_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PAD = 8  # what AMP runs pad to on their own (precision.PrecisionPolicy.pad_to_multiple_of)

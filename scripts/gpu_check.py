@@ -4,9 +4,9 @@
     python scripts/gpu_check.py --device cpu --tiny --steps 3      # a dry run of the script itself, no GPU needed
 
 For fp32, then fp16 autocast + GradScaler, it runs the app's own train() on random token ids at sequence length 128 and
-reports samples/s, peak memory and MFU (against the GPU's dense peak for the dtype, from app/flops.py). It then runs
-the hot loop under torch.cuda.set_sync_debug_mode("warn") and counts host-device syncs per optimizer step, between log
-steps, for both precisions. Everything lands in one JSON.
+reports samples/s, peak memory and MFU (against the GPU's dense peak for the dtype, from app/telemetry/flops.py). It
+then runs the hot loop under torch.cuda.set_sync_debug_mode("warn") and counts host-device syncs per optimizer step,
+between log steps, for both precisions. Everything lands in one JSON.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import torch  # noqa: E402
 from datasets import Dataset, DatasetDict  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
+from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.data import LabelSpace  # noqa: E402
-from app.flops import flops_per_token, peak_flops  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.model import load_tokenizer, resolve_model_path  # noqa: E402
-from app.precision import resolve_precision  # noqa: E402
 from app.run import Inputs, build_run  # noqa: E402
 from app.runtime import build_accelerator, device_name  # noqa: E402
+from app.telemetry.flops import flops_per_token, peak_flops  # noqa: E402
 
 GIB = 2**30
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
 
-import app.precision
+import app.amp.policy
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "app" / "train.py"
@@ -38,17 +38,17 @@ ACCELERATE = Path(sys.executable).parent / "accelerate"
 # which does the same before the app starts. The product has no such hook. Unset, the probe asks the real CPU.
 BF16_SWITCH = "AMP_TRAINER_TEST_BF16"
 BF16_SWITCH_DIR = ROOT / "tests" / "bf16_switch"
-REAL_BF16_PROBE = app.precision.cpu_has_native_bf16
+REAL_BF16_PROBE = app.amp.policy.cpu_has_native_bf16
 if os.environ.get(BF16_SWITCH) not in (None, "0", "1"):
     raise pytest.UsageError(f"{BF16_SWITCH} must be 0 or 1, not {os.environ[BF16_SWITCH]!r}")
 if os.environ.get(BF16_SWITCH) is not None:
-    app.precision.cpu_has_native_bf16 = lambda: os.environ[BF16_SWITCH] == "1"
+    app.amp.policy.cpu_has_native_bf16 = lambda: os.environ[BF16_SWITCH] == "1"
 
 
 def force_bf16_probe(monkeypatch, native: bool) -> None:
     """In this process and in the children that clean_env starts: the CPU has native bf16, or it has not."""
     monkeypatch.setenv(BF16_SWITCH, "1" if native else "0")
-    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: native)
 
 
 def save_tiny_bert(path: Path, dropout: float) -> Path:

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from app import loop
+from app.amp.policy import resolve_precision
 from app.config import TrainConfig
-from app.precision import resolve_precision
 from app.run import Run
 from app.run import build_run as build_app_run
 from app.runtime import build_accelerator

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification
 
-from app import tags
+from app.telemetry import tags
 from tests import tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app import tags
 from app.checkpoint import completed_checkpoints, find_checkpoint
+from app.telemetry import tags
 from tests import tb
 from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, free_port, python_app, run_app
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from app import tags
+from app.telemetry import tags
 from tests import harness
 from tests.conftest import ROOT, run_app
 

@@ -1,6 +1,9 @@
-"""Every shipped launch config: accelerate's own loader accepts it, its 'no'/'NO' are quoted, every key is explained."""
+"""Every shipped config: accelerate's own loader accepts each launch config, its 'no'/'NO' are quoted, every key is
+explained; the shipped training config loads and equals the defaults."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import yaml
@@ -90,3 +93,12 @@ def test_fsdp_config_asks_for_fsdp2_sharded_per_transformer_layer():
 def test_multi_node_config_names_its_main_node():
     config = load_config_from_file(str(ROOT / "accelerate_configs" / "multi_node.yaml"))
     assert config.main_process_ip and config.main_process_port
+
+
+def test_the_shipped_training_config_is_the_defaults_with_every_key():
+    from app.config import TrainConfig, parse_config
+
+    path = ROOT / "configs" / "default.yaml"
+    assert parse_config(["--config", str(path)]) == TrainConfig()
+    keys = set(yaml.safe_load(path.read_text()))
+    assert keys == {field.name for field in dataclasses.fields(TrainConfig)}

@@ -1,5 +1,6 @@
-"""fp16 diagnostics (app/diagnose.py, app/fallback.py) on real tiny models: one whose fp16 output overflows in a named
-Linear, one healthy, one whose config says bf16. Every test forces the bf16 probe it depends on, never reads it."""
+"""fp16 diagnostics (app/amp/diagnose.py, app/amp/fallback.py) on real tiny models: one whose fp16 output overflows
+in a named Linear, one healthy, one whose config says bf16. Every test forces the bf16 probe it depends on, never
+reads it."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.precision
-from app import diagnose, fallback, loop, tags
+import app.amp.policy
+from app import loop
+from app.amp import diagnose, fallback
 from app.errors import TrainingHalted
+from app.telemetry import tags
 from tests import harness, tb
 from tests.conftest import run_app, save_tiny_bert
 
@@ -55,7 +58,7 @@ def all_texts(run_dir: Path, tag: str) -> list[str]:
 def test_preflight_and_overflow_report_name_the_overflowing_linear(
     quick_args, overflow_model_dir, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: False)
     args = with_model(quick_args, overflow_model_dir)
     code = run_app([*args, "--amp", "--max_steps", "6", "--max_consecutive_skips", "2", "--eval_steps", "0"])
     out, err = capsys.readouterr()
@@ -87,7 +90,7 @@ def test_healthy_preflight_says_one_clean_line_and_leaves_no_trace(tiny_model_di
 
 @pytest.mark.parametrize("has_bf16", [True, False])
 def test_preflight_warns_about_a_model_stored_in_bf16(quick_args, bf16_config_model_dir, capsys, monkeypatch, has_bf16):
-    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: has_bf16)
+    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: has_bf16)
     assert run_app([*with_model(quick_args, bf16_config_model_dir), "--amp", "--max_steps", "1"]) == 0
     warnings = [line for line in capsys.readouterr().out.splitlines() if "stored in bfloat16" in line]
     assert len(warnings) == 1
@@ -127,7 +130,7 @@ def test_overflow_replay_leaves_weights_grads_and_rng_unchanged(overflow_model_d
 def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
     quick_args, overflow_model_dir, tmp_path, capsys, monkeypatch, has_bf16, target
 ):
-    monkeypatch.setattr(app.precision, "cpu_has_native_bf16", lambda: has_bf16)
+    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: has_bf16)
     label = "fp32" if target == "no" else target
     args = [*with_model(quick_args, overflow_model_dir), "--amp", "--max_consecutive_skips", "2", "--eval_steps", "0"]
     args += ["--on_scale_collapse", "fallback", "--save_steps", "5"]

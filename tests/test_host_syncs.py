@@ -28,13 +28,13 @@ ALLOWED = {
     ("sampling.py", "order"),  # the length-grouped order, made on the host once per epoch
     ("sampling.py", "__iter__"),
     ("dataloader.py", "__init__"),  # a DataLoader iterator's base seed, drawn from its own host generator
-    ("precision.py", "read"),  # OverflowFlag.read: a host buffer that a non-blocking copy filled a step earlier
+    ("scaler.py", "read"),  # OverflowFlag.read: a host buffer that a non-blocking copy filled a step earlier
     ("diagnose.py", "read"),  # the fp16 pre-flight's one read, once, before step 1 (and the alarm's replay)
     # transformers' own BERT forward checks padding_mask.all() to skip the SDPA mask: the model's read, not the loop's
     ("masking_utils.py", "_ignore_bidirectional_mask_sdpa"),
 }
 # The one read the app makes on purpose outside log steps: after a skipped update, the loss-scale watch reads the
-# scale (app/guards.py). It runs when that step's flag is settled, one optimizer step after the skip.
+# scale (app/amp/watches.py). It runs when that step's flag is settled, one optimizer step after the skip.
 AFTER_A_SKIP = "grad_scaler.py:get_scale.item"
 
 

@@ -9,8 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from app.amp.policy import resolve_precision
+from app.amp.scaler import make_scaler
 from app.errors import UsageError
-from app.precision import resolve_precision
 from tests.conftest import BF16_SWITCH, REAL_BF16_PROBE, force_bf16_probe, launch, python_app
 
 # `auto` on a CPU in the table below. The table forces the app's bf16 probe to match, so it holds on any host; the
@@ -96,7 +97,7 @@ def test_conflicts_and_unsupported_modes_are_usage_errors(bad):
 
 def test_disabled_tools_are_exact_no_ops():
     policy, _ = resolve_precision(False, "no", "cpu", None)
-    scaler = policy.make_scaler(65536.0, 2000, backend="single process")
+    scaler = make_scaler(policy, 65536.0, 2000, backend="single process")
     loss = torch.tensor(3.0, requires_grad=True)
     with policy.autocast():
         assert not torch.is_autocast_enabled("cpu")

@@ -8,8 +8,9 @@ import pytest
 import torch
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+from app.amp.policy import resolve_precision
+from app.amp.scaler import make_scaler
 from app.config import TrainConfig
-from app.precision import resolve_precision
 from app.runtime import backend_name, build_accelerator, device_type
 from tests.conftest import clean_env
 from tests.harness import build_run, train
@@ -43,7 +44,7 @@ def test_fsdp1_and_fsdp2_are_told_apart_and_get_their_scaler(version, name, scal
     accelerator.state.distributed_type = DistributedType.FSDP
     assert backend_name(accelerator) == name
     policy, _ = resolve_precision(True, None, "cpu", launcher=None)
-    assert type(policy.make_scaler(1024.0, 2000, backend=backend_name(accelerator))).__name__ == scaler
+    assert type(make_scaler(policy, 1024.0, 2000, backend=backend_name(accelerator))).__name__ == scaler
 
 
 def test_the_cpu_suite_sees_no_gpu(tmp_path):

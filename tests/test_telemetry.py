@@ -12,7 +12,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from app import tags
+from app.telemetry import tags
 from tests import tb
 from tests.conftest import clean_env, data_flags, free_port, run_app
 

@@ -7,7 +7,7 @@ runs this file at start-up, before the app's code. The app itself has no hook fo
 import os
 
 if os.environ.get("AMP_TRAINER_TEST_BF16") in ("0", "1"):
-    import app.precision
+    import app.amp.policy
 
     _NATIVE = os.environ["AMP_TRAINER_TEST_BF16"] == "1"
-    app.precision.cpu_has_native_bf16 = lambda: _NATIVE
+    app.amp.policy.cpu_has_native_bf16 = lambda: _NATIVE

@@ -19,9 +19,10 @@ from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard  # noqa
 from torch.distributed.tensor import DTensor  # noqa: E402
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification  # noqa: E402
 
+from app.amp.policy import resolve_precision  # noqa: E402
+from app.amp.scaler import OverflowFlag, make_scaler  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.outputs import save_final_model  # noqa: E402
-from app.precision import OverflowFlag, resolve_precision  # noqa: E402
 from app.runtime import build_accelerator  # noqa: E402
 
 out, tokenizer_dir = Path(sys.argv[1]), sys.argv[2]
@@ -62,7 +63,7 @@ for name, version, scaler_kind in (
     model = shard(BertForSequenceClassification(config), version)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = (
-        policy.make_scaler(1024.0, 2000, backend=version)
+        make_scaler(policy, 1024.0, 2000, backend=version)
         if scaler_kind == "app"
         else torch.amp.GradScaler("cpu", init_scale=1024.0)
     )

@@ -1,4 +1,4 @@
-"""Telemetry: the TensorBoard writer and its null twin, and the meters the loop feeds (tags: tags.py).
+"""The meters the loop feeds: cheap device-side adds every micro-step, one host read per log step (tags: tags.py).
 
 Values accumulate on the device between log steps and are read to the host only in `Telemetry.log` (why: the loop's
 docstring). With several processes, throughput (samples, tokens, MFU) is summed over the ranks, memory is the maximum
@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from pathlib import Path
 from typing import Callable
 
 import psutil
 import torch
 from tqdm.auto import tqdm
 
-from app.flops import flops_per_token, peak_flops
-from app.tags import (
+from app.telemetry.flops import flops_per_token, peak_flops
+from app.telemetry.tags import (
     AMP_APPLIED_UPDATES,
     AMP_CONSECUTIVE_SKIPS,
     AMP_LOSS_SCALE,
@@ -64,46 +63,6 @@ def memory_probe(device: torch.device) -> Callable[[], dict[str, float]]:
         return gpu_memory
     process = psutil.Process()
     return lambda: {MEMORY_RSS_GIB: process.memory_info().rss / GIB}
-
-
-class TensorBoardWriter:
-    """Scalars, text and hparams into one event file at `log_dir`; the main process only."""
-
-    def __init__(self, log_dir: Path, purge_step: int | None = None):
-        from torch.utils.tensorboard import SummaryWriter
-
-        # purge_step hides what a killed run logged after the checkpoint it is resumed from.
-        self._writer = SummaryWriter(str(log_dir), purge_step=purge_step)
-
-    def log(self, scalars: dict[str, float], step: int) -> None:
-        for tag, value in scalars.items():
-            self._writer.add_scalar(tag, value, step)
-
-    def text(self, tag: str, markdown: str, step: int = 0) -> None:
-        self._writer.add_text(tag, markdown, step)
-
-    def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
-        """The HPARAMS tab's row for this run; its metric columns read the scalars already logged under these tags."""
-        from torch.utils.tensorboard.summary import hparams as hparams_summaries
-
-        # SummaryWriter.add_hparams would open a second event file in a sub-run; write into this run's file instead.
-        for summary in hparams_summaries(hparams, {tag: 0.0 for tag in metric_tags}):
-            self._writer.file_writer.add_summary(summary)
-
-    def close(self) -> None:
-        self._writer.close()
-
-
-class NullWriter:
-    """The writer of the other ranks: accepts everything, writes nothing."""
-
-    def log(self, scalars: dict[str, float], step: int) -> None: ...
-
-    def text(self, tag: str, markdown: str, step: int = 0) -> None: ...
-
-    def hparams(self, hparams: dict, metric_tags: list[str]) -> None: ...
-
-    def close(self) -> None: ...
 
 
 class Telemetry:

@@ -10,12 +10,17 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate.utils import send_to_device
 
-from app import precision, tags
+from app.amp.policy import bf16_available
 from app.runtime import backend_name
+from app.telemetry import tags
+
+if TYPE_CHECKING:
+    from app.run import Run
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
 PREFLIGHT_LIMIT = FP16_MAX / 2  # above half the range, the next layer's sum or a larger batch may overflow
@@ -96,7 +101,7 @@ def _dtype_name(dtype: torch.dtype | None) -> str:
     return str(dtype).removeprefix("torch.") if dtype else "its dtype"
 
 
-def first_training_batch(run) -> dict:
+def first_training_batch(run: Run) -> dict:
     """This rank's first batch of the run's first epoch, built from the dataset: the loader's own state is untouched."""
     loader = run.train_loader
     sampler = loader.get_sampler()
@@ -109,18 +114,12 @@ def first_training_batch(run) -> dict:
     return send_to_device(dict(batch), run.accelerator.device)
 
 
-def bf16_available(device_type: str) -> bool:
-    if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return device_type == "cpu" and precision.cpu_has_native_bf16()  # through the module: tests swap the probe
-
-
 def stored_in_bf16(config) -> bool:
     stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return str(stored).removeprefix("torch.") == "bfloat16"
 
 
-def preflight(run) -> None:
+def preflight(run: Run) -> None:
     """Before the first fp16 step: warn if the model was stored in bf16, and run one hooked forward pass of the first
     batch that names the first modules whose output exceeds half of fp16's range. Main process; fp16 only."""
     policy, accelerator = run.policy, run.accelerator
@@ -170,7 +169,7 @@ def preflight(run) -> None:
     run.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
 
 
-def overflow_report(run, batch: dict | None) -> str:
+def overflow_report(run: Run, batch: dict | None) -> str:
     """Replay `batch` forward and backward under the run's autocast and loss scale; name the first module whose output
     or gradient is not finite or beyond fp16's range. Weights, gradients and RNG streams are left as they were."""
     if batch is None:
@@ -199,7 +198,7 @@ def overflow_report(run, batch: dict | None) -> str:
     return "overflow report: the replayed batch stays within fp16's range (the overflow came from another batch)"
 
 
-def report_overflow(run, batch: dict | None, step: int) -> None:
+def report_overflow(run: Run, batch: dict | None, step: int) -> None:
     """The overflow report, on stderr and as TensorBoard text. Every rank replays its own batch; the main one says."""
     line = overflow_report(run, batch)
     if run.accelerator.is_main_process:

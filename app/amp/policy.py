@@ -1,7 +1,6 @@
-"""Precision: the one place where mixed precision is decided and its tools are built.
+"""The precision decision: made once, at start, into a frozen `PrecisionPolicy` that carries its reason.
 
-The decision is resolved once, at start, into a frozen `PrecisionPolicy` that carries its reason. The loop then
-calls `policy.autocast()` and the loss scaler the same way whatever was chosen: with AMP off,
+The loop then calls `policy.autocast()` and the loss scaler the same way whatever was chosen: with AMP off,
 `torch.autocast(enabled=False)` and `GradScaler(enabled=False)` are exact no-ops, so the loop has no `if amp:`.
 
 Accelerate is always built with `mixed_precision="no"` (see runtime.py): if it autocast or scaled as well, its
@@ -20,10 +19,9 @@ from app.errors import UsageError
 MODES = ("no", "fp16", "bf16")
 LAUNCHER_ENV = "ACCELERATE_MIXED_PRECISION"
 _DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-_CPU_FP16_SLOWDOWN = (
-    "fp16 on a CPU exercises the loss scaler but is rarely fast: CPUs without native fp16 emulate it (a MiniLM step "
-    "was reported 20x slower than fp32 on one), and even with AVX512-FP16 it ran at 0.88x fp32 in this project's "
-    "benchmark. It is kept because it was asked for"
+_CPU_FP16_NOTE = (
+    "fp16 on a CPU exercises the loss scaler but is rarely fast: CPUs without native fp16 emulate it, and even "
+    "those with AVX512-FP16 seldom beat fp32 (docs/benchmarks.md). It is kept because it was asked for"
 )
 
 
@@ -62,88 +60,23 @@ class PrecisionPolicy:
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.autocast_enabled)
 
-    def make_scaler(self, init_scale: float, growth_interval: int, backend: str) -> torch.amp.GradScaler:
-        """The loss scaler for this policy and backend, built the same way whether it is on or off.
-
-        Args:
-            init_scale: the first loss scale.
-            growth_interval: clean steps before the scale doubles.
-            backend: as runtime.backend_name says. Under FSDP1 each rank holds a shard of the gradients, and only
-                ShardedGradScaler makes the ranks agree on an overflow; DDP reduces gradients before unscaling and
-                FSDP2's DTensors reduce the overflow flag, so the plain scaler is right for them.
-        """
-        if backend == "FSDP1":
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-            return ShardedGradScaler(
-                self.device_type, init_scale=init_scale, growth_interval=growth_interval, enabled=self.scaler_enabled
-            )
-        return torch.amp.GradScaler(
-            self.device_type, init_scale=init_scale, growth_interval=growth_interval, enabled=self.scaler_enabled
-        )
-
     def describe(self) -> str:
         compute = f"{self.mode} autocast" if self.autocast_enabled else "fp32, no autocast,"
         scaling = "on" if self.scaler_enabled else "off"
         return f"precision: {compute} on {self.device_type}, loss scaling {scaling} (from {self.source}: {self.reason})"
 
 
-class OverflowFlag:
-    """Whether the scaler skipped an update, brought to the host without stalling the device.
-
-    With a fused optimizer, `scaler.step` makes no host sync of its own (see the loop's docstring): the kernel skips an
-    overflowed update on the device. The flag is copied without blocking and read one optimizer step later, when the
-    copy has long landed. With loss scaling off nothing is copied: every update counts as applied.
-    """
-
-    def __init__(self, scaler: torch.amp.GradScaler, device: torch.device):
-        self._scaler = scaler
-        on_gpu = device.type == "cuda"
-        self._host = torch.zeros((), dtype=torch.bool, pin_memory=on_gpu)
-        self._landed = torch.cuda.Event() if on_gpu else None
-        self.on_device = torch.zeros((), dtype=torch.bool, device=device)  # the latest step's flag, for device-side use
-        self._pending = False
-
-    def capture(self, optimizer: torch.optim.Optimizer) -> None:
-        """Start this step's flag on its way. Call after `scaler.unscale_(optimizer)`, before `scaler.step`."""
-        self._pending = True
-        if not self._scaler.is_enabled():
-            return
-        # The scaler keeps its per-device flags privately; its public get_scale() would sync.
-        flags = self._scaler._found_inf_per_device(optimizer).values()  # noqa: SLF001
-        self.on_device = sum(flag.sum() for flag in flags) > 0  # ShardedGradScaler keeps shape [1], GradScaler []
-        self._host.copy_(self.on_device, non_blocking=True)
-        if self._landed is not None:
-            self._landed.record()
-
-    def read(self) -> bool | None:
-        """The captured step's flag (None if none is pending). Waits for the copy only, never for later work."""
-        if not self._pending:
-            return None
-        if self._landed is not None:
-            self._landed.synchronize()
-        self._pending = False
-        return bool(self._host) and self._scaler.is_enabled()
-
-
-def check_backend(policy: PrecisionPolicy, requested_backend: str | None) -> None:
-    """Refuse AMP under DeepSpeed: its engine scales the loss itself, and this app's scaler would scale it again.
-
-    Args:
-        requested_backend: what the launch config asked for, as runtime.requested_backend reads it.
-    """
-    if requested_backend == "DeepSpeed" and policy.autocast_enabled:
-        raise UsageError(
-            f"{policy.mode} under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine owns loss "
-            "scaling and this app's would scale twice; launch with accelerate_configs/fsdp.yaml (or multi_gpu.yaml) "
-            "instead, or set fp16 in DeepSpeed's own config and pass --mixed_precision no"
-        )
-
-
 def cpu_has_native_bf16() -> bool:
-    """True on CPUs with AVX512-BF16 or AMX, where bf16 matmuls run natively (about 2x fp32 here)."""
+    """True on CPUs with AVX512-BF16 or AMX, where bf16 matmuls run natively."""
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
+
+
+def bf16_available(device_type: str) -> bool:
+    """Whether this device runs bf16 natively (a GPU that supports it, or a CPU with AVX512-BF16/AMX)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return device_type == "cpu" and cpu_has_native_bf16()
 
 
 def launcher_choice() -> str | None:
@@ -188,7 +121,7 @@ def resolve_precision(
         notes.append(f"note: {asked} overrides the launcher's {launcher!r}")
     if mode == "fp16" and device_type == "cpu":
         alternative = "--mixed_precision bf16 (this CPU has native bf16) or " if cpu_has_native_bf16() else ""
-        notes.append(f"warning: {_CPU_FP16_SLOWDOWN}. For speed use {alternative}--mixed_precision no.")
+        notes.append(f"warning: {_CPU_FP16_NOTE}. For speed use {alternative}--mixed_precision no.")
     if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("bf16 was asked for but this GPU has no bf16 support; use --mixed_precision fp16 or no")
     return PrecisionPolicy(mode, device_type, source, reason), notes
@@ -204,3 +137,17 @@ def _pick_mode(requested: str, device_type: str) -> tuple[str, str]:
     if device_type == "cpu":
         return "no", "this CPU has no native bf16 or fp16, so fp32 is fastest"
     return "no", f"no measured fast low precision on {device_type}"
+
+
+def refuse_amp_under_deepspeed(policy: PrecisionPolicy, requested_backend: str | None) -> None:
+    """DeepSpeed's engine scales the loss itself, so this app's scaler would scale it twice: refuse, don't delegate.
+
+    Args:
+        requested_backend: what the launch config asked for, as runtime.requested_backend reads it.
+    """
+    if requested_backend == "DeepSpeed" and policy.autocast_enabled:
+        raise UsageError(
+            f"{policy.mode} under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine owns loss "
+            "scaling and this app's would scale twice; launch with accelerate_configs/fsdp.yaml (or multi_gpu.yaml) "
+            "instead, or set fp16 in DeepSpeed's own config and pass --mixed_precision no"
+        )

@@ -1,4 +1,4 @@
-"""Guards: the loss-scale alarm, and the watch that never lets a non-finite loss pass unseen.
+"""Watches: the loss-scale alarm, and the watch that never lets a non-finite loss pass unseen.
 
 Neither reads the device on ordinary steps (why that matters: the loop's docstring). Non-finite losses are read at
 log steps and before every checkpoint, so a bad state is never saved.
@@ -10,8 +10,10 @@ from collections import deque
 from pathlib import Path
 
 import torch
+from accelerate import Accelerator
 
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
+from app.state import TrainState
 
 
 class ScaleWatch:
@@ -22,7 +24,7 @@ class ScaleWatch:
         self.history: deque[tuple[int, float]] = deque(maxlen=history)
         self._fired_this_run_of_skips = False
 
-    def after_step(self, state, skipped: bool, scaler: torch.amp.GradScaler) -> str | None:
+    def after_step(self, state: TrainState, skipped: bool, scaler: torch.amp.GradScaler) -> str | None:
         """The alarm's diagnostic if it fires at this step, else None (at most once per run of skipped steps)."""
         if not skipped:
             self._fired_this_run_of_skips = False
@@ -53,7 +55,7 @@ class ScaleWatch:
 class LossWatch:
     """Counts applied updates whose loss was NaN or inf. With loss scaling on, such steps are skipped, never applied."""
 
-    def __init__(self, accelerator):
+    def __init__(self, accelerator: Accelerator):
         self.accelerator = accelerator
         self._bad_updates = torch.zeros((), device=accelerator.device, dtype=torch.int64)
         self._first_unchecked_step = 1

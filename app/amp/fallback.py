@@ -5,32 +5,33 @@ The way back is always a checkpoint: with fallback on, a run that starts at step
 initial weights, optimizer, schedule and RNG streams come back exactly through the same `load_state` as any resume,
 at the cost of one save. Checkpoints saved afterwards record the new precision and the fallback (checkpoint.RunInfo),
 so `--resume_from_checkpoint latest` continues in it. A run falls back once: an alarm after that stops it (exit 3).
+The loop carries on from the restored state itself: nothing here trains.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from app import diagnose, tags
-from app.checkpoint import ResumePoint, RunInfo
+from app.amp.policy import PrecisionPolicy, bf16_available
+from app.checkpoint import ResumePoint
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
-from app.precision import PrecisionPolicy
+from app.telemetry import tags
+
+if TYPE_CHECKING:
+    from app.run import Run
 
 SOURCE = "--on_scale_collapse fallback"
 
 
-def keep_start_point(run) -> None:
+def keep_start_point(run: Run) -> None:
     """With fallback on and nothing saved yet, checkpoint the start: the point to come back to. Collective."""
     if run.cfg.on_scale_collapse == "fallback" and run.checkpoints.last_saved is None:
         run.checkpoints.save(run.state)
 
 
-def target_mode(device_type: str) -> str:
-    return "bf16" if diagnose.bf16_available(device_type) else "no"
-
-
-def fall_back(run, alarm_step: int) -> None:
-    """Switch `run` to the fallback precision and load its last checkpoint; the loop then starts over from there."""
+def fall_back(run: Run, alarm_step: int) -> None:
+    """Switch `run` to the fallback precision and rewind it to its last checkpoint, from where the loop carries on."""
     old = run.policy
     if old.source == SOURCE:
         raise TrainingHalted(
@@ -38,20 +39,14 @@ def fall_back(run, alarm_step: int) -> None:
             f"{old.label}; falling back twice would loop",
             NUMERIC_FAULT_EXIT_CODE,
         )
-    mode = target_mode(old.device_type)
+    mode = "bf16" if bf16_available(old.device_type) else "no"
     why = "this device has native bf16" if mode == "bf16" else "this device has no native bf16"
     new = dataclasses.replace(
         old, mode=mode, source=SOURCE, reason=f"the loss-scale alarm, handled at optimizer step {alarm_step}; {why}"
     )
     path = run.checkpoints.last_saved  # never None: keep_start_point saved step 0
-    run.policy = new
-    run.scaler = new.make_scaler(run.cfg.init_loss_scale, run.cfg.loss_scale_growth_interval, "")  # disabled
-    run.scaler_state.scaler = run.scaler  # the object Accelerate checkpoints, by position: the same one, new scaler
-    run.checkpoints.precision = mode
-    run.checkpoints.fallback = {"from": old.mode, "at_step": alarm_step}
-    run.checkpoints.load(path)  # the saved scaler state was fp16's: ScalerCheckpoint keeps the fresh, disabled one
-    vars(run.state).update(vars(RunInfo.read(path).state))
-    run.telemetry.rewind(run.state)
+    run.switch_precision(new, record={"from": old.mode, "at_step": alarm_step})
+    run.rewind_to(path)  # the saved scaler state was fp16's: ScalerCheckpoint keeps the fresh, disabled one
     note = (
         f"fallback at optimizer step {alarm_step}, on the loss-scale alarm: going back to {path.name} "
         f"(optimizer step {run.state.opt_step}) and carrying on in {new.label} ({why})"

@@ -21,7 +21,7 @@ EVAL_LOSS, EVAL_ACCURACY, EVAL_F1 = "eval/loss", "eval/accuracy", "eval/f1"  # f
 # ---- texts (markdown, written once at step 0) -----------------------------------------------------------------------
 RUN_CONFIG, RUN_ENVIRONMENT, RUN_PRECISION, RUN_TF32 = "run/config", "run/environment", "run/precision", "run/tf32"
 
-# ---- texts written when they happen (fp16 diagnostics: app/diagnose.py, app/fallback.py) -----------------------------
+# ---- texts written when they happen (fp16 diagnostics: app/amp/diagnose.py, app/amp/fallback.py) ------------------
 AMP_PREFLIGHT = "amp/preflight"  # before step 1: the first batch's module outputs against fp16's range
 AMP_OVERFLOW_REPORT = "amp/overflow_report"  # at the alarm: the first module whose output or gradient overflowed
 AMP_FALLBACK = "amp/fallback"  # --on_scale_collapse fallback: from which step, to which precision, why

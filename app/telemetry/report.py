@@ -5,18 +5,16 @@ from __future__ import annotations
 import accelerate
 import torch
 import transformers
-import yaml
 
-from app import tags
+from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.precision import PrecisionPolicy
 from app.runtime import backend_name, device_name
-from app.telemetry import Telemetry
+from app.telemetry import tags
+from app.telemetry.meters import Telemetry
 
 
-def write_start_texts(
-    writer, cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str], run_name: str
-) -> None:
+def write_start_texts(writer, cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]) -> None:
+    """The resolved config, the environment, the precision decision with its notes, and the TF32 flags."""
     environment = {
         "torch": torch.__version__,
         "accelerate": accelerate.__version__,
@@ -30,7 +28,7 @@ def write_start_texts(
         "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
         "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
     }
-    writer.text(tags.RUN_CONFIG, _code_block(yaml.safe_dump(cfg.to_dict() | {"run_name": run_name}, sort_keys=False)))
+    writer.text(tags.RUN_CONFIG, _code_block(cfg.to_yaml()))
     writer.text(tags.RUN_ENVIRONMENT, _table(environment))
     writer.text(tags.RUN_PRECISION, "\n\n".join([policy.describe(), *notes]))
     writer.text(tags.RUN_TF32, _table(tf32))
