@@ -3,6 +3,7 @@
 accelerate launch --config_file accelerate_configs/cpu_multi.yaml tests/workers/ddp_worker.py OUT MODEL TRAIN VAL
 """
 
+import gc
 import hashlib
 import json
 import sys
@@ -37,4 +38,5 @@ torch.save(
 (out / f"rank-{rank}.json").write_text(
     json.dumps({"world": run.accelerator.num_processes, "rows": rows, "eval": final})
 )
+gc.collect()  # before tearing down: gloo otherwise sometimes aborts at interpreter exit
 run.accelerator.end_training()

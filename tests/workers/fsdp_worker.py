@@ -7,6 +7,7 @@ Scenarios: the scaler the app's precision module picks for FSDP1 and for FSDP2, 
 FSDP1 (which should let the ranks disagree). The FSDP2 model is then saved through the app's save_final_model.
 """
 
+import gc
 import json
 import sys
 from dataclasses import replace
@@ -88,4 +89,5 @@ for name, version, scaler_kind in (
         )
 
 (out / f"fsdp-{rank}.json").write_text(json.dumps(results))
+gc.collect()  # before tearing down: gloo otherwise sometimes aborts at interpreter exit
 accelerator.end_training()
