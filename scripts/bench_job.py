@@ -166,12 +166,12 @@ def hf_worker(args) -> int:
     )
 
     from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, load_raw
-    from app.model import resolve_model_path
+    from app.model import embedded_model_dir
     from app.runtime import device_type
 
     defaults = TrainConfig()
     raw = load_raw(replace(defaults, max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples))
-    model_path = resolve_model_path(args.model)
+    model_path = args.model or str(embedded_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     labels = sorted(set(raw["train"][EMBEDDED_LABEL_COLUMN]))
 

@@ -81,11 +81,12 @@ class Telemetry:
         self._flops = flops_per_token(model)
         peak = peak_flops(device, mode)
         self._peak_flops = peak * accelerator.num_processes if peak else None
+        # Losses are summed weighted by their items (examples, label tokens): train/loss is the mean over all items.
         self._loss_sum = torch.zeros((), device=device)  # over the log interval
         self.step_loss = torch.zeros((), device=device)  # over the current optimizer step's micro-batches
         self._real_tokens = torch.zeros((), device=device, dtype=torch.int64)
         self._grad_norm = torch.zeros((), device=device)
-        self._micro_batches = self._samples = self._padded_tokens = self._timed_steps = 0
+        self._items = self._samples = self._padded_tokens = self._timed_steps = 0
         self._last_log = (start.opt_step, start.skipped_steps)  # where the current interval began
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
@@ -100,10 +101,11 @@ class Telemetry:
         )
 
     # ---- called from the loop: no host syncs ---------------------------------------------------------------------
-    def add_micro_batch(self, loss: torch.Tensor, batch: dict) -> None:
-        self.step_loss += loss.detach().float()
+    def add_micro_batch(self, loss: torch.Tensor, items: int, batch: dict) -> None:
+        """`loss`: the micro-batch's mean over its `items` (a host count)."""
+        self.step_loss += loss.detach().float() * items
         self._real_tokens += batch["attention_mask"].sum()
-        self._micro_batches += 1
+        self._items += items
         self._samples += batch["input_ids"].shape[0]
         self._padded_tokens += batch["input_ids"].numel()
 
@@ -141,12 +143,12 @@ class Telemetry:
         """Reduce over ranks, read to the host and write. Every rank must call it at the same steps."""
         device = self._loss_sum.device
         host_counts = torch.tensor(
-            [self._micro_batches, self._samples, self._padded_tokens], dtype=torch.float64, device=device
+            [self._items, self._samples, self._padded_tokens], dtype=torch.float64, device=device
         )
         counts = torch.cat([self._loss_sum.double().view(1), self._real_tokens.double().view(1), host_counts])
         summed = self.accelerator.reduce(counts, "sum").tolist()  # host sync: the one read of this interval
         seconds = self._timed_seconds + time.perf_counter() - self._clock
-        loss_sum, real_tokens, micro_batches, samples, padded_tokens = summed
+        loss_sum, real_tokens, items, samples, padded_tokens = summed
         memory = self._memory()
         memory = dict(
             zip(memory, self.accelerator.reduce(torch.tensor(list(memory.values()), device=device), "max").tolist())
@@ -154,7 +156,7 @@ class Telemetry:
         grad_norm = self._grad_norm.item()  # the device is idle after the read above; identical on every rank
 
         scalars = {
-            TRAIN_LOSS: loss_sum / max(micro_batches, 1),
+            TRAIN_LOSS: loss_sum / max(items, 1),
             TRAIN_LR: lr,
             TRAIN_GRAD_NORM: grad_norm,  # inf/NaN on overflow steps, shown as they are
             TRAIN_EPOCH: epoch,
@@ -189,7 +191,7 @@ class Telemetry:
 
     def _reset_interval(self, state) -> None:
         self._loss_sum.zero_()
-        self._micro_batches = 0
+        self._items = 0
         self._last_log = (state.opt_step, state.skipped_steps)
         self._zero_timing()  # no synchronize: the read in log() already waited for the device
 

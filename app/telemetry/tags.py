@@ -17,6 +17,8 @@ MEMORY_RSS_GIB = "memory/rss_gib"  # CPU: resident set of the process
 MEMORY_ALLOCATED_GIB, MEMORY_RESERVED_GIB = "memory/allocated_gib", "memory/reserved_gib"  # GPU
 MEMORY_PEAK_ALLOCATED_GIB = "memory/peak_allocated_gib"  # GPU, since the previous log
 EVAL_LOSS, EVAL_ACCURACY, EVAL_F1 = "eval/loss", "eval/accuracy", "eval/f1"  # f1: macro-averaged
+EVAL_PERPLEXITY = "eval/perplexity"  # exp(eval/loss): causal_lm, whose eval/loss is the mean over label tokens
+EVAL_EXACT_MATCH = "eval/exact_match"  # causal_lm with prompts: share of greedy responses equal to the reference
 
 # ---- texts (markdown, written once at step 0) -----------------------------------------------------------------------
 RUN_CONFIG, RUN_ENVIRONMENT, RUN_PRECISION, RUN_TF32 = "run/config", "run/environment", "run/precision", "run/tf32"
@@ -27,4 +29,13 @@ AMP_OVERFLOW_REPORT = "amp/overflow_report"  # at the alarm: the first module wh
 AMP_FALLBACK = "amp/fallback"  # --on_scale_collapse fallback: from which step, to which precision, why
 
 # ---- the metric columns of TensorBoard's HPARAMS tab, read from the scalars above -----------------------------------
-HPARAM_METRICS = [EVAL_ACCURACY, EVAL_F1, EVAL_LOSS, PERF_SAMPLES_PER_SEC, AMP_SKIPPED_STEPS, AMP_LOSS_SCALE]
+HPARAM_METRICS = [
+    EVAL_ACCURACY,
+    EVAL_F1,
+    EVAL_LOSS,
+    EVAL_PERPLEXITY,
+    EVAL_EXACT_MATCH,
+    PERF_SAMPLES_PER_SEC,
+    AMP_SKIPPED_STEPS,
+    AMP_LOSS_SCALE,
+]
