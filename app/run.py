@@ -21,7 +21,7 @@ from accelerate import Accelerator
 from datasets import DatasetDict
 from transformers import PretrainedConfig
 
-from app import data
+from app import data, gguf_convert
 from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.checkpoint import Checkpoints, ResumePoint, RunInfo
@@ -51,15 +51,24 @@ class Inputs:
 def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
     """Check every input (model config, task, tokenizer, length, columns, labels) before any weights load, then
     tokenize."""
-    model_path = resolve_model_path(cfg)
-    model_config = load_model_config(model_path)
+    model_path, gguf_file = resolve_model_path(cfg)
+    if gguf_file:  # a converted copy loads like any model folder; else config and tokenizer come from the file
+        gguf_convert.check_gguf(model_path, gguf_file)
+        converted = gguf_convert.converted_folder(model_path, gguf_file)
+        model_path, gguf_file = (
+            (str(converted), None) if gguf_convert.is_converted(converted) else (model_path, gguf_file)
+        )
+    model_config = load_model_config(model_path, gguf_file)
     refuse_quantized(model_path, model_config)
     task_name, why = resolve_task(cfg.task, model_config)
     accelerator.print(f"task: {task_name} (from {why})")
-    tokenizer = load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path, gguf_file)
     check_max_length(cfg.max_length, model_config, tokenizer)
     raw = data.load_raw(cfg)
     task = build_task(task_name, cfg, raw, tokenizer, model_config)
+    if gguf_file:  # every input is checked: now the heavy conversion, by the main process first
+        with accelerator.main_process_first():
+            model_path = str(gguf_convert.convert(model_path, gguf_file, converted, accelerator.print))
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
         accelerator.print(note)

@@ -68,6 +68,14 @@ def test_a_long_prompt_is_cut_from_the_left_and_its_response_kept(tiny_gpt2_dir)
     )
 
 
+def test_with_a_chat_template_a_long_prompt_loses_text_not_the_template(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    ids, labels, prompt_cut, _ = Renderer(tokenizer, max_length=24).pair("word " * 40 + "the end", "great")
+    text = tokenizer.decode(ids)
+    assert prompt_cut and len(ids) == 24
+    assert text.startswith("<|im_start|>user\n") and "the end<|im_end|>\n<|im_start|>assistant\ngreat" in text
+
+
 def test_conversations_learn_the_assistant_turns_only(tiny_llama_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
     messages = [

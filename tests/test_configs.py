@@ -102,3 +102,11 @@ def test_the_shipped_training_config_is_the_defaults_with_every_key():
     assert parse_config(["--config", str(path)]) == TrainConfig()
     keys = set(yaml.safe_load(path.read_text()))
     assert keys == {field.name for field in dataclasses.fields(TrainConfig)}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_training_config_loads(path):
+    from app.config import TrainConfig, parse_config
+
+    cfg = parse_config(["--config", str(path)])
+    assert isinstance(cfg, TrainConfig)

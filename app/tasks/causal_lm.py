@@ -234,7 +234,7 @@ class TextGenerator:
 
     def predict(self, accelerator: Accelerator, policy: PrecisionPolicy, texts: list[list[str]], progress) -> list[str]:
         # A prompt longer than the model was trained with keeps its end, the part the answer follows.
-        prompts = [self.renderer.prompt_ids(prompt)[-self.max_length :] for prompt in texts[0]]
+        prompts = [self.renderer.prompt_ids(prompt, room=self.max_length) for prompt in texts[0]]
         return generation.generate(
             accelerator, policy, self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, progress
         )

@@ -100,18 +100,37 @@ class Renderer:
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def prompt_ids(self, prompt: str) -> list[int]:
-        """The tokens a response follows: the user turn and the assistant's header, or the bare prompt."""
+    def prompt_parts(self, prompt: str) -> tuple[list[int], list[int], list[int]]:
+        """The tokens a response follows, in three parts: what comes before the prompt's text (the template's system
+        turn and user header, or the tokenizer's BOS), the text, and what comes after it (the assistant's header)."""
         if self.chat_template:
             rendered = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
             )
-            return self._ids(rendered)
-        return self.tokenizer(prompt)["input_ids"]  # with the tokenizer's own leading special tokens (BOS)
+            at = rendered.find(prompt) if prompt else -1
+            if at < 0:  # a template that rewrites the text: no parts to tell apart
+                return [], self._ids(rendered), []
+            return self._ids(rendered[:at]), self._ids(prompt), self._ids(rendered[at + len(prompt) :])
+        text, whole = self._ids(prompt), self.tokenizer(prompt)["input_ids"]
+        if whole[-len(text) :] == text or not text:
+            return whole[: len(whole) - len(text)], text, []  # e.g. [BOS], text
+        return [], whole, []
+
+    def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
+        """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next
+        to the answer, stays), and then, if need be, the template around it."""
+        return self._fit(*self.prompt_parts(prompt), room)[0]
+
+    @staticmethod
+    def _fit(head: list[int], text: list[int], tail: list[int], room: int | None) -> tuple[list[int], bool]:
+        if room is None or len(head) + len(text) + len(tail) <= room:
+            return head + text + tail, False
+        keep = max(room - len(head) - len(tail), 0)
+        ids = head + text[len(text) - keep :] + tail
+        return ids[len(ids) - room :], True
 
     def pair(self, prompt: str, response: str) -> tuple[list[int], list[int], bool, bool]:
         """ids, labels, whether the prompt was cut from the left, whether the response was cut."""
-        prompt_ids = self.prompt_ids(prompt)
         if self.chat_template:
             turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
             head = self.tokenizer.apply_chat_template(turns[:1], tokenize=False, add_generation_prompt=True)
@@ -124,8 +143,7 @@ class Renderer:
         response_cut = len(response_ids) > self.max_length - 1  # at least one prompt token stays to predict from
         response_ids = response_ids[: self.max_length - 1]
         room = self.max_length - len(response_ids)
-        prompt_cut = len(prompt_ids) > room
-        prompt_ids = prompt_ids[len(prompt_ids) - room :] if prompt_cut else prompt_ids
+        prompt_ids, prompt_cut = self._fit(*self.prompt_parts(prompt), room)
         return prompt_ids + response_ids, [IGNORE] * len(prompt_ids) + response_ids, prompt_cut, response_cut
 
     def conversation(self, messages: list[dict]) -> tuple[list[int], list[int], bool]:
