@@ -88,3 +88,48 @@ def save_tiny_gpt2(path: Path, texts: list[str], dropout: float = 0.1) -> Path:
     torch.manual_seed(0)
     GPT2LMHeadModel(config).save_pretrained(path)
     return path
+
+
+def save_tiny_gguf(folder: Path, texts: list[str], name: str = "tiny.gguf") -> Path:
+    """A tiny Llama written as a GGUF file (fp32 tensors, with the tokenizer's vocabulary), as llama.cpp's converter
+    lays one out: what --gguf_file reads. Returns the file's path."""
+    import gguf
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    source = save_tiny_llama(folder / "source", texts)
+    model, vocabulary = AutoModelForCausalLM.from_pretrained(source), json_vocabulary(source)
+    config = model.config
+    writer = gguf.GGUFWriter(str(folder / name), "llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(vocabulary["tokens"])
+    writer.add_token_types(vocabulary["types"])
+    writer.add_token_merges(vocabulary["merges"])
+    writer.add_eos_token_id(config.eos_token_id)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
+    for tensor_name, value in model.state_dict().items():
+        if tensor_name != "lm_head.weight":  # tied to the embeddings
+            writer.add_tensor(names.get_name(tensor_name, try_suffixes=(".weight",)), value.numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return folder / name
+
+
+def json_vocabulary(folder: Path) -> dict:
+    import json
+
+    saved = json.loads((folder / "tokenizer.json").read_text())
+    special = {token["content"] for token in saved["added_tokens"]}
+    tokens = [token for token, _ in sorted(saved["model"]["vocab"].items(), key=lambda item: item[1])]
+    merges = [" ".join(m) if isinstance(m, list) else m for m in saved["model"]["merges"]]
+    return {"tokens": tokens, "types": [3 if t in special else 1 for t in tokens], "merges": merges}
