@@ -31,6 +31,7 @@ LM_HEADS = ("ForCausalLM", "LMHeadModel")
 class Task(Protocol):
     name: str
     pipeline_tag: str  # the model card's Hugging Face pipeline
+    summary: str  # what the trained model is, for the model card
     metrics: tuple[str, ...]  # the eval tags that evaluate() returns
     notes: list[str]  # what preparing the data had to change (cut examples), printed at start
 

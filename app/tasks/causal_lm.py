@@ -66,6 +66,7 @@ class CausalLM:
 
     name = NAME
     pipeline_tag = "text-generation"
+    summary = "A causal language model"
 
     def __init__(self, columns: LMColumns, tokenizer, cfg: TrainConfig):
         self.columns, self.tokenizer, self.cfg = columns, tokenizer, cfg

@@ -133,6 +133,7 @@ class SequenceClassification:
     name = NAME
     metrics = (EVAL_LOSS, EVAL_ACCURACY, EVAL_F1)
     pipeline_tag = "text-classification"
+    summary = "A sequence classifier"
 
     def __init__(self, columns: Columns, labels: LabelSpace, tokenizer, max_length: int):
         self.columns, self.labels, self.tokenizer, self.max_length = columns, labels, tokenizer, max_length

@@ -98,7 +98,7 @@ class Renderer:
         self.chat_template = bool(getattr(tokenizer, "chat_template", None))
 
     def _ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # cut later, not here
 
     def prompt_parts(self, prompt: str) -> tuple[list[int], list[int], list[int]]:
         """The tokens a response follows, in three parts: what comes before the prompt's text (the template's system
@@ -111,7 +111,7 @@ class Renderer:
             if at < 0:  # a template that rewrites the text: no parts to tell apart
                 return [], self._ids(rendered), []
             return self._ids(rendered[:at]), self._ids(prompt), self._ids(rendered[at + len(prompt) :])
-        text, whole = self._ids(prompt), self.tokenizer(prompt)["input_ids"]
+        text, whole = self._ids(prompt), self.tokenizer(prompt, verbose=False)["input_ids"]
         if whole[-len(text) :] == text or not text:
             return whole[: len(whole) - len(text)], text, []  # e.g. [BOS], text
         return [], whole, []
@@ -177,7 +177,7 @@ class Renderer:
 
     def document(self, text: str) -> list[int]:
         """A document's tokens, ended by EOS."""
-        return self.tokenizer(text)["input_ids"] + [self.tokenizer.eos_token_id]
+        return self.tokenizer(text, verbose=False)["input_ids"] + [self.tokenizer.eos_token_id]
 
 
 def pack(documents: list[list[int]], block: int) -> list[list[int]]:
