@@ -81,10 +81,6 @@ def by_optimizer_step(batches: Iterable[dict], micro_batches: int) -> Iterator[l
         yield group
 
 
-def last_flags(group: list) -> list[bool]:
-    return [i == len(group) - 1 for i in range(len(group))]
-
-
 def step_weights(items: list[int], host: HostCollective, num_processes: int) -> list[float]:
     """What each micro-batch's mean loss is multiplied by, so that the step's gradient is that of the mean over all its
     items (examples, label tokens) on every rank, as HF Trainer weighs them: the same loss whatever the accumulation
@@ -187,8 +183,9 @@ def train(run: Run, budget: int | None = None) -> None:
             # ---- the micro-batches of one optimizer step ---------------------------------------------------------
             items = [run.inputs.task.items(batch) for batch in micro_batches]  # host values: no sync
             weights = step_weights(items, run.stop.host, accelerator.num_processes)
-            for batch, count, weight, last in zip(micro_batches, items, weights, last_flags(micro_batches)):
+            for i, (batch, count, weight) in enumerate(zip(micro_batches, items, weights)):
                 # Gradients are reduced over the ranks once per optimizer step, on its last micro-batch.
+                last = i == len(micro_batches) - 1
                 with contextlib.nullcontext() if last else accelerator.no_sync(model):
                     with run.policy.autocast():
                         loss = run.loss(batch)
