@@ -25,7 +25,7 @@ from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
 from app.reading import check_label_cells, read_error
 from app.runtime import pinned_batches
-from app.sampling import LengthGroupedSampler, length_order, token_counts
+from app.sampling import length_order, token_counts, train_sampler
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
 
@@ -270,9 +270,7 @@ def tokenize(
         return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
 
 
-def make_loaders(
-    tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None, num_processes: int = 1
-):
+def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None):
     """Dynamically padded batches: training ones shuffled (length-grouped by default), evaluation ones in length order.
 
     The training loader has its own generator, which keeps DataLoader iteration from drawing on the global RNG that
@@ -280,15 +278,10 @@ def make_loaders(
     """
     collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     pin = pinned_batches()
-    if cfg.train_sampling_strategy == "group_by_length":
-        lengths = token_counts(tokenized["train"])
-        order = {"sampler": LengthGroupedSampler(lengths, cfg.per_device_train_batch_size, num_processes, cfg.seed)}
-    else:  # Accelerate swaps in its seedable sampler for this one (runtime.build_accelerator)
-        order = {"shuffle": True}
     train_loader = DataLoader(
         tokenized["train"],
         batch_size=cfg.per_device_train_batch_size,
-        **order,
+        sampler=train_sampler(cfg, token_counts(tokenized["train"])),  # one order whatever the process count
         collate_fn=collate,
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=pin,

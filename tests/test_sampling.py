@@ -7,15 +7,17 @@ from dataclasses import replace
 import pytest
 import torch
 from accelerate import skip_first_batches
-from accelerate.data_loader import prepare_data_loader
+from accelerate.data_loader import get_sampler, prepare_data_loader
 from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorWithPadding
 
+from app.checkpoint import RunInfo
 from app.config import TrainConfig
 from app.data import make_loaders
 from app.evaluation import evaluate
-from app.sampling import LengthGroupedSampler, length_order, token_counts
+from app.sampling import DataPosition, LengthGroupedSampler, length_order, token_counts
+from app.state import TrainState
 from tests.harness import build_run
 
 SEED, BATCH = 5, 16
@@ -32,11 +34,11 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def loader_for(tokenizer, lengths: list[int], strategy: str = "group_by_length", num_processes: int = 1):
+def loader_for(tokenizer, lengths: list[int], strategy: str = "group_by_length", batch_size: int = BATCH):
     """The app's training loader over examples of these lengths, whose label is their index (to trace them)."""
     split = Dataset.from_dict({"input_ids": [[5] * n for n in lengths], "labels": list(range(len(lengths)))})
-    cfg = replace(TrainConfig(), per_device_train_batch_size=BATCH, seed=SEED, train_sampling_strategy=strategy)
-    train_loader, _ = make_loaders(DatasetDict(train=split, validation=split), tokenizer, cfg, None, num_processes)
+    cfg = replace(TrainConfig(), per_device_train_batch_size=batch_size, seed=SEED, train_sampling_strategy=strategy)
+    train_loader, _ = make_loaders(DatasetDict(train=split, validation=split), tokenizer, cfg, None)
     return train_loader
 
 
@@ -60,19 +62,19 @@ def epoch_batches(loader, epoch: int, skip: int = 0) -> list[list[int]]:
 
 def test_the_order_is_a_permutation_fixed_by_seed_and_epoch():
     lengths = mixed_lengths(1000)
-    sampler = LengthGroupedSampler(lengths, BATCH, 1, SEED)
-    first, again = sampler.order(0), LengthGroupedSampler(lengths, BATCH, 1, SEED).order(0)
+    sampler = LengthGroupedSampler(lengths, BATCH, SEED)
+    first, again = sampler.order(0), LengthGroupedSampler(lengths, BATCH, SEED).order(0)
     assert torch.equal(first, again)
     assert sorted(first.tolist()) == list(range(1000))
     assert not torch.equal(first, sampler.order(1)), "each epoch is shuffled anew"
-    assert not torch.equal(first, LengthGroupedSampler(lengths, BATCH, 1, SEED + 1).order(0))
+    assert not torch.equal(first, LengthGroupedSampler(lengths, BATCH, SEED + 1).order(0))
     assert torch.equal(sampler.order(1), sampler.order(1)), "a pure function: no state carried between calls"
 
 
 def test_set_epoch_and_skip_first_batches_reach_the_sampler_through_accelerate(tokenizer):
     lengths = mixed_lengths(300)
     for num_processes in (1, 2):
-        train_loader = loader_for(tokenizer, lengths, num_processes=num_processes)
+        train_loader = loader_for(tokenizer, lengths)
         for loader in (shard(train_loader, num_processes, rank) for rank in range(num_processes)):
             epoch0, epoch1 = epoch_batches(loader, 0), epoch_batches(loader, 1)
             assert epoch0 != epoch1, "set_epoch must reach the sampler"
@@ -82,16 +84,72 @@ def test_set_epoch_and_skip_first_batches_reach_the_sampler_through_accelerate(t
 
 
 def test_two_ranks_get_disjoint_covering_shards_of_similar_lengths(tokenizer):
-    lengths = mixed_lengths(1600)  # 50 steps of 2 x 16: no remainder to pad out
-    loader = loader_for(tokenizer, lengths, num_processes=2)
+    lengths = mixed_lengths(1536)  # two mega-batches of 48 x 16, 48 steps of 2 x 16: no remainder to pad out
+    loader = loader_for(tokenizer, lengths)
     ranks = [epoch_batches(shard(loader, 2, r), epoch=1) for r in (0, 1)]
     seen = [i for batches in ranks for batch in batches for i in batch]
-    assert sorted(seen) == list(range(1600)), "every example once, on one rank"
+    assert sorted(seen) == list(range(1536)), "every example once, on one rank"
     longest = [[max(lengths[i] for i in batch) for batch in batches] for batches in ranks]
     assert len(longest[0]) == len(longest[1])
-    # At each step the two ranks' longest examples are neighbours in a sorted mega-batch of 1,600 / 50 lengths.
+    # At each step the two ranks' longest examples are neighbours in a sorted mega-batch of 768 lengths.
     worst_gap = max(abs(a - b) for a, b in zip(*longest))
     assert worst_gap <= 8, worst_gap
+
+
+def steps(loader, num_processes: int, epoch: int, skip: int = 0) -> list[list[int]]:
+    """The examples of each optimizer step, over all ranks, in rank order, as `accelerator.prepare` cuts them."""
+    ranks = [epoch_batches(shard(loader, num_processes, r), epoch, skip) for r in range(num_processes)]
+    return [[i for batch in step for i in batch] for step in zip(*ranks)]
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
+def test_the_order_of_examples_is_the_same_under_one_and_two_processes(tokenizer, strategy):
+    lengths = mixed_lengths(640)  # whole steps of 2 x 16: nothing for Accelerate to pad out
+    loader = loader_for(tokenizer, lengths, strategy)
+    one, two = (sum(steps(loader, n, epoch=2), []) for n in (1, 2))
+    assert one == two, "the process count only cuts the order into batches"
+    assert one == get_sampler(loader).order(2).tolist()
+
+
+def position_after(state: TrainState, loader, num_processes: int, saved_by: int, saved: dict) -> DataPosition:
+    position = DataPosition(loader, BATCH, num_processes, accumulation=1)
+    info = RunInfo("r", "no", saved_by, state, data=saved)
+    assert position.resume(state, info), "a change of process count is said"
+    return position
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
+@pytest.mark.parametrize("saved_by, resumed_by, steps_done", [(1, 2, 3), (2, 1, 2), (1, 2, 4)])
+def test_a_resume_with_another_process_count_continues_at_the_same_example(
+    tokenizer, strategy, saved_by, resumed_by, steps_done
+):
+    lengths = mixed_lengths(16 * 22)  # 22 batches: whole steps for 1 and 2 processes
+    saving = loader_for(tokenizer, lengths, strategy)
+    saved = DataPosition(saving, BATCH, saved_by, accumulation=1)
+    state = TrainState(epoch=1, batches_in_epoch=steps_done)
+    state.samples_in_epoch = saved.samples(state)
+    trained = sum(steps(saving, saved_by, epoch=1)[:steps_done], [])
+    assert state.samples_in_epoch == len(trained) == steps_done * saved_by * BATCH
+
+    resuming = loader_for(tokenizer, lengths, strategy)  # a new process: a new loader, from the same config
+    position_after(state, resuming, resumed_by, saved_by, saved.record())
+    rest = sum(steps(resuming, resumed_by, epoch=1, skip=state.batches_in_epoch), [])
+    untrained = get_sampler(resuming).order(1).tolist()[len(trained) :]
+    assert rest[: len(untrained)] == untrained, "an example trained twice, or skipped"
+    # Beyond: Accelerate's padding of an incomplete last step (even_batches), as at the end of any such epoch.
+    assert len(rest) - len(untrained) < resumed_by * BATCH
+    assert not get_sampler(resuming).skipped(2), "the next epoch starts at its first example"
+
+
+def test_an_older_checkpoint_resumes_in_the_order_it_was_written_in(tokenizer):
+    """Checkpoints without a recorded position or order: grouped by batch size x processes, at batch x size."""
+    lengths = mixed_lengths(16 * 22)
+    state = TrainState(epoch=0, batches_in_epoch=3)  # 3 steps of 2 x 16 under the earlier app, 2 processes
+    resuming = loader_for(tokenizer, lengths)
+    position_after(state, resuming, 1, 2, None)
+    order = get_sampler(resuming).order(0)
+    assert get_sampler(resuming).spec()["group_size"] == 2 * BATCH
+    assert sum(steps(resuming, 1, epoch=0, skip=state.batches_in_epoch), []) == order[3 * 2 * BATCH :].tolist()
 
 
 def padding_fraction(loader, epoch: int = 0) -> float:
