@@ -2,9 +2,9 @@
 
 A lease is a file `.claim-<generation>.json` in the folder, naming its holder (host, process id, start time); the
 highest generation holds the folder. Taking a folder is creating the next generation with os.link, which fails if
-that file exists: of any number of runs racing for a folder, exactly one creates it, on a local disk or over NFS, and
-never a half-written one (the content is complete before the link). The winner then checks that no higher generation
-appeared meanwhile and removes the older ones.
+that file exists: of any number of runs racing for a folder, exactly one creates it, and never a half-written one (the
+content is complete before the link); hard links are the classic lock of shared filesystems such as NFS. The winner
+then checks that no higher generation appeared meanwhile and removes the older ones.
 
 A lease is stale when its holder is gone: on this machine, when its process no longer runs (a kill -9, a crash); on
 another machine, whose processes cannot be seen from here, when it has not been refreshed for STALE_AFTER seconds. A
@@ -173,8 +173,9 @@ def _create(path: Path, holder: Holder) -> bool:
     try:
         os.link(draft, path)  # atomic, and fails if the name exists: the whole race is decided here
         return True
-    except FileExistsError:
-        return False
+    except FileExistsError:  # NFS may retry a link that worked and then report it as existing: ask the file
+        found, _ = _read(path)
+        return found is not None and found.token == holder.token
     finally:
         draft.unlink(missing_ok=True)
 

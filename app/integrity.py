@@ -4,8 +4,7 @@ The record is written last, into the staging folder, after every rank has writte
 renamed into place: a checkpoint with a record is one whose every file was complete when it was published. A file
 that is later truncated, deleted or changed no longer matches, and the check names it before any model loads.
 
-sha256 because hashlib's runs at about 1.4 GB/s on the CPUs measured (SHA extensions; blake2b 0.8 GB/s): a 270 MB
-checkpoint takes about 0.2 s to record and the same to check (docs/benchmarks.md). Done on the main process only.
+sha256, hashlib's fastest where the CPU has SHA extensions; what it costs: docs/benchmarks.md. Main process only.
 """
 
 from __future__ import annotations
