@@ -270,7 +270,9 @@ def tokenize(
         return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
 
 
-def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None):
+def make_loaders(
+    tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None, num_processes: int = 1
+):
     """Dynamically padded batches: training ones shuffled (length-grouped by default), evaluation ones in length order.
 
     The training loader has its own generator, which keeps DataLoader iteration from drawing on the global RNG that
@@ -281,7 +283,7 @@ def make_loaders(tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_mul
     train_loader = DataLoader(
         tokenized["train"],
         batch_size=cfg.per_device_train_batch_size,
-        sampler=train_sampler(cfg, token_counts(tokenized["train"])),  # one order whatever the process count
+        sampler=train_sampler(cfg, token_counts(tokenized["train"]), num_processes),
         collate_fn=collate,
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=pin,

@@ -138,7 +138,9 @@ def build_run(
     paths = paths or RunPaths("run", Path(tempfile.mkdtemp(prefix="run-")), Path(tempfile.mkdtemp(prefix="runs-")))
     stop = stop or StopRequest(accelerator.num_processes)
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
-    train_loader, eval_loader = data.make_loaders(inputs.tokenized, inputs.tokenizer, cfg, pad_to)
+    train_loader, eval_loader = data.make_loaders(
+        inputs.tokenized, inputs.tokenizer, cfg, pad_to, accelerator.num_processes
+    )
     model = model or load_model(inputs.model_path, inputs.labels.id2label)
     if cfg.torch_compile:
         # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the

@@ -1,10 +1,11 @@
 """Batch orders: the training order of each epoch, where training stands in it, and evaluation in length order.
 
-The training order is a pure function of the seed and the epoch (and, length-grouped, of parameters fixed when the
-run starts): no global RNG is drawn, and the process count plays no part. Accelerate only cuts the order into
-batches: with N processes, batch i goes to rank i % N (BatchSamplerShard), and `set_epoch` reaches the sampler
-through `batch_sampler.sampler`. So a position in the order, counted in examples, means the same under any process
-count, and a resume continues from it exactly: nothing trained twice, nothing skipped (DataPosition).
+The training order is a pure function of the seed and the epoch (and, length-grouped, of the step size the run
+started with, which stays with the run): no global RNG is drawn, and a resume's process count plays no part.
+Accelerate only cuts the order into batches: with N processes, batch i goes to rank i % N (BatchSamplerShard), and
+`set_epoch` reaches the sampler through `batch_sampler.sampler`. So a position in the order, counted in examples,
+means the same under any process count, and a resume continues from it exactly: nothing trained twice, nothing
+skipped (DataPosition).
 
 Dynamic padding pads a batch to its longest example, so a batch of mixed lengths computes much padding (see
 docs/benchmarks.md for the default job's share). Grouping examples of similar length into batches removes most of it.
@@ -17,11 +18,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-# Length grouping, as HF Trainer's LengthGroupedSampler: sort within mega-batches of about 50 batches, enough to pad
-# little, few enough to stay shuffled; then shuffle groups of 8 neighbouring batches, so that the batches of one
-# optimizer step stay neighbours in length for up to 8 processes (no rank waits on another's long batch).
-GROUP_BATCHES = 8
-MEGA_BATCH_BATCHES = 48  # a multiple of GROUP_BATCHES
+# As HF Trainer's LengthGroupedSampler: sort within ~50 steps, enough to pad little, few enough to stay shuffled.
+MEGA_BATCH_BATCHES = 50
 
 
 class EpochOrder(Sampler[int]):
@@ -70,18 +68,22 @@ class ShuffledSampler(EpochOrder):
 
 
 class LengthGroupedSampler(EpochOrder):
-    """Example indices in length-grouped order, for batches of `batch_size` on each process.
+    """Example indices in length-grouped order, for steps of `step_size` examples (a batch on each process).
 
-    One epoch: shuffle every index with a generator seeded by (seed + epoch); cut that order into mega-batches;
-    sort each by length, longest first; cut it into groups of neighbouring batches; shuffle the order of the groups.
-    An incomplete last group stays last: Accelerate pads out an incomplete step (even_batches) only there.
+    One epoch: shuffle every index with a generator seeded by (seed + epoch); cut that order into mega-batches of
+    about 50 steps; sort each by length, longest first; cut it into steps (one batch per rank, neighbours in length
+    order, so no rank waits on another's long batch); shuffle the order of the steps. An incomplete last step stays
+    last: Accelerate pads it out (even_batches) only there.
+
+    The step size is the one the run started with, and stays with the run: checkpoints record it (spec()), and a
+    resume with another process count follows it (follow()), only cutting the same order into other batches.
     """
 
-    def __init__(self, lengths: Sequence[int], batch_size: int, seed: int):
+    def __init__(self, lengths: Sequence[int], step_size: int, seed: int):
         super().__init__(len(lengths), seed)
         self.lengths = torch.as_tensor(lengths, dtype=torch.int64)
-        self.group_size = batch_size * GROUP_BATCHES  # examples
-        self.mega_batch_size = batch_size * MEGA_BATCH_BATCHES
+        self.group_size = step_size  # examples sorted into one step
+        self.mega_batch_size = step_size * MEGA_BATCH_BATCHES
 
     def spec(self) -> dict:
         return {"strategy": "group_by_length", "group_size": self.group_size, "mega_batch_size": self.mega_batch_size}
@@ -108,10 +110,11 @@ class LengthGroupedSampler(EpochOrder):
         return torch.cat([groups[i] for i in group_order] + last)
 
 
-def train_sampler(cfg, lengths: Sequence[int]) -> EpochOrder:
-    """The training order that --train_sampling_strategy asks for, over examples of these token counts."""
+def train_sampler(cfg, lengths: Sequence[int], num_processes: int) -> EpochOrder:
+    """The training order that --train_sampling_strategy asks for, over examples of these token counts, for a run
+    that starts with `num_processes` (a resumed run then follows the order its checkpoint records)."""
     if cfg.train_sampling_strategy == "group_by_length":
-        return LengthGroupedSampler(lengths, cfg.per_device_train_batch_size, cfg.seed)
+        return LengthGroupedSampler(lengths, cfg.per_device_train_batch_size * num_processes, cfg.seed)
     return ShuffledSampler(len(lengths), cfg.seed)
 
 
@@ -150,7 +153,7 @@ class DataPosition:
         legacy = {
             "strategy": self.sampler.spec()["strategy"],
             "group_size": self.batch_size * saved_by_processes,
-            "mega_batch_size": self.batch_size * saved_by_processes * 50,
+            "mega_batch_size": self.batch_size * saved_by_processes * MEGA_BATCH_BATCHES,
         }
         global_batch = self.batch_size * saved_by_processes * self.accumulation
         saved = saved or {"order": legacy, "global_batch_size": global_batch}

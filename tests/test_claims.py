@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.claim import STALE_AFTER, Held, Holder, Lease
-from tests.conftest import TRAIN_SCRIPT, clean_env
+from tests.conftest import TRAIN_SCRIPT, clean_env, free_port
 
 RACERS = 4
 
@@ -193,3 +193,37 @@ def test_a_default_name_taken_in_the_same_second_gets_the_next_suffix(tmp_path, 
     assert second.log_dir == tmp_path / "tb" / second.run_name
     for folders in runs:
         folders.release()
+
+
+def test_both_ranks_of_a_second_run_exit_2_and_one_of_them_says_why(tmp_path, tiny_model_dir, review_files):
+    """Only the main process claims; the other rank learns the outcome, so the two stop together."""
+    out = tmp_path / "out"
+    out.mkdir()
+    held, _ = Lease.take(out)  # this test process holds the folder, as a live run would
+    args = [*quick_flags(tiny_model_dir, review_files), "--output_dir", out, "--logdir", tmp_path / "tb"]
+    port = free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
+            env=clean_env(
+                tmp_path,
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            ),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for r in (0, 1)
+    ]
+    errors = [rank.communicate(timeout=240)[1] for rank in ranks]
+    held.release()
+    assert [rank.returncode for rank in ranks] == [2, 2], errors
+    assert errors[0].startswith(f"error: --output_dir {out} is in use by another run (process {os.getpid()} on ")
+    assert errors[1] == ""
+    assert list(out.iterdir()) == [] and not (tmp_path / "tb").exists()

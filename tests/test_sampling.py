@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 from accelerate import skip_first_batches
-from accelerate.data_loader import get_sampler, prepare_data_loader
+from accelerate.data_loader import SeedableRandomSampler, get_sampler, prepare_data_loader
 from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorWithPadding
@@ -34,11 +34,11 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def loader_for(tokenizer, lengths: list[int], strategy: str = "group_by_length", batch_size: int = BATCH):
+def loader_for(tokenizer, lengths: list[int], strategy: str = "group_by_length", num_processes: int = 1):
     """The app's training loader over examples of these lengths, whose label is their index (to trace them)."""
     split = Dataset.from_dict({"input_ids": [[5] * n for n in lengths], "labels": list(range(len(lengths)))})
-    cfg = replace(TrainConfig(), per_device_train_batch_size=batch_size, seed=SEED, train_sampling_strategy=strategy)
-    train_loader, _ = make_loaders(DatasetDict(train=split, validation=split), tokenizer, cfg, None)
+    cfg = replace(TrainConfig(), per_device_train_batch_size=BATCH, seed=SEED, train_sampling_strategy=strategy)
+    train_loader, _ = make_loaders(DatasetDict(train=split, validation=split), tokenizer, cfg, None, num_processes)
     return train_loader
 
 
@@ -74,7 +74,7 @@ def test_the_order_is_a_permutation_fixed_by_seed_and_epoch():
 def test_set_epoch_and_skip_first_batches_reach_the_sampler_through_accelerate(tokenizer):
     lengths = mixed_lengths(300)
     for num_processes in (1, 2):
-        train_loader = loader_for(tokenizer, lengths)
+        train_loader = loader_for(tokenizer, lengths, num_processes=num_processes)
         for loader in (shard(train_loader, num_processes, rank) for rank in range(num_processes)):
             epoch0, epoch1 = epoch_batches(loader, 0), epoch_batches(loader, 1)
             assert epoch0 != epoch1, "set_epoch must reach the sampler"
@@ -84,14 +84,14 @@ def test_set_epoch_and_skip_first_batches_reach_the_sampler_through_accelerate(t
 
 
 def test_two_ranks_get_disjoint_covering_shards_of_similar_lengths(tokenizer):
-    lengths = mixed_lengths(1536)  # two mega-batches of 48 x 16, 48 steps of 2 x 16: no remainder to pad out
-    loader = loader_for(tokenizer, lengths)
+    lengths = mixed_lengths(1600)  # 50 steps of 2 x 16: no remainder to pad out
+    loader = loader_for(tokenizer, lengths, num_processes=2)
     ranks = [epoch_batches(shard(loader, 2, r), epoch=1) for r in (0, 1)]
     seen = [i for batches in ranks for batch in batches for i in batch]
-    assert sorted(seen) == list(range(1536)), "every example once, on one rank"
+    assert sorted(seen) == list(range(1600)), "every example once, on one rank"
     longest = [[max(lengths[i] for i in batch) for batch in batches] for batches in ranks]
     assert len(longest[0]) == len(longest[1])
-    # At each step the two ranks' longest examples are neighbours in a sorted mega-batch of 768 lengths.
+    # At each step the two ranks' longest examples are neighbours in a sorted mega-batch of 1,600 / 50 lengths.
     worst_gap = max(abs(a - b) for a, b in zip(*longest))
     assert worst_gap <= 8, worst_gap
 
@@ -102,37 +102,38 @@ def steps(loader, num_processes: int, epoch: int, skip: int = 0) -> list[list[in
     return [[i for batch in step for i in batch] for step in zip(*ranks)]
 
 
-@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
-def test_the_order_of_examples_is_the_same_under_one_and_two_processes(tokenizer, strategy):
-    lengths = mixed_lengths(640)  # whole steps of 2 x 16: nothing for Accelerate to pad out
-    loader = loader_for(tokenizer, lengths, strategy)
-    one, two = (sum(steps(loader, n, epoch=2), []) for n in (1, 2))
-    assert one == two, "the process count only cuts the order into batches"
-    assert one == get_sampler(loader).order(2).tolist()
+def test_the_random_order_is_the_one_accelerates_seedable_sampler_gave(tokenizer):
+    """Runs and checkpoints of the random strategy from before the app had its own sampler go on in the same order."""
+    loader = loader_for(tokenizer, mixed_lengths(100), "random")
+    accelerates = SeedableRandomSampler(range(100), generator=torch.Generator(), data_seed=SEED)
+    for epoch in (0, 3):
+        accelerates.set_epoch(epoch)
+        assert get_sampler(loader).order(epoch).tolist() == list(accelerates)
 
 
-def position_after(state: TrainState, loader, num_processes: int, saved_by: int, saved: dict) -> DataPosition:
-    position = DataPosition(loader, BATCH, num_processes, accumulation=1)
-    info = RunInfo("r", "no", saved_by, state, data=saved)
-    assert position.resume(state, info), "a change of process count is said"
-    return position
+def resumed(tokenizer, lengths, strategy, state: TrainState, processes: int, saved_by: int, saved: dict | None):
+    """A new process's loader, from the same config, set where the checkpoint says (DataPosition.resume)."""
+    loader = loader_for(tokenizer, lengths, strategy, processes)
+    position = DataPosition(loader, BATCH, processes, accumulation=1)
+    assert position.resume(state, RunInfo("r", "no", saved_by, state, data=saved)), "a change of process count is said"
+    return loader
 
 
 @pytest.mark.parametrize("strategy", ["group_by_length", "random"])
 @pytest.mark.parametrize("saved_by, resumed_by, steps_done", [(1, 2, 3), (2, 1, 2), (1, 2, 4)])
-def test_a_resume_with_another_process_count_continues_at_the_same_example(
+def test_a_resume_with_another_process_count_continues_in_the_same_order_at_the_same_example(
     tokenizer, strategy, saved_by, resumed_by, steps_done
 ):
     lengths = mixed_lengths(16 * 22)  # 22 batches: whole steps for 1 and 2 processes
-    saving = loader_for(tokenizer, lengths, strategy)
+    saving = loader_for(tokenizer, lengths, strategy, saved_by)
     saved = DataPosition(saving, BATCH, saved_by, accumulation=1)
     state = TrainState(epoch=1, batches_in_epoch=steps_done)
     state.samples_in_epoch = saved.samples(state)
     trained = sum(steps(saving, saved_by, epoch=1)[:steps_done], [])
     assert state.samples_in_epoch == len(trained) == steps_done * saved_by * BATCH
 
-    resuming = loader_for(tokenizer, lengths, strategy)  # a new process: a new loader, from the same config
-    position_after(state, resuming, resumed_by, saved_by, saved.record())
+    resuming = resumed(tokenizer, lengths, strategy, state, resumed_by, saved_by, saved.record())
+    assert get_sampler(resuming).order(1).tolist() == get_sampler(saving).order(1).tolist(), "the run's own order"
     rest = sum(steps(resuming, resumed_by, epoch=1, skip=state.batches_in_epoch), [])
     untrained = get_sampler(resuming).order(1).tolist()[len(trained) :]
     assert rest[: len(untrained)] == untrained, "an example trained twice, or skipped"
@@ -141,14 +142,13 @@ def test_a_resume_with_another_process_count_continues_at_the_same_example(
     assert not get_sampler(resuming).skipped(2), "the next epoch starts at its first example"
 
 
-def test_an_older_checkpoint_resumes_in_the_order_it_was_written_in(tokenizer):
-    """Checkpoints without a recorded position or order: grouped by batch size x processes, at batch x size."""
+def test_a_checkpoint_of_an_earlier_version_resumes_in_its_order_at_its_example(tokenizer):
+    """No recorded position or order: the order was grouped by batch size x processes, the position is in batches."""
     lengths = mixed_lengths(16 * 22)
     state = TrainState(epoch=0, batches_in_epoch=3)  # 3 steps of 2 x 16 under the earlier app, 2 processes
-    resuming = loader_for(tokenizer, lengths)
-    position_after(state, resuming, 1, 2, None)
-    order = get_sampler(resuming).order(0)
-    assert get_sampler(resuming).spec()["group_size"] == 2 * BATCH
+    resuming = resumed(tokenizer, lengths, "group_by_length", state, 1, 2, None)
+    order = loader_for(tokenizer, lengths, "group_by_length", 2).sampler.order(0)
+    assert get_sampler(resuming).order(0).tolist() == order.tolist()
     assert sum(steps(resuming, 1, epoch=0, skip=state.batches_in_epoch), []) == order[3 * 2 * BATCH :].tolist()
 
 
