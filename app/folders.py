@@ -41,6 +41,8 @@ class RunFolders:
         Args:
             what, instead: for the messages: what the folder is (a flag), and what to do instead of waiting.
         """
+        if any(lease.folder.resolve() == folder.resolve() for lease, _ in self.claims):
+            return  # one folder for both (an --output_dir inside --logdir, named as the run): this run holds it
         created = _make_folder(folder, what)
         try:
             lease, note = Lease.take(folder)
