@@ -42,6 +42,7 @@ from app.data import read_data_file
 from app.errors import UsageError
 from app.model import has_trained_head, load_model_config, load_tokenizer, max_positions
 from app.outputs import CONFIG_FILE
+from app.reading import stdin_lines
 from app.runtime import connect_accelerator, describe_backend, device_type
 
 OUTPUT_TYPES = (".csv", ".jsonl")
@@ -112,7 +113,7 @@ def read_input(cfg: PredictConfig, texts: list[str], num_processes: int) -> pd.D
     elif num_processes > 1:
         raise UsageError("several processes cannot share stdin; pass --input_file")
     else:
-        table = pd.DataFrame({cfg.text_column: [line for line in sys.stdin.read().splitlines() if line.strip()]})
+        table = pd.DataFrame({cfg.text_column: stdin_lines(sys.stdin.buffer)})  # blank lines too: rows stay aligned
     for option, name in (("--text_column", cfg.text_column), ("--text_pair_column", cfg.text_pair_column)):
         if name is not None and name not in table.columns:
             raise UsageError(f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}")
