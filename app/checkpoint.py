@@ -2,7 +2,9 @@
 
 `<output_dir>/checkpoints/step-<N>/`, N = optimizer steps. A checkpoint is written by `accelerator.save_state`
 into `.staging-step-<N>` and renamed into place only when every rank has written its part, so `latest` (the highest
-complete `step-<N>`) never picks a half-written one. Checkpoints are taken only right after an optimizer step.
+complete `step-<N>`) never picks a half-written one. The last file written into the staging folder is the record of
+every file's size and checksum (integrity.py), which a resume checks before any model loads. Checkpoints are taken
+only right after an optimizer step. A full disk stops the run with exit code 4 (disk.py), the previous one intact.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
 
+from app import disk, integrity
 from app.errors import UsageError
 from app.state import TrainState
 
@@ -35,30 +38,36 @@ class RunInfo:
     num_processes: int
     state: TrainState = field(default_factory=TrainState)
     fallback: dict | None = None  # {"from": "fp16", "at_step": N} once --on_scale_collapse fallback switched precision
+    data: dict | None = None  # the training order and global batch size (sampling.DataPosition); None before both
 
     @classmethod
     def read(cls, checkpoint: Path) -> RunInfo:
         saved = json.loads((checkpoint / STATE_FILE).read_text())
         counters = {f.name for f in dataclasses.fields(TrainState)}  # counters of older versions are dropped
         state = TrainState(**{k: v for k, v in saved.pop("state").items() if k in counters})
-        return cls(saved["run_name"], saved["precision"], saved["num_processes"], state, saved.get("fallback"))
+        return cls(
+            saved["run_name"],
+            saved["precision"],
+            saved["num_processes"],
+            state,
+            saved.get("fallback"),
+            saved.get("data"),
+        )
 
     def write(self, checkpoint: Path) -> None:
         _write_atomically(checkpoint / STATE_FILE, json.dumps(dataclasses.asdict(self), indent=2))
 
-    def resume_notes(self, precision: str, num_processes: int, scaler_toggled: str | None) -> list[str]:
-        """How a run resuming from this checkpoint differs from the run that saved it, one line each."""
+    def resume_notes(self, precision: str, scaler_toggled: str | None) -> list[str]:
+        """How a run resuming from this checkpoint differs in precision from the run that saved it, one line each.
+
+        (A change of process count or batch size: sampling.DataPosition.resume.)
+        """
         notes = []
         if self.precision != precision:
             notes.append(f"note: precision changed since the checkpoint ({self.precision} -> {precision})")
         if scaler_toggled:
             notes.append(
                 f"note: loss scaling toggled since the checkpoint ({scaler_toggled}): starting a fresh scaler state"
-            )
-        if self.num_processes != num_processes:
-            notes.append(
-                f"note: the checkpoint was saved by {self.num_processes} process(es), this run has "
-                f"{num_processes}: the data is sharded differently, so the resume is not exact"
             )
         return notes
 
@@ -69,11 +78,16 @@ class ResumePoint:
 
     path: Path
     info: RunInfo
+    notes: tuple[str, ...] = ()  # what the check of the checkpoints found: a fallback, no record, no random state
 
     @property
     def output_dir(self) -> Path:
-        """The output folder of the run that saved it: checkpoints live in <output_dir>/checkpoints/step-<N>."""
-        return self.path.parent.parent
+        return output_dir_of(self.path)
+
+
+def output_dir_of(checkpoint: Path) -> Path:
+    """The output folder of the run that saved a checkpoint: checkpoints live in <output_dir>/checkpoints/step-<N>."""
+    return checkpoint.parent.parent
 
 
 class Checkpoints:
@@ -88,6 +102,8 @@ class Checkpoints:
         self.run_name, self.precision = run_name, precision
         self.fallback: dict | None = None  # recorded in every checkpoint after a precision fallback (amp/fallback)
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
+        self.last_bytes: int | None = None  # its size: what the next one will need (main process)
+        self.data_position = None  # sampling.DataPosition: the data position and order each checkpoint records
 
     def remove_staging(self) -> None:
         """Drop what a run killed mid-save left behind. Main process, at start."""
@@ -106,12 +122,37 @@ class Checkpoints:
             return final  # e.g. a preemption right after a periodic save of the same step
         staging = self.root / f".staging-{final.name}"
         acc = self.accelerator
+        if acc.is_main_process and (warning := disk.short_of_space(self.root, self.last_bytes, "checkpoint")):
+            acc.print(warning)
+        data = None
+        if self.data_position is not None:
+            state.samples_in_epoch, data = self.data_position.samples(state), self.data_position.record()
+        info = RunInfo(self.run_name, self.precision, acc.num_processes, state, self.fallback, data)
         acc.wait_for_everyone()
-        acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
-        if acc.is_main_process:
-            RunInfo(self.run_name, self.precision, acc.num_processes, state, self.fallback).write(staging)
-        # Without this barrier a slow rank's RNG file could still be missing when the folder is renamed.
-        acc.wait_for_everyone()
+
+        def write_state() -> None:
+            acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
+            if acc.is_main_process:
+                info.write(staging)
+
+        def write_record() -> None:  # last: it vouches for every file, the other ranks' RNG files included
+            if acc.is_main_process:
+                disk.share_as_umask_allows(staging)
+                self.last_bytes = integrity.write_record(staging)
+
+        intact = f"{self.last_saved} is intact" if self.last_saved else "this run has no earlier checkpoint"
+        for write in (write_state, write_record):
+            # Agreeing on the outcome is also the barrier without which a slow rank's RNG file could still be
+            # missing when the record is written and the folder renamed.
+            disk.write_on_every_rank(
+                acc,
+                write,
+                self.root,
+                f"checkpoint {final.name}",
+                self.last_bytes,
+                intact,
+                clean_up=lambda: shutil.rmtree(staging, ignore_errors=True),
+            )
         if acc.is_main_process:
             if final.exists():  # a stale copy of this step from an earlier, interrupted attempt
                 shutil.rmtree(final)
@@ -133,6 +174,7 @@ class Checkpoints:
         """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: RunInfo.read)."""
         self.accelerator.load_state(str(path))
         self.last_saved = path
+        self.last_bytes = integrity.recorded_bytes(path)
 
     def load_model_weights(self, model: torch.nn.Module, path: Path) -> None:
         """Only the model's weights from checkpoint `path` (as accelerator.save_state wrote them), on every rank."""
@@ -151,20 +193,68 @@ def completed_checkpoints(root: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def find_resume_point(spec: str | None, output_dir: str | None) -> ResumePoint | None:
-    """What `--resume_from_checkpoint` names, with its RunInfo; None if not given. UsageError if none is there."""
+def find_resume_point(spec: str | None, output_dir: str | None, num_processes: int = 1) -> ResumePoint | None:
+    """What `--resume_from_checkpoint` names, checked against its record, with its RunInfo; None if not given.
+
+    `latest` falls back from a damaged checkpoint to the newest intact one, with a note; a damaged checkpoint named
+    by path, or no intact one at all, is a UsageError that names the file. Reads files only: run it on one process.
+    """
     if not spec:
         return None
-    path = find_checkpoint(spec, output_dir)
-    return ResumePoint(path, RunInfo.read(path))
+    candidates = _candidates(spec, output_dir)
+    skipped = []
+    for path in candidates:
+        info, problem = _checked(path)
+        if problem is None:
+            notes = [
+                f"note: {bad} is damaged ({why}); resuming from {path}, the newest intact one" for bad, why in skipped
+            ]
+            return ResumePoint(path, info, tuple(notes + _resume_notes(path, info, num_processes)))
+        skipped.append((path, problem))
+    bad, why = skipped[0]
+    if spec != "latest":
+        raise UsageError(f"--resume_from_checkpoint {spec} is damaged: {why}; resume from another checkpoint")
+    raise UsageError(
+        f"--resume_from_checkpoint latest: no intact checkpoint in {bad.parent}, the newest is damaged: {why}; "
+        "start fresh with --overwrite_output_dir"
+    )
+
+
+def _checked(path: Path) -> tuple[RunInfo | None, str | None]:
+    """The checkpoint's RunInfo, and what is wrong with it (None if nothing)."""
+    problem = integrity.damage(path) if integrity.is_recorded(path) else None
+    if problem is not None:
+        return None, problem
+    try:
+        return RunInfo.read(path), None
+    except (ValueError, KeyError, TypeError) as e:  # an unrecorded checkpoint whose state file was damaged
+        return None, f"{path / STATE_FILE} cannot be read ({type(e).__name__})"
+
+
+def _resume_notes(path: Path, info: RunInfo, num_processes: int) -> list[str]:
+    notes = []
+    if not integrity.is_recorded(path):
+        notes.append(f"note: {path} has no record of its files (an older checkpoint): resuming from it unchecked")
+    if missing := integrity.missing_random_states(path, min(num_processes, info.num_processes)):
+        notes.append(
+            f"note: {path} has no random state for process(es) {', '.join(map(str, missing))}: their dropout and "
+            "other random draws start afresh, so the resume is not exact"
+        )
+    return notes
 
 
 def find_checkpoint(spec: str, output_dir: str | None) -> Path:
-    """The folder `--resume_from_checkpoint` names: "latest" in `output_dir`, or a path. UsageError if there is none."""
+    """The folder `--resume_from_checkpoint` names, unchecked: "latest" in `output_dir`, or a path."""
+    return _candidates(spec, output_dir)[0]
+
+
+def _candidates(spec: str, output_dir: str | None) -> list[Path]:
+    """The folders `--resume_from_checkpoint` may mean, preferred first: the path it names, or for "latest" every
+    complete checkpoint in `output_dir`, newest first. UsageError if there is none."""
     if spec != "latest":
         if not (Path(spec) / STATE_FILE).is_file():
             raise UsageError(f"--resume_from_checkpoint {spec}: not a complete checkpoint folder (no {STATE_FILE})")
-        return Path(spec)
+        return [Path(spec)]
     if not output_dir:
         raise UsageError("--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue")
     found = completed_checkpoints(Path(output_dir) / "checkpoints")
@@ -172,7 +262,7 @@ def find_checkpoint(spec: str, output_dir: str | None) -> Path:
         raise UsageError(
             f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh"
         )
-    return found[-1]
+    return found[::-1]
 
 
 def _write_atomically(path: Path, text: str) -> None:

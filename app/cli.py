@@ -11,7 +11,7 @@ from typing import Callable
 
 from transformers import HfArgumentParser
 
-from app.errors import TrainingHalted, UsageError
+from app.errors import DiskFull, TrainingHalted, UsageError
 
 
 def flag(help_text: str, **extra) -> typing.Any:
@@ -40,5 +40,5 @@ def exit_code_of(main_body: Callable[[], int]) -> int:
         return main_body()
     except (UsageError, TrainingHalted) as halt:
         if os.environ.get("RANK", "0") == "0":  # every rank stops alike; one of them says why
-            print(f"error: {halt}" if isinstance(halt, UsageError) else str(halt), file=sys.stderr)
+            print(f"error: {halt}" if isinstance(halt, (UsageError, DiskFull)) else str(halt), file=sys.stderr)
         return halt.exit_code

@@ -11,6 +11,7 @@ The launch topology (processes, machines, backend) is not here: it belongs to `a
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,6 +205,11 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Reject values that cannot work, with the fix in the message."""
+        hints = typing.get_type_hints(TrainConfig)
+        for name in (f.name for f in dataclasses.fields(self) if hints[f.name] is float):
+            # inf and nan pass every comparison below, or fail it with a misleading message; they end runs in exit 3.
+            if not math.isfinite(getattr(self, name)):
+                raise UsageError(f"--{name} must be a finite number, got {getattr(self, name)}")
         positive = (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",
@@ -296,6 +302,14 @@ def _read_yaml(path: Path) -> dict:
     return values
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_type(path: Path, key: str, value, hint):
     """The YAML value, checked against the field's type (argparse converts only strings, so YAML is checked here)."""
     args = typing.get_args(hint)
@@ -309,6 +323,8 @@ def _check_type(path: Path, key: str, value, hint):
         expected = " or ".join(repr(choice) for choice in typing.get_args(hint))
     elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    elif hint is float and isinstance(value, str) and _is_number(value):
+        return float(value)  # YAML 1.1 reads 5e-5 (no dot) as a string; the command line would take it
     elif hint is int and isinstance(value, int) and not isinstance(value, bool):
         return value
     elif hint in (bool, str) and isinstance(value, hint):

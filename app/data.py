@@ -22,8 +22,9 @@ from torch.utils.data import DataLoader
 
 from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
+from app.reading import read_error
 from app.runtime import pinned_batches
-from app.sampling import LengthGroupedSampler, length_order, token_counts
+from app.sampling import length_order, token_counts, train_sampler
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
 
@@ -121,9 +122,7 @@ def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
         for split, path in files.items():
             if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
                 raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
-        raise UsageError(
-            f"cannot read {', '.join(files.values())}: {_root_cause(e).rstrip('.')}; check the file's format"
-        ) from None
+        raise UsageError(read_error(kind, list(files.values()), e)) from None
 
 
 def _row_count(path: str, kind: str) -> int | None:
@@ -139,12 +138,6 @@ def _row_count(path: str, kind: str) -> int | None:
         return len(readers[kind](path))
     except Exception:
         return None
-
-
-def _root_cause(error: BaseException) -> str:
-    while error.__cause__ or error.__context__:
-        error = error.__cause__ or error.__context__
-    return first_line(error)
 
 
 def _load_named(name: str, config_name: str | None) -> DatasetDict:
@@ -175,15 +168,10 @@ def make_loaders(
     dropout uses, so a resumed run sees the same dropout masks as an uninterrupted one.
     """
     pin = pinned_batches()
-    if cfg.train_sampling_strategy == "group_by_length":
-        lengths = token_counts(tokenized["train"])
-        order = {"sampler": LengthGroupedSampler(lengths, cfg.per_device_train_batch_size, num_processes, cfg.seed)}
-    else:  # Accelerate swaps in its seedable sampler for this one (runtime.build_accelerator)
-        order = {"shuffle": True}
     train_loader = DataLoader(
         tokenized["train"],
         batch_size=cfg.per_device_train_batch_size,
-        **order,
+        sampler=train_sampler(cfg, token_counts(tokenized["train"]), num_processes),
         collate_fn=collate,
         generator=torch.Generator().manual_seed(cfg.seed),
         pin_memory=pin,

@@ -21,6 +21,13 @@ class TrainingHalted(Exception):
 NUMERIC_FAULT_EXIT_CODE = 3
 
 
+class DiskFull(TrainingHalted):
+    """A checkpoint or the final model did not fit on the disk; the previous checkpoint is intact. Exit code 4."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=4)
+
+
 def first_line(error: BaseException) -> str:
     """The first line of an error's message, for a one-line report; its type name when the message is empty."""
     text = str(error).strip()

@@ -41,6 +41,7 @@ from app.data import read_data_file
 from app.errors import UsageError
 from app.model import load_model_config, load_tokenizer, max_positions
 from app.outputs import CONFIG_FILE
+from app.reading import stdin_lines
 from app.runtime import connect_accelerator, describe_backend, device_type
 from app.tasks import resolve_task
 from app.tasks.causal_lm import TextGenerator, check_decoder
@@ -135,7 +136,7 @@ def read_input(
     elif num_processes > 1:
         raise UsageError("several processes cannot share stdin; pass --input_file")
     else:
-        table = pd.DataFrame({text_columns[0]: [line for line in sys.stdin.read().splitlines() if line.strip()]})
+        table = pd.DataFrame({text_columns[0]: stdin_lines(sys.stdin.buffer)})  # blank lines too: rows stay aligned
     for name in text_columns:
         if name not in table.columns:
             option = next(f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name)

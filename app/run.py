@@ -31,6 +31,7 @@ from app.optim import build_optimizer, build_schedule, total_optimizer_steps
 from app.outputs import RunPaths
 from app.preemption import StopRequest
 from app.runtime import HostCollective, backend_name
+from app.sampling import DataPosition
 from app.state import TrainState
 from app.tasks import Task, build_task, resolve_task
 from app.telemetry.meters import Telemetry
@@ -169,13 +170,17 @@ def build_run(
 
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, paths.run_name, policy.mode)
     checkpoints.remove_staging()
+    checkpoints.data_position = position = DataPosition(
+        train_loader, cfg.per_device_train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps
+    )
     state = TrainState()
     if resume:
         checkpoints.load(resume.path)
         state = TrainState(**vars(resume.info.state))
         checkpoints.fallback = resume.info.fallback
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
-        for line in resume.info.resume_notes(policy.mode, accelerator.num_processes, scaler_state.toggled):
+        notes = resume.info.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.info)
+        for line in notes:
             accelerator.print(line)
 
     telemetry = Telemetry(accelerator, writer or NullWriter(), model, policy.mode, total_steps, state, cfg.disable_tqdm)

@@ -7,10 +7,12 @@ built with `mixed_precision="no"` whatever the launcher says, and amp/policy.py 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import DistributedType, parse_flag_from_env, set_seed
+from accelerate.utils import DistributedType, broadcast_object_list, parse_flag_from_env, set_seed
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
@@ -62,6 +64,30 @@ def connect_accelerator(**options) -> Accelerator:
     if not accelerator.is_main_process:
         _quiet_libraries()
     return accelerator
+
+
+T = TypeVar("T")
+
+
+def on_main_process(accelerator: Accelerator, decide: Callable[[], T]) -> T:
+    """`decide()` on the main process only (claims, checks of files); every rank returns its result, or raises its
+    UsageError, so that all ranks go on, or exit 2, together. Collective when there are several processes."""
+    outcome: list = [None]
+    if accelerator.is_main_process:
+        try:
+            outcome = [(decide(), None)]
+        except UsageError as e:
+            outcome = [(None, str(e))]
+        except BaseException:
+            if accelerator.num_processes > 1:  # a bug: the others must not wait for an answer that never comes
+                broadcast_object_list([(None, "the main process failed; its traceback says why")])
+            raise
+    if accelerator.num_processes > 1:
+        broadcast_object_list(outcome)
+    result, error = outcome[0]
+    if error is not None:
+        raise UsageError(error)
+    return result
 
 
 def _quiet_libraries() -> None:

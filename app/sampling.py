@@ -1,12 +1,14 @@
-"""Batch orders: length-grouped training batches, and evaluation in length order.
+"""Batch orders: the training order of each epoch, where training stands in it, and evaluation in length order.
+
+The training order is a pure function of the seed and the epoch (and, length-grouped, of the step size the run
+started with, which stays with the run): no global RNG is drawn, and a resume's process count plays no part.
+Accelerate only cuts the order into batches: with N processes, batch i goes to rank i % N (BatchSamplerShard), and
+`set_epoch` reaches the sampler through `batch_sampler.sampler`. So a position in the order, counted in examples,
+means the same under any process count, and a resume continues from it exactly: nothing trained twice, nothing
+skipped (DataPosition).
 
 Dynamic padding pads a batch to its longest example, so a batch of mixed lengths computes much padding (see
 docs/benchmarks.md for the default job's share). Grouping examples of similar length into batches removes most of it.
-
-The training order is a pure function of (seed, epoch, number of processes): no global RNG is drawn, so an exact
-resume (set_epoch, then skip the batches already consumed) replays the same batches. Accelerate cuts this index order
-into batches with a plain BatchSampler, and under several processes gives batch i to rank i % num_processes
-(BatchSamplerShard), which reaches `set_epoch` here through `batch_sampler.sampler`.
 """
 
 from __future__ import annotations
@@ -16,33 +18,81 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import Sampler
 
-# As HF Trainer's LengthGroupedSampler: sort within ~50 batches, enough to pad little, few enough to stay shuffled.
+# As HF Trainer's LengthGroupedSampler: sort within ~50 steps, enough to pad little, few enough to stay shuffled.
 MEGA_BATCH_BATCHES = 50
 
 
-class LengthGroupedSampler(Sampler[int]):
-    """Example indices in length-grouped order, for batches of `batch_size` on each of `num_processes` ranks.
+class EpochOrder(Sampler[int]):
+    """Example indices in an order fixed by (seed, epoch); a resume may start one epoch at any example."""
 
-    One epoch: shuffle every index with a generator seeded by (seed + epoch); cut that order into mega-batches of
-    about 50 steps; sort each mega-batch by length, longest first; cut it into steps (one batch per rank, neighbours
-    in length order, so no rank waits on another's long batch); shuffle the order of the steps. An incomplete last
-    step stays last: Accelerate pads it out (even_batches) only there.
-    """
-
-    def __init__(self, lengths: Sequence[int], batch_size: int, num_processes: int, seed: int):
-        self.lengths = torch.as_tensor(lengths, dtype=torch.int64)
-        self.step_size = batch_size * num_processes  # examples per optimizer micro-step, over all ranks
-        self.seed = seed
-        self.epoch = 0
+    def __init__(self, num_examples: int, seed: int):
+        self.num_examples, self.seed, self.epoch = num_examples, seed, 0
+        self.resumed_at: tuple[int, int] | None = None  # (epoch, examples of it to leave out), set by a resume
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return self.num_examples
 
     def __iter__(self) -> Iterator[int]:
-        yield from self.order(self.epoch).tolist()
+        yield from self.order(self.epoch)[self.skipped(self.epoch) :].tolist()
+
+    def skipped(self, epoch: int) -> int:
+        """Examples that this sampler leaves out at the start of `epoch`: a resume's part of a batch, else 0."""
+        return self.resumed_at[1] if self.resumed_at and self.resumed_at[0] == epoch else 0
+
+    def order(self, epoch: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def spec(self) -> dict:
+        """What, besides seed and epoch, the order depends on: recorded in checkpoints, followed on resume."""
+        raise NotImplementedError
+
+    def follow(self, spec: dict) -> bool:
+        """Take the order of the run that wrote `spec`. Returns False if this sampler cannot produce it."""
+        raise NotImplementedError
+
+
+class ShuffledSampler(EpochOrder):
+    """Plain shuffled examples: the order Accelerate's seedable sampler gives (a randperm seeded by seed + epoch)."""
+
+    def order(self, epoch: int) -> torch.Tensor:
+        return torch.randperm(self.num_examples, generator=torch.Generator().manual_seed(self.seed + epoch))
+
+    def spec(self) -> dict:
+        return {"strategy": "random"}
+
+    def follow(self, spec: dict) -> bool:
+        return spec.get("strategy") == "random"
+
+
+class LengthGroupedSampler(EpochOrder):
+    """Example indices in length-grouped order, for steps of `step_size` examples (a batch on each process).
+
+    One epoch: shuffle every index with a generator seeded by (seed + epoch); cut that order into mega-batches of
+    about 50 steps; sort each by length, longest first; cut it into steps (one batch per rank, neighbours in length
+    order, so no rank waits on another's long batch); shuffle the order of the steps. An incomplete last step stays
+    last: Accelerate pads it out (even_batches) only there.
+
+    The step size is the one the run started with, and stays with the run: checkpoints record it (spec()), and a
+    resume with another process count follows it (follow()), only cutting the same order into other batches.
+    """
+
+    def __init__(self, lengths: Sequence[int], step_size: int, seed: int):
+        super().__init__(len(lengths), seed)
+        self.lengths = torch.as_tensor(lengths, dtype=torch.int64)
+        self.group_size = step_size  # examples sorted into one step
+        self.mega_batch_size = step_size * MEGA_BATCH_BATCHES
+
+    def spec(self) -> dict:
+        return {"strategy": "group_by_length", "group_size": self.group_size, "mega_batch_size": self.mega_batch_size}
+
+    def follow(self, spec: dict) -> bool:
+        if spec.get("strategy") != "group_by_length":
+            return False
+        self.group_size, self.mega_batch_size = spec["group_size"], spec["mega_batch_size"]
+        return True
 
     def order(self, epoch: int) -> torch.Tensor:
         """The indices of an epoch, in the order the batches are cut from."""
@@ -51,13 +101,89 @@ class LengthGroupedSampler(Sampler[int]):
         grouped = torch.cat(
             [
                 mega[torch.sort(self.lengths[mega], descending=True, stable=True).indices]
-                for mega in shuffled.split(self.step_size * MEGA_BATCH_BATCHES)
+                for mega in shuffled.split(self.mega_batch_size)
             ]
         )
-        steps = list(grouped.split(self.step_size))
-        last = [steps.pop()] if len(steps[-1]) < self.step_size else []
-        step_order = torch.randperm(len(steps), generator=generator).tolist()
-        return torch.cat([steps[i] for i in step_order] + last)
+        groups = list(grouped.split(self.group_size))
+        last = [groups.pop()] if len(groups[-1]) < self.group_size else []
+        group_order = torch.randperm(len(groups), generator=generator).tolist()
+        return torch.cat([groups[i] for i in group_order] + last)
+
+
+def train_sampler(cfg, lengths: Sequence[int], num_processes: int) -> EpochOrder:
+    """The training order that --train_sampling_strategy asks for, over examples of these token counts, for a run
+    that starts with `num_processes` (a resumed run then follows the order its checkpoint records)."""
+    if cfg.train_sampling_strategy == "group_by_length":
+        return LengthGroupedSampler(lengths, cfg.per_device_train_batch_size * num_processes, cfg.seed)
+    return ShuffledSampler(len(lengths), cfg.seed)
+
+
+class DataPosition:
+    """Where training stands in the epoch's order, in examples over all ranks: what each checkpoint records, and
+    where a resume continues, whatever its process count or batch size.
+
+    A resume that cuts the order into batches of another size starts its first epoch in two parts: whole batches
+    skipped by the loop (state.batches_in_epoch, through skip_first_batches), and the rest of a batch left out by
+    the sampler (EpochOrder.resumed_at). With the same process count and batch size the second part is 0, and the
+    resume replays exactly the batches of the run that saved the checkpoint.
+    """
+
+    def __init__(self, train_loader, batch_size: int, num_processes: int, accumulation: int):
+        self.sampler = _find_order(train_loader)
+        self.batch_size, self.num_processes, self.accumulation = batch_size, num_processes, accumulation
+        self.examples_per_micro_step = batch_size * num_processes
+        self.global_batch_size = self.examples_per_micro_step * accumulation
+
+    def samples(self, state) -> int:
+        """Examples of this epoch already trained on, over all ranks."""
+        consumed = self.sampler.skipped(state.epoch) + state.batches_in_epoch * self.examples_per_micro_step
+        return min(consumed, self.sampler.num_examples)  # Accelerate pads an epoch's last step out: not examples
+
+    def record(self) -> dict:
+        return {"order": self.sampler.spec(), "global_batch_size": self.global_batch_size}
+
+    def resume(self, state, info) -> list[str]:
+        """Continue at the checkpoint's example: set `state.batches_in_epoch` and the sampler. Returns notes.
+
+        `info` (checkpoint.RunInfo) has the process count of the run that wrote the checkpoint and what it recorded
+        (record()); checkpoints written before that was recorded grouped their order by batch size x processes, and
+        their position is derived from their batch count, with this run's batch size.
+        """
+        saved_by_processes, saved = info.num_processes, info.data
+        legacy = {
+            "strategy": self.sampler.spec()["strategy"],
+            "group_size": self.batch_size * saved_by_processes,
+            "mega_batch_size": self.batch_size * saved_by_processes * MEGA_BATCH_BATCHES,
+        }
+        global_batch = self.batch_size * saved_by_processes * self.accumulation
+        saved = saved or {"order": legacy, "global_batch_size": global_batch}
+        position = state.samples_in_epoch
+        if position is None:  # an older checkpoint: per-rank batches of this batch size, on its process count
+            position = state.batches_in_epoch * self.batch_size * saved_by_processes
+        state.batches_in_epoch, rest = divmod(position, self.examples_per_micro_step)
+        self.sampler.resumed_at = (state.epoch, rest)
+        notes = []
+        if not self.sampler.follow(saved["order"]):
+            notes.append(
+                "note: the training order changed since the checkpoint (--train_sampling_strategy or the batch "
+                "size), so the rest of the epoch is not the examples the run would have seen"
+            )
+        if (saved_by_processes, saved["global_batch_size"]) != (self.num_processes, self.global_batch_size):
+            notes.append(
+                f"note: the checkpoint was saved by {saved_by_processes} process(es) with {saved['global_batch_size']} "
+                f"examples per optimizer step; this run has {self.num_processes} with {self.global_batch_size}: it "
+                f"continues at example {position} of epoch {state.epoch}, so no example is trained twice or skipped, "
+                "but dropout and rounding differ from an uninterrupted run"
+            )
+        return notes
+
+
+def _find_order(loader) -> EpochOrder:
+    """The app's sampler under Accelerate's wrappers (BatchSampler, and BatchSamplerShard with several processes)."""
+    found = loader.batch_sampler
+    while not isinstance(found, EpochOrder):
+        found = getattr(found, "batch_sampler", None) or found.sampler
+    return found
 
 
 def length_order(lengths: Sequence[int]) -> list[int]:

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 class TrainState:
     epoch: int = 0
     batches_in_epoch: int = 0  # micro-batches of this epoch already consumed, per rank: the data position
+    # The same position in examples over all ranks, recorded at each checkpoint (sampling.DataPosition): a resume
+    # with another process count continues from it. None in checkpoints written before it was recorded.
+    samples_in_epoch: int | None = None
     opt_step: int = 0  # optimizer steps taken, applied or skipped
     applied_updates: int = 0  # steps whose update reached the weights; the LR schedule follows these
     skipped_steps: int = 0  # steps the scaler skipped because the fp16 gradients overflowed

@@ -8,8 +8,9 @@
     python app/train.py --config run.yaml                   # plain python works too
     tensorboard --logdir runs
 
-Exit codes: 0 done, 2 bad input, 3 numeric fault or loss-scale alarm, 130/143 stopped by SIGINT/SIGTERM (after a
-checkpoint, or with the model saved whole if the signal came during the final evaluation or save). `accelerate launch`
+Exit codes: 0 done, 2 bad input, 3 numeric fault or loss-scale alarm, 4 disk full (the previous checkpoint intact),
+130/143 stopped by SIGINT/SIGTERM (after a checkpoint, or with the model saved whole if the signal came during the
+final evaluation or save). `accelerate launch`
 reports any failure of its single process as 1; `torchrun` and plain python pass these through.
 """
 
@@ -33,12 +34,20 @@ from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_de
 from app.best import end_with_best
 from app.cli import exit_code_of
 from app.config import TrainConfig, parse_config
-from app.errors import TrainingHalted
+from app.errors import TrainingHalted, UsageError
+from app.folders import RunFolders, claim_output_dir, claim_run_folders
 from app.loop import train
 from app.model_card import write_model_card
 from app.preemption import StopRequest
 from app.run import build_run, load_inputs
-from app.runtime import HostCollective, build_accelerator, describe_backend, device_type, requested_backend
+from app.runtime import (
+    HostCollective,
+    build_accelerator,
+    describe_backend,
+    device_type,
+    on_main_process,
+    requested_backend,
+)
 from app.telemetry import report, tags
 from app.telemetry.writer import open_writer
 
@@ -64,19 +73,38 @@ def _main(argv: list[str] | None) -> int:
 def run_training(
     cfg: TrainConfig, accelerator: Accelerator, policy: PrecisionPolicy, notes: list[str], stop: StopRequest
 ) -> int:
+    folders = RunFolders()  # the main process's claims on this run's folders
+    try:
+        return train_in_claimed_folders(cfg, accelerator, policy, notes, stop, folders)
+    except UsageError:
+        folders.remove_created()  # bad input leaves nothing behind
+        raise
+    finally:
+        folders.release()
+
+
+def train_in_claimed_folders(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    policy: PrecisionPolicy,
+    notes: list[str],
+    stop: StopRequest,
+    folders: RunFolders,
+) -> int:
     started = time.perf_counter()
-    resume = checkpoint.find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir)
+    # ---- folders: claimed first (one run per folder), then the checkpoint to resume from, checked ------------------
+    on_main_process(accelerator, lambda: claim_output_dir(cfg, folders))
+    resume = on_main_process(
+        accelerator,
+        lambda: checkpoint.find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir, accelerator.num_processes),
+    )
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
-    for line in (policy.describe(), *notes, *describe_backend(accelerator)):
+    for line in (policy.describe(), *notes, *describe_backend(accelerator), *(resume.notes if resume else ())):
         accelerator.print(line)
-
-    # ---- folders: decide and check, create nothing yet ------------------------------------------------------------
-    paths = outputs.resolve_paths(cfg, policy.label, resume)
+    paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, folders))
     cfg = dataclasses.replace(cfg, run_name=paths.run_name, output_dir=str(paths.output_dir))  # as resolved
-    outputs.check_output_dir(paths, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
-    outputs.check_log_dir(paths, resuming=resume is not None)
 
     # ---- every input check, before any weights load; then the folders -------------------------------------------
     inputs = load_inputs(cfg, accelerator)
@@ -103,11 +131,14 @@ def run_training(
         # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
         accelerator.print("training: SIGTERM or Ctrl-C saves a checkpoint, then stops")
         train(run)
+        if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
+            with run.telemetry.paused():
+                run.checkpoints.save(run.state)
         accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
         final = run.evaluate()
         run.telemetry.log_eval(run.state.opt_step, final)
         final = end_with_best(run, final)
-        outputs.save_final_model(accelerator, run.model, inputs.tokenizer, paths.output_dir)
+        outputs.save_final_model(accelerator, run.model, inputs.tokenizer, paths.output_dir, run.checkpoints.last_saved)
         if accelerator.is_main_process:
             write_model_card(run, paths.run_name, paths.output_dir, final)
         writer.hparams(report.hparams(cfg, run.policy, accelerator), tags.HPARAM_METRICS)

@@ -40,6 +40,11 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
 def fixed_head_model(path: Path, tiny_model_dir: Path) -> Path:
     """A model whose classification head is trained for 2 labels, saved like a fine-tuned checkpoint."""
     config = BertConfig.from_pretrained(tiny_model_dir, num_labels=2)
@@ -67,6 +72,15 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "learning_rate must be a number",
         ),
         ("wrong flag type", ["--per_device_train_batch_size", "two"], {}, "invalid int value: 'two'"),
+        ("infinite learning rate", ["--learning_rate", "inf"], {}, "--learning_rate must be a finite number, got inf"),
+        ("NaN clipping norm", ["--max_grad_norm", "nan"], {}, "--max_grad_norm must be a finite number, got nan"),
+        ("infinite epochs", ["--num_train_epochs", "inf"], {}, "--num_train_epochs must be a finite number, got inf"),
+        (
+            "NaN learning rate in yaml",
+            ["--config", write(csv_dir / "nan.yaml", "learning_rate: .nan\n")],
+            {},
+            "--learning_rate must be a finite number, got nan",
+        ),
         ("batch size 0", ["--per_device_train_batch_size", "0"], {}, "--per_device_train_batch_size must be 1 or more"),
         ("padding to 0", ["--pad_to_multiple_of", "0"], {}, "--pad_to_multiple_of must be 1 or more"),
         ("unknown fallback", ["--on_scale_collapse", "retry"], {}, "invalid choice: 'retry'"),
@@ -82,6 +96,40 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             ],
             {},
             "cannot read",
+        ),
+        (
+            "a csv line with a field too many, in the validation file",
+            ["--validation_file", write(csv_dir / "extra.csv", "text,label\na,0\nb,1\nc,1,oops\n")],
+            {},
+            f"cannot read {csv_dir / 'extra.csv'}: Error tokenizing data. C error: Expected 2 fields in line 4, saw 3",
+        ),
+        (
+            "a json lines file with a broken line",
+            [
+                "--train_file",
+                write(csv_dir / "t.jsonl", '{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n'),
+                "--validation_file",
+                write(csv_dir / "broken.jsonl", '{"text": "a", "label": 0}\n{"text": oops}\n'),
+            ],
+            {},
+            f"cannot read {csv_dir / 'broken.jsonl'}: line 2 is not valid JSON (Expecting value at column 10)",
+        ),
+        (
+            "a latin-1 csv",
+            ["--train_file", write_bytes(csv_dir / "latin.csv", b"text,label\na,0\ncaf\xe9,1\n")],
+            {},
+            f"cannot read {csv_dir / 'latin.csv'}: it is not UTF-8 text: line 3 holds the byte 0xe9; save it as UTF-8",
+        ),
+        (
+            "an int label column with an empty cell",
+            [
+                "--train_file",
+                write(csv_dir / "gap.csv", "text,label\na,0\nb,\nc,1\n"),
+                "--validation_file",
+                write(csv_dir / "gapv.csv", "text,label\nd,1\n"),
+            ],
+            {},
+            "label column 'label' is empty in row 2 of the train data",
         ),
         (
             "missing text column",

@@ -110,3 +110,13 @@ def test_every_shipped_training_config_loads(path):
 
     cfg = parse_config(["--config", str(path)])
     assert isinstance(cfg, TrainConfig)
+
+
+def test_a_hand_written_yaml_may_spell_floats_as_the_command_line_does(tmp_path):
+    from app.config import parse_config
+
+    # YAML 1.1 reads 5e-5 and 1E-2 (no dot) as strings; the same text on the command line is a float.
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 5e-5\nweight_decay: 1E-2\nwarmup_ratio: .05\n")
+    cfg = parse_config(["--config", str(path)])
+    assert (cfg.learning_rate, cfg.weight_decay, cfg.warmup_ratio) == (5e-5, 1e-2, 0.05)

@@ -131,9 +131,31 @@ def test_texts_from_the_command_line_and_from_stdin(trained, capsys, monkeypatch
     from_args = pd.read_csv(io.StringIO(capsys.readouterr().out))
     # Two texts may come out within 1e-6 of each other: the order is checked on many rows in the CSV tests.
     assert_predictions_match(from_args, pd.DataFrame({"text": texts}), trained, order_shows=False)
-    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(texts) + "\n\n"))
+    monkeypatch.setattr(sys, "stdin", stdin_of("\n".join(texts).encode() + b"\n"))
     assert predict("--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm") == 0
     assert pd.read_csv(io.StringIO(capsys.readouterr().out)).equals(from_args)
+
+
+def stdin_of(data: bytes) -> io.TextIOWrapper:
+    """What a pipe into the process looks like: text over bytes."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
+def test_every_stdin_line_gives_one_row_in_order_blank_lines_too(trained, capsys, monkeypatch):
+    lines = ["Great coffee.", "", "Stale and bitter.", "   ", "Would buy again."]
+    monkeypatch.setattr(sys, "stdin", stdin_of("\r\n".join(lines).encode() + b"\r\n"))  # as a Windows file
+    assert predict("--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm") == 0
+    rows = pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)
+    assert list(rows["text"]) == lines
+    assert_predictions_match(rows, pd.DataFrame({"text": lines}), trained, order_shows=False)
+
+
+def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", stdin_of("fine\ncafé au lait\n".encode("latin-1")))
+    assert predict("--model_name_or_path", trained, "--disable_tqdm") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip().count("\n") == 0, err
+    assert err.startswith("error: stdin is not UTF-8 text: line 2 holds the byte 0xe9; convert it first"), err
 
 
 @pytest.mark.parametrize(
@@ -144,7 +166,7 @@ def test_bad_input_one_line_exit_2_nothing_written(
 ):
     (tmp_path / "garbage.parquet").write_bytes(b"this is not parquet")
     (tmp_path / "empty.csv").write_text("text,label\n")
-    monkeypatch.setattr(sys, "stdin", io.StringIO("\n \n"))
+    monkeypatch.setattr(sys, "stdin", stdin_of(b""))
     model, source = trained, ["--input_file", review_files["validation"]]
     if case == "missing column":
         source += ["--text_column", "review"]

@@ -72,3 +72,26 @@ def test_a_kill_during_the_final_save_leaves_no_half_written_model(tmp_path, qui
     out = tmp_path / "out"
     assert (out / ".staging-model" / "model.safetensors").is_file(), "the kill should land after the weights' write"
     assert not (out / "model.safetensors").exists(), "the weights reach the output folder only by an atomic rename"
+
+
+def test_a_kill_during_the_final_evaluation_loses_no_step(tmp_path, quick_args, review_files):
+    """A signal during the final evaluation lets it finish; a scheduler's SIGKILL after its grace period does not.
+    The last step is checkpointed before that evaluation, so the resume has nothing to train again."""
+    args = [*quick_args, "--max_steps", "3", "--eval_steps", "0", "--save_steps", "100"]
+    long_evaluation = ["--validation_file", review_files["train"], "--per_device_eval_batch_size", "1"]
+    child = start_run(tmp_path, [*args, *long_evaluation])
+    child.wait_for("evaluating the final model")
+    child.process.kill()
+    child.finish()
+    saved = completed_checkpoints(tmp_path / "out" / "checkpoints")
+    assert [p.name for p in saved] == ["step-3"], "the last step, though --save_steps is beyond it"
+
+    resumed = python_app(tmp_path, [*args, "--max_eval_samples", "8", "--resume_from_checkpoint", "latest"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from {saved[0]} at optimizer step 3" in resumed.stdout
+
+
+def test_without_checkpoints_asked_for_the_run_ends_without_one(tmp_path, quick_args):
+    result = python_app(tmp_path, [*quick_args, "--max_steps", "2", "--save_steps", "0", "--max_eval_samples", "8"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert not completed_checkpoints(tmp_path / "out" / "checkpoints")

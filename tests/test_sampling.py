@@ -7,14 +7,16 @@ from dataclasses import replace
 import pytest
 import torch
 from accelerate import skip_first_batches
-from accelerate.data_loader import prepare_data_loader
+from accelerate.data_loader import SeedableRandomSampler, get_sampler, prepare_data_loader
 from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorWithPadding
 
+from app.checkpoint import RunInfo
 from app.config import TrainConfig
 from app.data import make_loaders
-from app.sampling import LengthGroupedSampler, length_order, token_counts
+from app.sampling import DataPosition, LengthGroupedSampler, length_order, token_counts
+from app.state import TrainState
 from tests.harness import build_run
 
 SEED, BATCH = 5, 16
@@ -60,12 +62,12 @@ def epoch_batches(loader, epoch: int, skip: int = 0) -> list[list[int]]:
 
 def test_the_order_is_a_permutation_fixed_by_seed_and_epoch():
     lengths = mixed_lengths(1000)
-    sampler = LengthGroupedSampler(lengths, BATCH, 1, SEED)
-    first, again = sampler.order(0), LengthGroupedSampler(lengths, BATCH, 1, SEED).order(0)
+    sampler = LengthGroupedSampler(lengths, BATCH, SEED)
+    first, again = sampler.order(0), LengthGroupedSampler(lengths, BATCH, SEED).order(0)
     assert torch.equal(first, again)
     assert sorted(first.tolist()) == list(range(1000))
     assert not torch.equal(first, sampler.order(1)), "each epoch is shuffled anew"
-    assert not torch.equal(first, LengthGroupedSampler(lengths, BATCH, 1, SEED + 1).order(0))
+    assert not torch.equal(first, LengthGroupedSampler(lengths, BATCH, SEED + 1).order(0))
     assert torch.equal(sampler.order(1), sampler.order(1)), "a pure function: no state carried between calls"
 
 
@@ -92,6 +94,62 @@ def test_two_ranks_get_disjoint_covering_shards_of_similar_lengths(tokenizer):
     # At each step the two ranks' longest examples are neighbours in a sorted mega-batch of 1,600 / 50 lengths.
     worst_gap = max(abs(a - b) for a, b in zip(*longest))
     assert worst_gap <= 8, worst_gap
+
+
+def steps(loader, num_processes: int, epoch: int, skip: int = 0) -> list[list[int]]:
+    """The examples of each optimizer step, over all ranks, in rank order, as `accelerator.prepare` cuts them."""
+    ranks = [epoch_batches(shard(loader, num_processes, r), epoch, skip) for r in range(num_processes)]
+    return [[i for batch in step for i in batch] for step in zip(*ranks)]
+
+
+def test_the_random_order_is_the_one_accelerates_seedable_sampler_gave(tokenizer):
+    """Runs and checkpoints of the random strategy from before the app had its own sampler go on in the same order."""
+    loader = loader_for(tokenizer, mixed_lengths(100), "random")
+    accelerates = SeedableRandomSampler(range(100), generator=torch.Generator(), data_seed=SEED)
+    for epoch in (0, 3):
+        accelerates.set_epoch(epoch)
+        assert get_sampler(loader).order(epoch).tolist() == list(accelerates)
+
+
+def resumed(tokenizer, lengths, strategy, state: TrainState, processes: int, saved_by: int, saved: dict | None):
+    """A new process's loader, from the same config, set where the checkpoint says (DataPosition.resume)."""
+    loader = loader_for(tokenizer, lengths, strategy, processes)
+    position = DataPosition(loader, BATCH, processes, accumulation=1)
+    assert position.resume(state, RunInfo("r", "no", saved_by, state, data=saved)), "a change of process count is said"
+    return loader
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
+@pytest.mark.parametrize("saved_by, resumed_by, steps_done", [(1, 2, 3), (2, 1, 2), (1, 2, 4)])
+def test_a_resume_with_another_process_count_continues_in_the_same_order_at_the_same_example(
+    tokenizer, strategy, saved_by, resumed_by, steps_done
+):
+    lengths = mixed_lengths(16 * 22)  # 22 batches: whole steps for 1 and 2 processes
+    saving = loader_for(tokenizer, lengths, strategy, saved_by)
+    saved = DataPosition(saving, BATCH, saved_by, accumulation=1)
+    state = TrainState(epoch=1, batches_in_epoch=steps_done)
+    state.samples_in_epoch = saved.samples(state)
+    trained = sum(steps(saving, saved_by, epoch=1)[:steps_done], [])
+    assert state.samples_in_epoch == len(trained) == steps_done * saved_by * BATCH
+
+    resuming = resumed(tokenizer, lengths, strategy, state, resumed_by, saved_by, saved.record())
+    assert get_sampler(resuming).order(1).tolist() == get_sampler(saving).order(1).tolist(), "the run's own order"
+    rest = sum(steps(resuming, resumed_by, epoch=1, skip=state.batches_in_epoch), [])
+    untrained = get_sampler(resuming).order(1).tolist()[len(trained) :]
+    assert rest[: len(untrained)] == untrained, "an example trained twice, or skipped"
+    # Beyond: Accelerate's padding of an incomplete last step (even_batches), as at the end of any such epoch.
+    assert len(rest) - len(untrained) < resumed_by * BATCH
+    assert not get_sampler(resuming).skipped(2), "the next epoch starts at its first example"
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_in_its_order_at_its_example(tokenizer):
+    """No recorded position or order: the order was grouped by batch size x processes, the position is in batches."""
+    lengths = mixed_lengths(16 * 22)
+    state = TrainState(epoch=0, batches_in_epoch=3)  # 3 steps of 2 x 16 under the earlier app, 2 processes
+    resuming = resumed(tokenizer, lengths, "group_by_length", state, 1, 2, None)
+    order = loader_for(tokenizer, lengths, "group_by_length", 2).sampler.order(0)
+    assert get_sampler(resuming).order(0).tolist() == order.tolist()
+    assert sum(steps(resuming, 1, epoch=0, skip=state.batches_in_epoch), []) == order[3 * 2 * BATCH :].tolist()
 
 
 def padding_fraction(loader, epoch: int = 0) -> float:

@@ -20,6 +20,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
 from app.errors import UsageError
+from app.reading import check_label_cells
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
@@ -88,6 +89,8 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         fixed: the id2label of a model whose classification head is trained, else None.
     """
     values = list(raw["train"][label_column])
+    for split in ("train", "validation"):
+        check_label_cells(values if split == "train" else list(raw[split][label_column]), label_column, split)
     if all(isinstance(v, str) for v in values):
         space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
     elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):

@@ -1,0 +1,211 @@
+"""The run's folders: its name, its claim on them (one run per folder), the checks that keep earlier work safe, and
+giving them back.
+
+Every claim and check happens on the main process, at the very start, before any tokenizing or loading; the other
+ranks learn the outcome (runtime.on_main_process). A folder is claimed first and checked second, so that no other run
+can fill it in between. Bad input later on (exit code 2) gives the claims back and removes every folder this run
+created, so it leaves nothing behind; however else the run ends, the claims are given back and its files stay.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+from pathlib import Path
+
+from app.checkpoint import ResumePoint, completed_checkpoints, find_checkpoint, output_dir_of
+from app.claim import Held, Lease, Refresher, is_lease_file
+from app.config import TrainConfig
+from app.errors import UsageError
+from app.outputs import CONFIG_FILE, RunPaths
+
+# What a start that failed before its first checkpoint leaves: nothing worth keeping, nothing to resume.
+_LEFT_BY_A_FAILED_START = {CONFIG_FILE, "checkpoints"}
+
+
+class Taken(UsageError):
+    """The folder is held by a live run, or holds another run's work."""
+
+
+class RunFolders:
+    """The folders this run claimed (main process), the ones it created, and how to give them back."""
+
+    def __init__(self) -> None:
+        self.claims: list[tuple[Lease, list[Path]]] = []  # a lease, and the folders its claim created, outermost first
+        self.refresher: Refresher | None = None
+
+    def claim(self, folder: Path, what: str, instead: str) -> None:
+        """Create `folder` if needed and take its lease. Taken if a live run holds it; UsageError if it cannot be.
+
+        Args:
+            what, instead: for the messages: what the folder is (a flag), and what to do instead of waiting.
+        """
+        if any(lease.folder.resolve() == folder.resolve() for lease, _ in self.claims):
+            return  # one folder for both (an --output_dir inside --logdir, named as the run): this run holds it
+        created = _make_folder(folder, what)
+        try:
+            lease, note = Lease.take(folder)
+        except Held as held:  # the folder is the holder's now, whoever created it: leave it be
+            message = f"{what} {folder} is in use by another run ({held}); wait for it to end, or {instead}"
+            raise Taken(message) from None
+        except OSError as e:
+            _remove_empty(created)
+            raise UsageError(f"{what} {folder} cannot be written: {e.strerror}; {instead}") from None
+        self.claims.append((lease, created))
+        if note:
+            print(f"note: {what} {folder}: {note}")
+        self.refresher = self.refresher or Refresher()
+        self.refresher.leases = [lease for lease, _ in self.claims]
+
+    def give_back(self, folder: Path) -> None:
+        """Give back the claim on `folder`, and remove the folders it created (a default name that was taken)."""
+        for claim in [claim for claim in self.claims if claim[0].folder == folder]:
+            self.claims.remove(claim)
+            if self.refresher:
+                self.refresher.leases = [lease for lease, _ in self.claims]
+            _give_back(*claim, remove=True)
+
+    def release(self) -> None:
+        """Give back every claim; the files stay. Safe to call more than once."""
+        if self.refresher:
+            self.refresher.stop()
+        while self.claims:
+            _give_back(*self.claims.pop(), remove=False)
+
+    def remove_created(self) -> None:
+        """After bad input: give back every claim and remove every folder this run created, newest first."""
+        if self.refresher:
+            self.refresher.stop()
+        while self.claims:
+            _give_back(*self.claims.pop(), remove=True)
+
+
+def _give_back(lease: Lease, created: list[Path], remove: bool) -> None:
+    if remove and created:
+        # While still holding the folder, everything in it is this run's: empty it, then let go, then remove it
+        # only if still empty (a run that claimed it in between keeps it).
+        for path in created[-1].iterdir():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path != lease.path:
+                path.unlink()
+    lease.release()
+    if remove:
+        _remove_empty(created)
+
+
+def claim_output_dir(cfg: TrainConfig, folders: RunFolders) -> None:
+    """Claim --output_dir (or, resuming from a checkpoint path without it, that checkpoint's run folder) before
+    anything reads it. A fresh run with the default folder claims it with its name (claim_run_folders)."""
+    if cfg.output_dir:
+        folders.claim(Path(cfg.output_dir), "--output_dir", "choose another --output_dir")
+    elif cfg.resume_from_checkpoint:  # it exists (or this raises), so its run folder is a real one
+        run_folder = output_dir_of(find_checkpoint(cfg.resume_from_checkpoint, None))
+        folders.claim(run_folder, "--output_dir", "pass another --output_dir")
+
+
+def claim_run_folders(
+    cfg: TrainConfig, precision_label: str, resume: ResumePoint | None, folders: RunFolders
+) -> RunPaths:
+    """Name the run, claim its TensorBoard folder (and its default output folder), and check both. Main process.
+
+    A resumed run keeps its name, so its curves continue in TensorBoard. A default name is the date, time and
+    precision; a run started in the same second as another one takes the next free suffix (-2, -3, ...).
+    """
+    output_dir = Path(cfg.output_dir) if cfg.output_dir else resume.output_dir if resume else None
+    name = cfg.run_name or (resume.info.run_name if resume else None)
+    if name:
+        return _claim(cfg, name, output_dir, resume, folders)
+    base = f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{precision_label}"
+    for suffix in range(1, 100):
+        try:
+            return _claim(cfg, base if suffix == 1 else f"{base}-{suffix}", output_dir, resume, folders)
+        except Taken:
+            continue
+    raise UsageError(f"no free default run name {base}-N in --logdir {cfg.logdir}; pass --run_name")
+
+
+def _claim(cfg, name: str, output_dir: Path | None, resume, folders: RunFolders) -> RunPaths:
+    paths = RunPaths(name, output_dir or Path("outputs") / name, Path(cfg.logdir) / name)
+    claimed = []
+    try:
+        if output_dir is None:  # the default output folder, named after the run; else claimed already
+            folders.claim(paths.output_dir, "--output_dir", "pass another --run_name or an --output_dir")
+            claimed.append(paths.output_dir)
+        folders.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
+        claimed.append(paths.log_dir)
+        check_output_dir(paths, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
+        check_log_dir(paths, resuming=resume is not None)
+    except Taken:
+        for folder in claimed:
+            folders.give_back(folder)
+        raise
+    return paths
+
+
+def check_output_dir(paths: RunPaths, resuming: bool, overwrite: bool) -> None:
+    work = _work_in(paths.output_dir)
+    if not work or resuming or overwrite:
+        return
+    if completed_checkpoints(paths.output_dir / "checkpoints"):
+        raise Taken(
+            f"--output_dir {paths.output_dir} is not empty; pass --resume_from_checkpoint latest to continue that run, "
+            "--overwrite_output_dir to replace it, or another --output_dir"
+        )
+    raise Taken(
+        f"--output_dir {paths.output_dir} is not empty (it holds {work[0]}); pass --overwrite_output_dir to replace "
+        "what is there, or another --output_dir"
+    )
+
+
+def _work_in(folder: Path) -> list[str]:
+    """What in `folder` is worth keeping: anything but leases and what a failed start leaves (its config, an
+    empty checkpoints folder), which a new run may reuse."""
+    try:
+        found = sorted(p.name for p in folder.iterdir() if not is_lease_file(p.name))
+    except OSError as e:
+        raise UsageError(f"--output_dir {folder} cannot be read: {e.strerror}") from None
+    checkpoints = folder / "checkpoints"
+    left = set(found) <= _LEFT_BY_A_FAILED_START and not (checkpoints.is_dir() and any(checkpoints.iterdir()))
+    return [] if left else found
+
+
+def check_log_dir(paths: RunPaths, resuming: bool) -> None:
+    if not resuming and any(paths.log_dir.glob("events.out.tfevents.*")):
+        raise Taken(
+            f"TensorBoard run {paths.log_dir} already exists and would mix two runs; "
+            "pass another --run_name, or leave it unset for a unique one"
+        )
+
+
+def _make_folder(path: Path, flag: str) -> list[Path]:
+    """Create `path` and its missing parents; return the ones created, outermost first. UsageError if it cannot."""
+    missing, existing = [], path
+    try:
+        while not existing.exists():
+            missing.insert(0, existing)
+            existing = existing.parent
+        if not existing.is_dir():
+            raise UsageError(f"{flag} {path} cannot be created: {existing} is a file, not a folder")
+        for folder in missing:
+            folder.mkdir()
+    except FileExistsError:  # another run created it a moment ago: it is a folder all the same
+        return _make_folder(path, flag)
+    except OSError as e:  # e.g. a parent that cannot be read or written
+        _remove_empty([folder for folder in missing if folder.is_dir()])
+        raise UsageError(
+            f"{flag} {path} cannot be created: {e.strerror} ({e.filename or existing}); choose a folder you can write"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path} cannot be written: no write permission on {path}")
+    return missing
+
+
+def _remove_empty(created: list[Path]) -> None:
+    """Remove folders this run created, innermost first, as long as they are empty."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            return

@@ -1,0 +1,94 @@
+"""Reading what users give (data files, stdin, label cells), with errors that say which file and which line or row.
+
+The readers underneath (pandas, pyarrow, datasets) report a bad line without the file, or a byte position inside a
+chunk, or nothing the user can act on. These helpers run on the error path only, after a read has failed, and turn
+that into one line: the file, the line where it can be found, what is wrong there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import BinaryIO
+
+from app.errors import UsageError, first_line
+
+
+def stdin_lines(stream: BinaryIO) -> list[str]:
+    """Every line of stdin, blank ones included, so that output row i answers input line i. UsageError if not UTF-8."""
+    data = stream.read()
+    try:
+        text = data.decode("utf-8-sig")  # -sig: a byte-order mark, as Windows editors write, is not text
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"stdin is not UTF-8 text: {_bad_byte(data, e.start)}; convert it first, e.g. with iconv -f latin1 -t utf-8"
+        ) from None
+    lines = text.split("\n")  # not splitlines(): it also splits on form feeds and Unicode separators inside a line
+    if lines[-1] == "":
+        lines.pop()  # the newline that ends the last line starts no new one
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _bad_byte(data: bytes, offset: int) -> str:
+    line = data.count(b"\n", 0, offset) + 1
+    return f"line {line} holds the byte 0x{data[offset]:02x}"
+
+
+def read_error(kind: str, paths: list[str], error: BaseException) -> str:
+    """What went wrong reading data files of `kind` (csv, json, parquet) with datasets.load_dataset, in one line that
+    names the bad file.
+
+    Args:
+        paths: the files that were read together.
+        error: what the reader raised for them together.
+    """
+    from datasets import load_dataset
+
+    bad, reason = paths[0], error
+    for path in paths if len(paths) > 1 else ():
+        try:
+            load_dataset(kind, data_files=path)  # each alone, to find the one that fails
+        except Exception as e:  # the reader raises many types; all mean this file cannot be read
+            bad, reason = path, e
+            break
+    what, fix = _where(bad, kind, reason)
+    return f"cannot read {bad}: {what}; {fix}"
+
+
+def _where(path: str, kind: str, error: BaseException) -> tuple[str, str]:
+    """What is wrong in the file, and where, as the reader or a recheck of the file says; and the fix."""
+    with open(path, "rb") as file:
+        data = file.read()
+    if kind in ("csv", "json"):
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            return f"it is not UTF-8 text: {_bad_byte(data, e.start)}", "save it as UTF-8"
+        if kind == "json" and not text.lstrip().startswith("["):  # JSON lines: find the line ourselves
+            for number, line in enumerate(text.split("\n"), start=1):
+                try:
+                    if line.strip():
+                        json.loads(line)
+                except json.JSONDecodeError as e:
+                    return f"line {number} is not valid JSON ({e.msg} at column {e.colno})", "fix that line"
+    return _most_specific(error).rstrip("."), "check the file's format"
+
+
+def _most_specific(error: BaseException) -> str:
+    """The message in the chain that places the problem (a line or a row), else the innermost one."""
+    chain = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    placed = [first_line(e) for e in chain if " line " in str(e) or " row " in str(e)]
+    return placed[0] if placed else first_line(chain[-1])
+
+
+def check_label_cells(values: list, label_column: str, split: str) -> None:
+    """An empty label cell turns a column of ints into floats with a gap; say where the gap is, not "float 0.0"."""
+    for row, value in enumerate(values, start=1):
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            raise UsageError(
+                f"label column {label_column!r} is empty in row {row} of the {split} data (rows counted from 1, "
+                "after the header); fill in a label or drop the row"
+            )

@@ -1,0 +1,128 @@
+"""The disk: a full one is one line and exit code 4 with the previous checkpoint intact, on a real small filesystem;
+what the run writes is as readable as the umask allows."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from app.checkpoint import completed_checkpoints
+from app.integrity import damage
+from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, python_app
+
+# The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of 20 MB: one checkpoint fits, a second one does not."""
+    mount = tmp_path / "small_disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {made.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def last_line(stderr: str) -> str:
+    """The line the run ended with; before it, only the libraries' progress bars and reports, never a traceback."""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return stderr.strip().splitlines()[-1]
+
+
+def run_flags(tiny_model_dir, review_files, out, logdir) -> list:
+    return [
+        *data_flags(tiny_model_dir, review_files),
+        *("--output_dir", out, "--logdir", logdir, "--run_name", "r", "--max_steps", 4, "--save_steps", 1),
+        *("--per_device_train_batch_size", 8, "--max_length", 32, "--mixed_precision", "no", "--disable_tqdm"),
+    ]
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_exit_4_and_the_previous_one_is_intact(
+    tmp_path, small_disk, tiny_model_dir, review_files
+):
+    out = small_disk / "out"
+    result = python_app(tmp_path, run_flags(tiny_model_dir, review_files, out, tmp_path / "runs"))
+    assert result.returncode == 4, result.stderr[-3000:]
+    root, error = out / "checkpoints", last_line(result.stderr)
+    assert error.startswith(f"error: no space left on device for checkpoint step-2 in {root}: it needs about 12.0"), (
+        error
+    )
+    assert error.endswith(f" MB are free; {root / 'step-1'} is intact")
+    warning = rf"warning: \d+\.\d MB free in {re.escape(str(root))}, and the last checkpoint took 12\.0 MB: this one "
+    warning += "may not fit"
+    assert [line for line in result.stdout.splitlines() if re.fullmatch(warning, line)], result.stdout[-2000:]
+    assert [p.name for p in completed_checkpoints(root)] == ["step-1"]
+    assert damage(root / "step-1") is None, "the previous checkpoint is whole"
+    assert not list(root.glob(".staging-*")), "the partial checkpoint is removed, which frees its space"
+    assert not list(out.glob(".claim-*")), "the claim is given back"
+
+
+def test_a_full_disk_at_the_first_checkpoint_says_what_was_written(tmp_path, tiny_model_dir, review_files):
+    mount = tmp_path / "tiny_disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        result = python_app(tmp_path, run_flags(tiny_model_dir, review_files, mount / "out", tmp_path / "runs"))
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+    assert result.returncode == 4, result.stderr[-3000:]
+    error = last_line(result.stderr)
+    assert error.startswith("error: no space left on device for checkpoint step-1 in "), error
+    assert "it needs more than the " in error and error.endswith("this run has no earlier checkpoint")
+
+
+def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, tiny_model_dir, review_files):
+    """Two gloo ranks, started as torchrun starts them: the main process's write fails, neither rank hangs."""
+    args = run_flags(tiny_model_dir, review_files, small_disk / "out", tmp_path / "runs")
+    port = free_port()
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
+            env=clean_env(
+                tmp_path,
+                RANK=str(r),
+                LOCAL_RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_WORLD_SIZE="2",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            ),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for r in (0, 1)
+    ]
+    errors = [rank.communicate(timeout=300)[1] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [4, 4], errors
+    assert last_line(errors[0]).startswith("error: no space left on device for checkpoint step-2 in "), errors[0]
+    assert "error: " not in errors[1], "one rank says why"
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_what_the_run_writes_is_as_readable_as_the_umask_allows(tmp_path, tiny_model_dir, review_files, umask, mode):
+    flags = run_flags(tiny_model_dir, review_files, tmp_path / "out", tmp_path / "runs")
+    flags[flags.index("--max_steps") + 1] = 1
+    result = subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT), *map(str, flags), "--max_eval_samples", "8"],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        preexec_fn=lambda: os.umask(umask),
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert tmp_path / "out" / "model.safetensors" in written
+    assert tmp_path / "out" / "checkpoints" / "step-1" / "model.safetensors" in written
+    modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
+    assert set(modes.values()) == {oct(mode)}, modes

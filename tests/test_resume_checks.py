@@ -1,0 +1,124 @@
+"""Checkpoints are checked before a resume: each records its files, a damaged `latest` falls back to the newest intact
+one, a damaged checkpoint named by path is refused, older unrecorded ones and a missing random state are notes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from app.checkpoint import completed_checkpoints
+from app.integrity import RECORD
+from tests.conftest import data_flags, run_app
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, tiny_model_dir, review_files):
+    """A run with checkpoints step-2 and step-4, and the flags that made it."""
+    folder = tmp_path_factory.mktemp("finished")
+    flags = [
+        *data_flags(tiny_model_dir, review_files),
+        *("--output_dir", folder / "out", "--logdir", folder / "runs", "--run_name", "r", "--max_steps", 4),
+        *("--save_steps", 2, "--per_device_train_batch_size", 8, "--max_length", 32, "--max_eval_samples", 8),
+        *("--mixed_precision", "no", "--disable_tqdm"),
+    ]
+    assert run_app(flags) == 0
+    return folder, flags
+
+
+@pytest.fixture
+def run_copy(finished, tmp_path):
+    """A fresh copy of the finished run, and its flags pointed at the copy."""
+    folder, flags = finished
+    shutil.copytree(folder / "out", tmp_path / "out")
+    return tmp_path / "out", [tmp_path / "out" if arg == folder / "out" else arg for arg in flags]
+
+
+def test_every_checkpoint_records_each_of_its_files(run_copy):
+    out, _ = run_copy
+    for checkpoint in completed_checkpoints(out / "checkpoints"):
+        recorded = json.loads((checkpoint / RECORD).read_text())["files"]
+        on_disk = {str(p.relative_to(checkpoint)): p.stat().st_size for p in checkpoint.rglob("*") if p.is_file()}
+        assert on_disk.pop(RECORD)
+        assert {name: entry["bytes"] for name, entry in recorded.items()} == on_disk
+        assert {"model.safetensors", "optimizer.bin", "random_states_0.pkl", "trainer_state.json"} <= set(on_disk)
+        assert all(len(entry["sha256"]) == 64 for entry in recorded.values())
+
+
+def damage(checkpoint, kind: str) -> str:
+    """Damage one file of the checkpoint as a crash, a full disk or a stray edit would; return its name."""
+    files = {"weights": "model.safetensors", "optimizer": "optimizer.bin", "state": "trainer_state.json"}
+    name = files[kind.split()[-1]]
+    path = checkpoint / name
+    if kind.startswith("truncated"):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif kind.startswith("deleted"):
+        path.unlink()
+    elif kind.startswith("garbage"):
+        path.write_text("{not json")
+    else:  # one byte changed, the size the same
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    return name
+
+
+KINDS = ["truncated weights", "truncated optimizer", "garbage state", "deleted weights", "flipped weights"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_damaged_latest_falls_back_to_the_newest_intact_checkpoint(run_copy, kind, capfd):
+    out, flags = run_copy
+    step_2, step_4 = out / "checkpoints" / "step-2", out / "checkpoints" / "step-4"
+    name = damage(step_4, kind)
+    capfd.readouterr()
+    assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    notes = [line for line in lines if line.startswith(f"note: {step_4} is damaged ({step_4 / name} ")]
+    assert notes == [line for line in lines if " is damaged (" in line], lines
+    assert notes[0].endswith(f"); resuming from {step_2}, the newest intact one")
+    loaded = next(i for i, line in enumerate(lines) if line.startswith("run r: "))  # printed once the model loaded
+    assert lines.index(notes[0]) < loaded, "said before anything loads"
+    assert f"resumed from {step_2} at optimizer step 2" in lines
+
+
+def test_a_damaged_checkpoint_named_by_path_is_refused_naming_the_file(run_copy, capfd):
+    out, flags = run_copy
+    step_4 = out / "checkpoints" / "step-4"
+    damage(step_4, "truncated optimizer")
+    before = sorted((p, p.stat().st_size) for p in out.rglob("*"))
+    capfd.readouterr()
+    assert run_app([*flags, "--resume_from_checkpoint", step_4]) == 2
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"error: --resume_from_checkpoint {step_4} is damaged: {step_4 / 'optimizer.bin'} has ")
+    assert sorted((p, p.stat().st_size) for p in out.rglob("*")) == before, "nothing written, no claim left"
+
+
+def test_latest_with_every_checkpoint_damaged_is_refused_naming_the_newest(run_copy, capfd):
+    out, flags = run_copy
+    for checkpoint in completed_checkpoints(out / "checkpoints"):
+        damage(checkpoint, "deleted weights")
+    capfd.readouterr()
+    assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"error: --resume_from_checkpoint latest: no intact checkpoint in {out / 'checkpoints'}")
+    assert f"{out / 'checkpoints' / 'step-4' / 'model.safetensors'} is missing" in err
+
+
+@pytest.mark.parametrize("missing", ["random state", "record"])
+def test_a_checkpoint_without_its_random_state_or_record_resumes_with_a_note(run_copy, missing, capfd):
+    out, flags = run_copy
+    step_4 = out / "checkpoints" / "step-4"
+    (step_4 / ("random_states_0.pkl" if missing == "random state" else RECORD)).unlink()
+    capfd.readouterr()
+    assert run_app([*flags, "--max_steps", 5, "--resume_from_checkpoint", "latest"]) == 0
+    out_lines = capfd.readouterr().out.splitlines()
+    expected = {
+        "random state": f"note: {step_4} has no random state for process(es) 0: their dropout and other random draws "
+        "start afresh, so the resume is not exact",
+        "record": f"note: {step_4} has no record of its files (an older checkpoint): resuming from it unchecked",
+    }[missing]
+    assert expected in out_lines
+    assert f"resumed from {step_4} at optimizer step 4" in out_lines
