@@ -1,0 +1,113 @@
+"""fp16 headroom: how far the largest fp16 activation of a forward pass is from overflowing, before the scaler reacts.
+
+`amp/headroom_bits` = log2(65504 / max |x|), over every module output that is float16 in the forward pass, the
+smallest over modules: how many doublings the largest activation can take before it overflows. 0 means an
+activation reached fp16's largest value; an overflow (inf) gives -inf, a NaN gives NaN. Scaled gradients are left
+out: the loss scaler drives them toward overflow on purpose and backs off when they get there.
+
+The loop arms the probe around the forward of a log step's last micro-batch only. Forward hooks on every module keep
+each fp16 output's max |x| on the device, with no host sync, and are removed as the forward returns; telemetry reads
+the result at the log step, in the same read as its other meters. On every other micro-batch, and outside fp16
+autocast (fp32, bf16, after a fallback), the probe registers nothing and costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from accelerate.utils import extract_model_from_parallel
+
+FP16_MAX = torch.finfo(torch.float16).max  # 65504
+
+
+@dataclass(frozen=True)
+class Headroom:
+    bits: float  # log2(65504 / max |x|), the smallest over modules
+    module: str  # the module whose output sets it
+    largest: float  # that output's max |x|
+
+
+def headroom_bits(largest: float) -> float:
+    """log2(65504 / largest): -inf for an overflow (inf), inf for an output of zeros, NaN for NaN."""
+    if largest == 0:
+        return math.inf
+    return math.log2(FP16_MAX) - math.log2(largest)  # log2(inf) = inf: an overflow gives -inf
+
+
+def largest_fp16(value) -> torch.Tensor | None:
+    """max |x| over the float16 tensors in a module's output (a tensor, a tuple or a ModelOutput), on the device."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype != torch.float16 or not value.numel():
+            return None
+        return torch.stack(torch.aminmax(value.detach())).abs().amax()  # one pass, no |x| copy; NaN propagates
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    found = [m for m in (largest_fp16(v) for v in items) if m is not None]
+    return torch.stack(found).amax() if found else None
+
+
+def fp16_autocast_on(device_type: str) -> bool:
+    return torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.float16
+
+
+class HeadroomProbe:
+    """Armed around one forward pass; read at the log step. `enabled=False` (under --torch_compile, where hooks
+    would recompile the model) makes it inert."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._names: list[str] = []
+        self._maxima: torch.Tensor | None = None  # per module, in execution order, on the device
+
+    @contextlib.contextmanager
+    def armed(self, model: torch.nn.Module, active: bool):
+        """Hooks on every module of `model` for the forward pass inside, if `active` and under fp16 autocast.
+
+        Enter it inside the autocast context: the probe asks autocast whether it runs in fp16.
+        """
+        model = extract_model_from_parallel(model)  # DDP's wrapper: hook the modules under their own names
+        device_type = next(model.parameters()).device.type
+        if not (active and self.enabled and fp16_autocast_on(device_type)):
+            yield
+            return
+        recorded: dict[str, torch.Tensor] = {}
+        handles = [
+            module.register_forward_hook(self._record(name, recorded)) for name, module in model.named_modules() if name
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+        self._names = list(recorded)
+        self._maxima = torch.stack(list(recorded.values())).float() if recorded else None
+
+    @staticmethod
+    def _record(name: str, recorded: dict[str, torch.Tensor]):
+        def hook(module, inputs, output):
+            largest = largest_fp16(output)
+            if largest is not None:  # a module called twice keeps its larger output
+                recorded[name] = largest if name not in recorded else torch.maximum(recorded[name], largest)
+
+        return hook
+
+    def take(self, reduce) -> Headroom | None:
+        """The last armed pass's headroom, once (None if nothing was measured since the last take).
+
+        Args:
+            reduce: the max over ranks of a device tensor (e.g. `lambda t: accelerator.reduce(t, "max")`); every rank
+                calls take at the same steps, with the same modules measured.
+        """
+        if self._maxima is None:
+            return None
+        maxima = reduce(self._maxima).tolist()  # host sync: at log steps only, with telemetry's own read
+        self._maxima = None
+        # Ties go to the first module in execution order: an inf or NaN spreads downstream from where it began.
+        index = max(range(len(maxima)), key=lambda i: _order(maxima[i]))
+        return Headroom(headroom_bits(maxima[index]), self._names[index], maxima[index])
+
+
+def _order(largest: float) -> float:
+    return math.inf if math.isnan(largest) else largest  # a NaN output is the worst of all

@@ -1,0 +1,81 @@
+"""amp/headroom_bits (app/amp/headroom.py): what the probe measures on a small model with known outputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from app.amp.headroom import HeadroomProbe, headroom_bits
+
+
+def no_reduce(maxima: torch.Tensor) -> torch.Tensor:
+    return maxima  # one process: the max over ranks is this rank's
+
+
+class Known(torch.nn.Module):
+    """Under fp16 autocast `big` (1000 x) outputs fp16, and so does `norm`; `wide` outputs fp32 (1e6 x), never fp16."""
+
+    def __init__(self):
+        super().__init__()
+        self.big, self.norm, self.wide = torch.nn.Linear(4, 4, bias=False), torch.nn.LayerNorm(4), torch.nn.Identity()
+        with torch.no_grad():
+            self.big.weight.copy_(1000 * torch.eye(4))
+
+    def forward(self, x):
+        return self.norm(self.big(x)), self.wide(x * 1e6)
+
+
+def hooks_left(model: torch.nn.Module) -> int:
+    return sum(len(module._forward_hooks) for module in model.modules())
+
+
+def test_headroom_bits_counts_doublings_to_65504():
+    assert headroom_bits(65504.0) == 0.0
+    assert headroom_bits(65504.0 / 8) == pytest.approx(3.0)
+    assert headroom_bits(65504.0 * 2) == pytest.approx(-1.0)
+    assert headroom_bits(math.inf) == -math.inf
+    assert math.isnan(headroom_bits(math.nan)) and headroom_bits(0.0) == math.inf
+
+
+def test_the_probe_names_the_largest_fp16_output_and_leaves_no_hooks():
+    model, probe = Known(), HeadroomProbe()
+    x = torch.tensor([[1.0, -3.0, 0.5, 2.0]])
+    with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):
+        assert hooks_left(model) == 3  # every named module
+        model(x)
+    assert hooks_left(model) == 0
+    found = probe.take(no_reduce)
+    # |-3000| from the Linear; the normalised output is about 1.5, and wide's 3e6 is fp32, which cannot overflow fp16.
+    assert found.module == "big" and found.largest == 3000.0
+    assert found.bits == pytest.approx(math.log2(65504 / 3000))
+    assert probe.take(no_reduce) is None, "read once"
+
+
+@pytest.mark.parametrize(
+    "precision, active", [("fp16", False), ("bf16", True), ("fp32", True)], ids=["inactive", "bf16", "fp32"]
+)
+def test_the_probe_does_nothing_unless_active_under_fp16_autocast(precision, active):
+    model, probe = Known(), HeadroomProbe()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    with torch.autocast("cpu", dtype=dtype, enabled=precision != "fp32"), probe.armed(model, active=active):
+        assert hooks_left(model) == 0
+        model(torch.ones(1, 4))
+    assert probe.take(no_reduce) is None
+
+
+def test_a_disabled_probe_does_nothing():  # under --torch_compile
+    model, probe = Known(), HeadroomProbe(enabled=False)
+    with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):
+        assert hooks_left(model) == 0
+        model(torch.ones(1, 4))
+    assert probe.take(no_reduce) is None
+
+
+def test_an_overflow_gives_minus_infinity():
+    model, probe = Known(), HeadroomProbe()
+    with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):
+        model(torch.full((1, 4), 100.0))  # 1000 x 100 = 1e5 > 65504: inf in fp16
+    found = probe.take(no_reduce)
+    assert found.module == "big" and found.largest == math.inf and found.bits == -math.inf
