@@ -1,4 +1,5 @@
-"""amp/headroom_bits (app/amp/headroom.py): what the probe measures on a small model with known outputs."""
+"""amp/headroom_bits (app/amp/headroom.py): what the probe measures on a small model with known outputs, and when the
+loop arms it. The curve of a model that overflows is in test_diagnose.py; the host reads in test_host_syncs.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from app.amp.headroom import HeadroomProbe, headroom_bits
+from tests import harness
 
 
 def no_reduce(maxima: torch.Tensor) -> torch.Tensor:
@@ -79,3 +81,22 @@ def test_an_overflow_gives_minus_infinity():
         model(torch.full((1, 4), 100.0))  # 1000 x 100 = 1e5 > 65504: inf in fp16
     found = probe.take(no_reduce)
     assert found.module == "big" and found.largest == math.inf and found.bits == -math.inf
+
+
+def test_the_loop_arms_the_probe_on_the_last_micro_batch_of_log_steps_only(tiny_model_dir, review_files):
+    # 2 micro-batches per step, logging every 2 steps, 3 steps: log steps 2 and 3 end on micro-batches 4 and 6.
+    run = harness.build_run(
+        tiny_model_dir, review_files, amp=True, gradient_accumulation_steps=2, logging_steps=2, max_steps=3
+    )
+    micro_batch, armed = {"now": 0}, set()
+
+    def watch(module, args):
+        if module.training:
+            micro_batch["now"] += 1
+            if hooks_left(run.model.classifier):
+                armed.add(micro_batch["now"])
+
+    run.model.register_forward_pre_hook(watch)
+    harness.train(run)
+    assert micro_batch["now"] == 6 and armed == {4, 6}
+    assert hooks_left(run.model) == 0

@@ -58,7 +58,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
         "**Verdict:**",
     ):
         assert field in report, field
-    assert "| final loss scale | 1 | 65536 |" in report
+    assert "| final loss scale | off | 65536 |" in report and "| skipped steps | off | 0 |" in report
     # A controlled comparison: one padding for both runs, so the same batches and padding fraction.
     assert "`--pad_to_multiple_of 8`" in report
     padding = next(row for row in report.splitlines() if row.startswith("| padding fraction |")).split("|")[2:4]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from app.telemetry import tags
+from app.telemetry.meters import gpu_memory_tags
 from tests import tb
 from tests.conftest import clean_env, data_flags, free_port, run_app
 
@@ -24,9 +25,24 @@ AMP_TAGS = {
     tags.AMP_CONSECUTIVE_SKIPS,
     tags.AMP_APPLIED_UPDATES,
 }
-PERF_TAGS = {tags.PERF_SAMPLES_PER_SEC, tags.PERF_TOKENS_PER_SEC, tags.PERF_PADDING_FRACTION, tags.PERF_STEP_TIME_MS}
+PERF_TAGS = {
+    tags.PERF_SAMPLES_PER_SEC,
+    tags.PERF_TOKENS_PER_SEC,
+    tags.PERF_TOKENS_PER_SEC_PER_DEVICE,
+    tags.PERF_PADDING_FRACTION,
+    tags.PERF_STEP_TIME_MS,
+}
 EVAL_TAGS = {tags.EVAL_LOSS, tags.EVAL_ACCURACY, tags.EVAL_F1}
-GPU_ONLY = {tags.PERF_MFU_PCT, tags.MEMORY_ALLOCATED_GIB, tags.MEMORY_RESERVED_GIB, tags.MEMORY_PEAK_ALLOCATED_GIB}
+GPU_ONLY = {
+    tags.PERF_MFU_PCT,
+    tags.MEMORY_ALLOCATED_GIB,
+    tags.MEMORY_RESERVED_GIB,
+    tags.MEMORY_PEAK_ALLOCATED_GIB,
+    tags.MEMORY_PEAK_ALLOCATED_PCT,
+    tags.MEMORY_PEAK_RESERVED_PCT,
+    tags.MEMORY_ALLOC_RETRIES,
+    tags.MEMORY_OOMS,
+}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +76,7 @@ def amp_run(tmp_path_factory, tiny_model_dir, review_files):
 
 def test_every_tag_is_logged_with_sane_values(amp_run):
     values = tb.scalars(amp_run)
-    expected = TRAIN_TAGS | AMP_TAGS | PERF_TAGS | EVAL_TAGS | {tags.MEMORY_RSS_GIB}
+    expected = TRAIN_TAGS | AMP_TAGS | PERF_TAGS | EVAL_TAGS | {tags.MEMORY_RSS_GIB, tags.AMP_HEADROOM_BITS}
     assert expected <= values.keys(), f"missing: {expected - values.keys()}"
     assert not values.keys() & GPU_ONLY, "GPU-only tags on a CPU run"
     assert sorted(values[tags.TRAIN_LOSS]) == [2, 4, 6], "logged every --logging_steps optimizer steps"
@@ -69,6 +85,11 @@ def test_every_tag_is_logged_with_sane_values(amp_run):
     assert all(v > 1 for v in values[tags.AMP_LOSS_SCALE].values()), "fp16 runs with a loss scale above 1"
     assert values[tags.AMP_APPLIED_UPDATES][6] + values[tags.AMP_SKIPPED_STEPS][6] == 6
     assert 0 < values[tags.PERF_PADDING_FRACTION][6] < 1 and values[tags.MEMORY_RSS_GIB][6] > 0.1
+    # One process: per device is the total.
+    assert values[tags.PERF_TOKENS_PER_SEC_PER_DEVICE] == values[tags.PERF_TOKENS_PER_SEC]
+    # A healthy tiny model: the largest fp16 activation is far below 65504, measured at every log step.
+    assert sorted(values[tags.AMP_HEADROOM_BITS]) == [2, 4, 6]
+    assert all(4 < bits < 24 for bits in values[tags.AMP_HEADROOM_BITS].values()), values[tags.AMP_HEADROOM_BITS]
     assert set(values[tags.EVAL_ACCURACY]) == {4, 6}, "evaluated at --eval_steps and at the end"
 
 
@@ -83,11 +104,18 @@ def test_run_info_texts_and_hparams(amp_run):
     assert len(list(amp_run.glob("events.out.tfevents.*"))) == 1, "one event file per run"
 
 
-def test_loss_scale_is_exactly_one_without_amp(tmp_path, quick_args):
-    assert run_app([*quick_args, "--mixed_precision", "no", "--max_steps", "2", "--eval_steps", "0"]) == 0
-    values = tb.scalars(tmp_path / "runs" / "test")
-    assert set(values[tags.AMP_LOSS_SCALE].values()) == {1.0}
-    assert set(values[tags.AMP_SKIPPED_STEPS].values()) == {0.0}
+@pytest.mark.parametrize("precision", ["no", "bf16"])
+def test_no_scaler_tags_without_a_scaler(tmp_path, quick_args, capfd, precision):
+    """A constant loss scale of 1 and no skips tell nothing: without a scaler the tags are absent; the run says so."""
+    assert run_app([*quick_args, "--mixed_precision", precision, "--max_steps", "2", "--eval_steps", "0"]) == 0
+    run_dir = tmp_path / "runs" / "test"
+    values = tb.scalars(run_dir)
+    assert sorted(values[tags.TRAIN_LOSS]) == [1, 2], "the run logged"
+    assert not values.keys() & {*tags.SCALER_TAGS, tags.AMP_HEADROOM_BITS}, "scaler or fp16 tags without a scaler"
+    assert "AMP off: no loss scaler" in tb.texts(run_dir)["run/precision"]
+    amp_health = tb.layout(run_dir)["AMP health"]
+    assert [regex for chart in amp_health.values() for regex in chart] == ["^train/grad_norm$"]
+    assert "optimizer steps  2 (loss scaling off)" in capfd.readouterr().out
 
 
 def test_forced_overflow_skips_every_step(tmp_path, quick_args):
@@ -217,3 +245,38 @@ def test_a_one_step_run_says_what_it_could_not_measure(tmp_path, quick_args, cap
     summary = out[out.index("run summary") :]
     assert "n/a (fewer than 2 steps)" in summary and "nan" not in summary, summary
     assert "0.00 GiB" not in summary and "GiB (CPU RSS" in summary, summary
+
+
+def cuda_memory_stats(gib: dict[str, float], retries: int, ooms: int) -> dict[str, int]:
+    """A dict with every key that torch.cuda.memory_stats() returns (its docstring's list, flattened as it flattens),
+    with `gib` giving "allocated_bytes.all.peak"-style entries in GiB and the rest made up."""
+    stats = {}
+    core = ("allocated", "allocated_bytes", "segment", "reserved_bytes", "active", "active_bytes")
+    for stat in (*core, "inactive_split", "inactive_split_bytes", "requested_bytes"):
+        for pool in ("all", "large_pool", "small_pool"):
+            for metric in ("current", "peak", "allocated", "freed"):
+                stats[f"{stat}.{pool}.{metric}"] = 7
+    for metric in ("current", "peak", "allocated", "freed"):
+        stats[f"oversize_allocations.{metric}"] = stats[f"oversize_segments.{metric}"] = 0
+    stats |= {"num_sync_all_streams": 3, "num_device_alloc": 40, "num_device_free": 2, "max_split_size": -1}
+    stats |= {"num_alloc_retries": retries, "num_ooms": ooms, "num_oom_rejections": 0}
+    return stats | {key: int(value * 2**30) for key, value in gib.items()}
+
+
+def test_gpu_memory_tags_from_the_allocators_stats():
+    gib = {
+        "allocated_bytes.all.current": 10.0,
+        "allocated_bytes.all.peak": 35.0,
+        "reserved_bytes.all.current": 40.0,
+        "reserved_bytes.all.peak": 70.0,
+    }
+    values = gpu_memory_tags(cuda_memory_stats(gib, retries=3, ooms=1), device_bytes=140 * 2**30)
+    assert values == {
+        tags.MEMORY_ALLOCATED_GIB: 10.0,
+        tags.MEMORY_RESERVED_GIB: 40.0,
+        tags.MEMORY_PEAK_ALLOCATED_GIB: 35.0,
+        tags.MEMORY_PEAK_ALLOCATED_PCT: 25.0,
+        tags.MEMORY_PEAK_RESERVED_PCT: 50.0,
+        tags.MEMORY_ALLOC_RETRIES: 3,
+        tags.MEMORY_OOMS: 1,
+    }
