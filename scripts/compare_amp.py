@@ -8,8 +8,9 @@
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
 order and steps. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them (default 8,
 what AMP runs pad to), so every run sees the same batch shapes and, with them, the same dropout masks.
-The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), so TensorBoard overlays them. A run without the
-scaler's tags (amp/loss_scale, ...) had loss scaling off: the report says "off".
+The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and <logdir>/<name> gets a comparison run whose
+Custom Scalars charts put the precisions' gradient norm, train loss, eval loss, samples/s and peak memory on one chart
+each. A run without the scaler's tags (amp/loss_scale, ...) had loss scaling off: the report says "off".
 --report_dir gets report.md and comparison.png: loss curves, loss scale, throughput and peak memory, a table of
 ratios, eval metrics, padding, the fp16 pre-flight, whether this device has native fp16/bf16 matmuls, and a verdict
 in words that names the likely cause when fp16 did not pay off.
@@ -30,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from app.telemetry import tags  # noqa: E402
+from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
+from app.telemetry.writer import TensorBoardWriter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PAD = 8  # what AMP runs pad to on their own (precision.PrecisionPolicy.pad_to_multiple_of)
@@ -255,6 +257,16 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
     return said
 
 
+def write_comparison_run(runs: dict[str, dict], run_dir: Path) -> None:
+    """A TensorBoard run that holds the compared curves, one line per precision, and the charts that overlay them."""
+    writer = TensorBoardWriter(run_dir)
+    writer.layout(layout.comparison_layout())
+    for tag, curve in layout.comparison_curves({LABELS[m]: run["curves"] for m, run in runs.items()}).items():
+        for step, value in sorted(curve.items()):
+            writer.log({tag: value}, step)
+    writer.close()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--name", default=f"compare-{datetime.datetime.now():%Y%m%d-%H%M%S}", help="run name prefix")
@@ -288,8 +300,13 @@ def main() -> int:
         print(f"error: no comparison: the runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     plot(runs, report_dir / "comparison.png")
+    write_comparison_run(runs, logdir / args.name)
     said = write_report(runs, command, report_dir / "report.md", pad_to)
-    print(f"\n{said}\nreport: {report_dir / 'report.md'}" + (f"\nfailed runs: {', '.join(failed)}" if failed else ""))
+    tensorboard = f"TensorBoard: {logdir}, Custom Scalars tab (comparison run {args.name})"
+    print(
+        f"\n{said}\nreport: {report_dir / 'report.md'}\n{tensorboard}"
+        + (f"\nfailed runs: {', '.join(failed)}" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from app.telemetry import tags
+from tests import tb
 from tests.conftest import ROOT, clean_env, data_flags, gpu_env
 
 SCRIPTS = ROOT / "scripts"
@@ -47,7 +49,14 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
         "60",  # not a multiple of 8: without one padding for both runs, fp16's batches would be longer
         "--disable_tqdm",
     )
-    assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16"}
+    assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16", "cmp"}
+    # The comparison run: each precision's curve under one tag per chart, which the chart's regex picks.
+    compared = tb.scalars(tmp_path / "runs" / "cmp")
+    for chart in (tags.COMPARE_TRAIN_LOSS, tags.COMPARE_EVAL_LOSS, tags.COMPARE_SAMPLES_PER_SEC):
+        assert {f"{chart}/fp32", f"{chart}/fp16"} <= compared.keys(), chart
+    fp16 = tb.scalars(tmp_path / "runs" / "cmp-fp16")
+    assert compared[f"{tags.COMPARE_TRAIN_LOSS}/fp16"] == fp16[tags.TRAIN_LOSS]
+    assert list(tb.layout(tmp_path / "runs" / "cmp")) == ["AMP health", "Learning", "Speed", "Memory"]
     report = (tmp_path / "report" / "report.md").read_text()
     for field in (
         "speed-up vs fp32",
