@@ -17,7 +17,8 @@ def no_reduce(maxima: torch.Tensor) -> torch.Tensor:
 
 
 class Known(torch.nn.Module):
-    """Under fp16 autocast `big` (1000 x) outputs fp16, and so does `norm`; `wide` outputs fp32 (1e6 x), never fp16."""
+    """Under fp16 autocast `big` (1000 x, called three times) outputs fp16, and so does `norm`; `wide` outputs fp32
+    (1e6 x), which fp16 never holds."""
 
     def __init__(self):
         super().__init__()
@@ -26,7 +27,7 @@ class Known(torch.nn.Module):
             self.big.weight.copy_(1000 * torch.eye(4))
 
     def forward(self, x):
-        return self.norm(self.big(x)), self.wide(x * 1e6)
+        return self.norm(self.big(x)), self.big(2 * x), self.big(x / 2), self.wide(x * 1e6)
 
 
 def hooks_left(model: torch.nn.Module) -> int:
@@ -49,9 +50,10 @@ def test_the_probe_names_the_largest_fp16_output_and_leaves_no_hooks():
         model(x)
     assert hooks_left(model) == 0
     found = probe.take(no_reduce)
-    # |-3000| from the Linear; the normalised output is about 1.5, and wide's 3e6 is fp32, which cannot overflow fp16.
-    assert found.module == "big" and found.largest == 3000.0
-    assert found.bits == pytest.approx(math.log2(65504 / 3000))
+    # |-6000| from the Linear's second call (its first and last give 3000 and 1500); the normalised output is about
+    # 1.5, and wide's 3e6 is fp32, which cannot overflow fp16.
+    assert found.module == "big" and found.largest == 6000.0
+    assert found.bits == pytest.approx(math.log2(65504 / 6000))
     assert probe.take(no_reduce) is None, "read once"
 
 

@@ -37,15 +37,15 @@ def headroom_bits(largest: float) -> float:
     return math.log2(FP16_MAX) - math.log2(largest)  # log2(inf) = inf: an overflow gives -inf
 
 
-def largest_fp16(value) -> torch.Tensor | None:
-    """max |x| over the float16 tensors in a module's output (a tensor, a tuple or a ModelOutput), on the device."""
+def fp16_tensors(value):
+    """The non-empty float16 tensors in a module's output: a tensor, a tuple or list, or a dict (a ModelOutput)."""
     if isinstance(value, torch.Tensor):
-        if value.dtype != torch.float16 or not value.numel():
-            return None
-        return torch.stack(torch.aminmax(value.detach())).abs().amax()  # one pass, no |x| copy; NaN propagates
+        if value.dtype == torch.float16 and value.numel():
+            yield value
+        return
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
-    found = [m for m in (largest_fp16(v) for v in items) if m is not None]
-    return torch.stack(found).amax() if found else None
+    for item in items:
+        yield from fp16_tensors(item)
 
 
 def fp16_autocast_on(device_type: str) -> bool:
@@ -72,7 +72,7 @@ class HeadroomProbe:
         if not (active and self.enabled and fp16_autocast_on(device_type)):
             yield
             return
-        recorded: dict[str, torch.Tensor] = {}
+        recorded: list[tuple[str, tuple[torch.Tensor, torch.Tensor]]] = []  # (module, its output's (min, max))
         handles = [
             module.register_forward_hook(self._record(name, recorded)) for name, module in model.named_modules() if name
         ]
@@ -81,15 +81,13 @@ class HeadroomProbe:
         finally:
             for handle in handles:
                 handle.remove()
-        self._names = list(recorded)
-        self._maxima = torch.stack(list(recorded.values())).float() if recorded else None
+        self._names, self._maxima = largest_per_module(recorded)
 
     @staticmethod
-    def _record(name: str, recorded: dict[str, torch.Tensor]):
+    def _record(name: str, recorded: list):
         def hook(module, inputs, output):
-            largest = largest_fp16(output)
-            if largest is not None:  # a module called twice keeps its larger output
-                recorded[name] = largest if name not in recorded else torch.maximum(recorded[name], largest)
+            for tensor in fp16_tensors(output):
+                recorded.append((name, torch.aminmax(tensor.detach())))  # one pass, no |x| copy; NaN propagates
 
         return hook
 
@@ -107,6 +105,22 @@ class HeadroomProbe:
         # Ties go to the first module in execution order: an inf or NaN spreads downstream from where it began.
         index = max(range(len(maxima)), key=lambda i: _order(maxima[i]))
         return Headroom(headroom_bits(maxima[index]), self._names[index], maxima[index])
+
+
+def largest_per_module(recorded: list) -> tuple[list[str], torch.Tensor | None]:
+    """Each module's max |x| (fp32, on the device, in execution order) from the (min, max) pairs its hooks recorded;
+    a module called more than once, or with several fp16 outputs, keeps the largest."""
+    if not recorded:
+        return [], None
+    names = list(dict.fromkeys(name for name, _ in recorded))
+    extremes = torch.stack([bound for _, pair in recorded for bound in pair]).float()
+    per_output = extremes.abs().view(-1, 2).amax(dim=1)
+    if len(names) == len(recorded):
+        return names, per_output
+    position = {name: i for i, name in enumerate(names)}
+    index = torch.tensor([position[name] for name, _ in recorded], device=per_output.device)
+    largest = torch.zeros(len(names), device=per_output.device)
+    return names, largest.scatter_reduce(0, index, per_output, "amax", include_self=False)
 
 
 def _order(largest: float) -> float:
