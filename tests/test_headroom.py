@@ -77,6 +77,17 @@ def test_a_disabled_probe_does_nothing():  # under --torch_compile
     assert probe.take(no_reduce) is None
 
 
+def test_an_output_passed_on_by_its_container_is_measured_once(monkeypatch):
+    linear = torch.nn.Linear(4, 4)
+    model, probe, measured = torch.nn.Sequential(torch.nn.Sequential(linear)), HeadroomProbe(), []
+    aminmax = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda tensor: measured.append(tensor) or aminmax(tensor))  # a spy
+    with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):
+        model(torch.ones(1, 4))
+    assert len(measured) == 1, "the inner Sequential returns the Linear's output: one measurement, not two"
+    assert probe.take(no_reduce).module == "0.0", "named after the Linear that computed it"
+
+
 def test_an_overflow_gives_minus_infinity():
     model, probe = Known(), HeadroomProbe()
     with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -73,8 +74,11 @@ class HeadroomProbe:
             yield
             return
         recorded: list[tuple[str, tuple[torch.Tensor, torch.Tensor]]] = []  # (module, its output's (min, max))
+        seen: dict[int, weakref.ref] = {}  # the tensors measured in this pass
         handles = [
-            module.register_forward_hook(self._record(name, recorded)) for name, module in model.named_modules() if name
+            module.register_forward_hook(self._record(name, recorded, seen))
+            for name, module in model.named_modules()
+            if name
         ]
         try:
             yield
@@ -84,9 +88,15 @@ class HeadroomProbe:
         self._names, self._maxima = largest_per_module(recorded)
 
     @staticmethod
-    def _record(name: str, recorded: list):
+    def _record(name: str, recorded: list, seen: dict[int, weakref.ref]):
         def hook(module, inputs, output):
             for tensor in fp16_tensors(output):
+                # A container passes on a child's output: measured once, under the child that computed it. A weak
+                # reference, since an id may be reused once its tensor is freed.
+                measured = seen.get(id(tensor))
+                if measured is not None and measured() is tensor:
+                    continue
+                seen[id(tensor)] = weakref.ref(tensor)
                 recorded.append((name, torch.aminmax(tensor.detach())))  # one pass, no |x| copy; NaN propagates
 
         return hook
