@@ -8,9 +8,10 @@
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
 order and steps. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them (default 8,
 what AMP runs pad to), so every run sees the same batch shapes and, with them, the same dropout masks.
-The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and <logdir>/<name> gets a comparison run whose
-Custom Scalars charts put the precisions' gradient norm, train loss, eval loss, samples/s and peak memory on one chart
-each. A run without the scaler's tags (amp/loss_scale, ...) had loss scaling off: the report says "off".
+The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and the comparison to <logdir>/<name>/<fp32|fp16|
+bf16>: in TensorBoard's Custom Scalars tab, its charts put the precisions' gradient norm, train loss, eval loss,
+samples/s and peak memory on one chart each, one line (and colour) per precision. A run without the scaler's tags
+(amp/loss_scale, ...) had loss scaling off: the report says "off".
 --report_dir gets report.md and comparison.png: loss curves, loss scale, throughput and peak memory, a table of
 ratios, eval metrics, padding, the fp16 pre-flight, whether this device has native fp16/bf16 matmuls, and a verdict
 in words that names the likely cause when fp16 did not pay off.
@@ -257,14 +258,16 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
     return said
 
 
-def write_comparison_run(runs: dict[str, dict], run_dir: Path) -> None:
-    """A TensorBoard run that holds the compared curves, one line per precision, and the charts that overlay them."""
-    writer = TensorBoardWriter(run_dir)
-    writer.layout(layout.comparison_layout())
-    for tag, curve in layout.comparison_curves({LABELS[m]: run["curves"] for m, run in runs.items()}).items():
-        for step, value in sorted(curve.items()):
-            writer.log({tag: value}, step)
-    writer.close()
+def write_comparison(runs: dict[str, dict], folder: Path) -> None:
+    """One TensorBoard run per precision under `folder`, with the compared curves and the charts that overlay them
+    (TensorBoard colours lines by run, so each precision gets its own)."""
+    for mode, run in runs.items():
+        writer = TensorBoardWriter(folder / LABELS[mode])
+        writer.layout(layout.comparison_layout())
+        for tag, curve in layout.comparison_curves(run["curves"]).items():
+            for step, value in sorted(curve.items()):
+                writer.log({tag: value}, step)
+        writer.close()
 
 
 def main() -> int:
@@ -300,9 +303,9 @@ def main() -> int:
         print(f"error: no comparison: the runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     plot(runs, report_dir / "comparison.png")
-    write_comparison_run(runs, logdir / args.name)
+    write_comparison(runs, logdir / args.name)
     said = write_report(runs, command, report_dir / "report.md", pad_to)
-    tensorboard = f"TensorBoard: {logdir}, Custom Scalars tab (comparison run {args.name})"
+    tensorboard = f"TensorBoard: {logdir}, Custom Scalars tab (the comparison: {args.name}/)"
     print(
         f"\n{said}\nreport: {report_dir / 'report.md'}\n{tensorboard}"
         + (f"\nfailed runs: {', '.join(failed)}" if failed else "")

@@ -1,5 +1,6 @@
 """The Custom Scalars layout (app/telemetry/layout.py): written into every run, charting only tags the run writes, and
-merged by the real TensorBoard server over a logdir with an fp16 run, an fp32 run and a comparison run."""
+merged by the real TensorBoard server over a logdir with an fp16 run, an fp32 run and their comparison (one run per
+precision under cmp/, as compare_amp.py writes it)."""
 
 from __future__ import annotations
 
@@ -29,14 +30,14 @@ CATEGORIES = ["AMP health", "Learning", "Speed", "Memory"]  # the names other ch
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, tiny_model_dir, review_files) -> Path:
-    """runs/fp16 and runs/fp32 (4 steps, logged every 2), and runs/cmp, their comparison as compare_amp.py writes it."""
+    """runs/fp16 and runs/fp32 (4 steps, logged every 2), and their comparison as compare_amp.py writes it (cmp/)."""
     root = tmp_path_factory.mktemp("layout")
     for name, precision in (("fp16", "fp16"), ("fp32", "no")):
         args = [*data_flags(tiny_model_dir, review_files), "--mixed_precision", precision, "--run_name", name]
         args += ["--output_dir", root / name, "--logdir", root / "runs", "--max_steps", "4", "--logging_steps", "2"]
         assert run_app([*args, "--per_device_train_batch_size", "8", "--max_length", "64", "--disable_tqdm"]) == 0
     runs = {mode: compare_amp.read_run(root / "runs" / name) for mode, name in (("no", "fp32"), ("fp16", "fp16"))}
-    compare_amp.write_comparison_run(runs, root / "runs" / "cmp")
+    compare_amp.write_comparison(runs, root / "runs" / "cmp")
     return root / "runs"
 
 
@@ -44,7 +45,7 @@ def charted(run_layout: dict[str, dict[str, list[str]]]) -> list[str]:
     return [regex for charts in run_layout.values() for regexes in charts.values() for regex in regexes]
 
 
-@pytest.mark.parametrize("run", ["fp16", "fp32", "cmp"])
+@pytest.mark.parametrize("run", ["fp16", "fp32", "cmp/fp16", "cmp/fp32"])
 def test_each_run_writes_the_four_categories_with_charts_of_its_own_tags_only(logdir, run):
     written, logged = tb.layout(logdir / run), tb.scalars(logdir / run).keys()
     assert list(written) == CATEGORIES and all(written.values()), written
@@ -93,8 +94,8 @@ def tensorboard_server(logdir: Path, tmp_path: Path, runs: int):
 
 
 def test_the_real_tensorboard_server_merges_the_layout_and_every_chart_has_data(logdir, tmp_path):
-    with tensorboard_server(logdir, tmp_path, runs=3) as get:
-        assert sorted(get("/data/runs")) == ["cmp", "fp16", "fp32"]
+    with tensorboard_server(logdir, tmp_path, runs=4) as get:
+        assert sorted(get("/data/runs")) == ["cmp/fp16", "cmp/fp32", "fp16", "fp32"]
         merged = get("/data/plugin/custom_scalars/layout")
         listed = get("/data/plugin/scalars/tags")  # run -> tag -> description
         assert [category["title"] for category in merged["category"]] == CATEGORIES
@@ -107,8 +108,10 @@ def test_the_real_tensorboard_server_merges_the_layout_and_every_chart_has_data(
                     assert get("/data/plugin/scalars/scalars", run=run, tag=tag), (run, tag)
         learning = next(category for category in merged["category"] if category["title"] == "Learning")
         overlay = next(chart for chart in learning["chart"] if chart["title"] == "train loss by precision")
-        # The chart's regex as the Custom Scalars tab asks for it: one line per precision, from the comparison run.
-        lines = get("/data/plugin/custom_scalars/scalars", run="cmp", tag=overlay["multiline"]["tag"][0])
-        assert set(lines["tag_to_events"]) == {f"{tags.COMPARE_TRAIN_LOSS}/fp16", f"{tags.COMPARE_TRAIN_LOSS}/fp32"}
+        # The chart's regex as the Custom Scalars tab asks for it, run by run: one line for each compared precision.
+        regex = overlay["multiline"]["tag"][0]
+        lines = {run: get("/data/plugin/custom_scalars/scalars", run=run, tag=regex)["tag_to_events"] for run in listed}
+        assert {run for run, found in lines.items() if found} == {"cmp/fp16", "cmp/fp32"}
+        assert [len(lines["cmp/fp16"][tags.COMPARE_TRAIN_LOSS])] == [2], "train/loss at steps 2 and 4"
         assert not listed["fp32"].keys() & set(tags.SCALER_TAGS), "the fp32 run has no scaler tags"
         assert set(tags.SCALER_TAGS) | {tags.AMP_HEADROOM_BITS} <= listed["fp16"].keys()

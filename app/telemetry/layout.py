@@ -6,7 +6,9 @@ runs in a logdir: categories of the same title share their charts, in the order 
 them. So every run writes the four categories in the same order, each with only the charts whose tags it writes
 (a chart with no data in any run would be an empty box): no scaler charts without a scaler, no GPU memory on a CPU.
 
-A chart is a multiline chart: its regexes pick tags, and it draws each (run, tag) pair that matches as one line.
+A chart is a multiline chart: its regexes pick tags, and it draws each (run, tag) pair that matches as one line,
+coloured by run. So the comparison of scripts/compare_amp.py writes one run per precision, <name>/<fp16|bf16|fp32>,
+each with the same compare/ tags: its charts then draw one line per precision, in that precision's own colour.
 """
 
 from __future__ import annotations
@@ -24,11 +26,6 @@ Layout = dict[str, dict[str, list]]  # category -> chart title -> ["Multiline", 
 def exactly(*names: str) -> list:
     """A multiline chart of these tags and no others."""
     return ["Multiline", [f"^{re.escape(name)}$" for name in names]]
-
-
-def under(prefix: str) -> list:
-    """A multiline chart of every tag under `prefix/`: one line per precision in the comparison run."""
-    return ["Multiline", [f"^{re.escape(prefix)}/"]]
 
 
 def run_layout(scaler: bool, headroom: bool, device_type: str, mfu: bool) -> Layout:
@@ -82,35 +79,27 @@ def run_layout(scaler: bool, headroom: bool, device_type: str, mfu: bool) -> Lay
 
 
 def comparison_layout() -> Layout:
-    """The comparison run's charts, one line per precision, in the same four categories. The same for every
-    comparison, so that several in one logdir share these charts."""
+    """The comparison's charts, in the same four categories: each draws the compare/ runs, one line per precision.
+    The same for every comparison, so that several in one logdir share these charts."""
     return {
-        AMP_HEALTH: {"gradient norm by precision": under(tags.COMPARE_GRAD_NORM)},
+        AMP_HEALTH: {"gradient norm by precision": exactly(tags.COMPARE_GRAD_NORM)},
         LEARNING: {
-            "train loss by precision": under(tags.COMPARE_TRAIN_LOSS),
-            "eval loss by precision": under(tags.COMPARE_EVAL_LOSS),
+            "train loss by precision": exactly(tags.COMPARE_TRAIN_LOSS),
+            "eval loss by precision": exactly(tags.COMPARE_EVAL_LOSS),
         },
-        SPEED: {"samples/s by precision": under(tags.COMPARE_SAMPLES_PER_SEC)},
-        MEMORY: {"peak memory (GiB) by precision": under(tags.COMPARE_PEAK_MEMORY_GIB)},
+        SPEED: {"samples/s by precision": exactly(tags.COMPARE_SAMPLES_PER_SEC)},
+        MEMORY: {"peak memory (GiB) by precision": exactly(tags.COMPARE_PEAK_MEMORY_GIB)},
     }
 
 
-def comparison_curves(runs: dict[str, dict[str, dict[int, float]]]) -> dict[str, dict[int, float]]:
-    """The comparison run's scalars: each compared run's curves under `compare/<what>/<precision label>`.
-
-    Args:
-        runs: precision label ("fp16", "bf16", "fp32") -> that run's curves, tag -> {step: value}.
-    """
-    found = {}
-    for label, curves in runs.items():
-        memory = tags.MEMORY_PEAK_ALLOCATED_GIB if tags.MEMORY_PEAK_ALLOCATED_GIB in curves else tags.MEMORY_RSS_GIB
-        for source, target in (
-            (tags.TRAIN_GRAD_NORM, tags.COMPARE_GRAD_NORM),
-            (tags.TRAIN_LOSS, tags.COMPARE_TRAIN_LOSS),
-            (tags.EVAL_LOSS, tags.COMPARE_EVAL_LOSS),
-            (tags.PERF_SAMPLES_PER_SEC, tags.COMPARE_SAMPLES_PER_SEC),
-            (memory, tags.COMPARE_PEAK_MEMORY_GIB),
-        ):
-            if curves.get(source):
-                found[f"{target}/{label}"] = curves[source]
-    return found
+def comparison_curves(curves: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+    """One compared run's curves (tag -> {step: value}) under the compare/ tags that comparison_layout charts."""
+    memory = tags.MEMORY_PEAK_ALLOCATED_GIB if tags.MEMORY_PEAK_ALLOCATED_GIB in curves else tags.MEMORY_RSS_GIB
+    renamed = {
+        tags.TRAIN_GRAD_NORM: tags.COMPARE_GRAD_NORM,
+        tags.TRAIN_LOSS: tags.COMPARE_TRAIN_LOSS,
+        tags.EVAL_LOSS: tags.COMPARE_EVAL_LOSS,
+        tags.PERF_SAMPLES_PER_SEC: tags.COMPARE_SAMPLES_PER_SEC,
+        memory: tags.COMPARE_PEAK_MEMORY_GIB,
+    }
+    return {target: curves[source] for source, target in renamed.items() if curves.get(source)}

@@ -36,7 +36,7 @@ AMP_OVERFLOW_REPORT = "amp/overflow_report"  # at the alarm: the first module wh
 AMP_FALLBACK = "amp/fallback"  # --on_scale_collapse fallback: from which step, to which precision, why
 AMP_HEADROOM_MODULE = "amp/headroom_module"  # at a log step where the module that sets amp/headroom_bits changes
 
-# ---- the comparison run of scripts/compare_amp.py: one curve per precision under each, e.g. compare/train_loss/fp16 --
+# ---- scripts/compare_amp.py's comparison: one run per precision, <name>/<fp16|bf16|fp32>, each with these -----------
 COMPARE_GRAD_NORM, COMPARE_TRAIN_LOSS = "compare/grad_norm", "compare/train_loss"
 COMPARE_EVAL_LOSS, COMPARE_SAMPLES_PER_SEC = "compare/eval_loss", "compare/samples_per_sec"
 COMPARE_PEAK_MEMORY_GIB = "compare/peak_memory_gib"  # each run's peak: CPU RSS or GPU peak allocated
