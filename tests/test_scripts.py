@@ -10,7 +10,7 @@ import pytest
 
 from app.telemetry import tags
 from tests import tb
-from tests.conftest import ROOT, clean_env, data_flags, gpu_env
+from tests.conftest import ROOT, clean_env, data_flags, gpu_env, run_app
 
 SCRIPTS = ROOT / "scripts"
 
@@ -163,3 +163,27 @@ def test_gpu_check_on_the_gpu(tmp_path):
     )
     figures = json.loads((tmp_path / "g.json").read_text())
     assert figures["results"]["fp32"]["samples_per_sec"] > 0 and figures["results"]["fp16"]["samples_per_sec"] > 0
+
+
+def test_plot_headroom_draws_an_fp16_run_and_refuses_a_run_without_it(tmp_path, quick_args):
+    assert run_app([*quick_args, "--amp", "--max_steps", "2", "--eval_steps", "0"]) == 0
+    run_script(tmp_path, "plot_headroom.py", tmp_path / "runs" / "test", "--out", tmp_path / "headroom.png")
+    assert (tmp_path / "headroom.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "empty").mkdir()
+    refused = subprocess.run(
+        [sys.executable, str(SCRIPTS / "plot_headroom.py"), str(tmp_path / "empty")],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert "has no amp/headroom_bits (an fp16 run logs it)" in refused.stderr
+
+
+def test_bench_headroom_tiny_pairs_log_steps_with_and_without_the_probe(tmp_path):
+    run_script(tmp_path, "bench_headroom.py", "--tiny", "--rounds", "2", "--warmup", "1", "--json", tmp_path / "h.json")
+    figures = json.loads((tmp_path / "h.json").read_text())
+    assert figures["pairs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio_median"] > 0
+    assert figures["log_step_s_with_probe"] > 0 and figures["log_step_s_without"] > 0
+    assert figures["headroom_logged_at"] == [1, 3, 5], "steps 1 (warm-up), 3 and 5 with the probe; 2, 4 and 6 without"
