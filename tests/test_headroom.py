@@ -96,6 +96,17 @@ def test_an_overflow_gives_minus_infinity():
     assert found.module == "big" and found.largest == math.inf and found.bits == -math.inf
 
 
+def test_a_nan_output_is_worse_than_any_finite_one():
+    model, probe = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)), HeadroomProbe()
+    with torch.no_grad():
+        model[0].weight.copy_(1000 * torch.eye(4))  # 1000: finite, and first in execution order
+        model[1].weight.fill_(math.nan)
+    with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):
+        model(torch.ones(1, 4))
+    found = probe.take(no_reduce)
+    assert found.module == "1" and math.isnan(found.bits)
+
+
 def test_the_loop_arms_the_probe_on_the_last_micro_batch_of_log_steps_only(tiny_model_dir, review_files):
     # 2 micro-batches per step, logging every 2 steps, 3 steps: log steps 2 and 3 end on micro-batches 4 and 6.
     run = harness.build_run(
