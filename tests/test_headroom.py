@@ -124,3 +124,12 @@ def test_the_loop_arms_the_probe_on_the_last_micro_batch_of_log_steps_only(tiny_
     harness.train(run)
     assert micro_batch["now"] == 6 and armed == {4, 6}
     assert hooks_left(run.model) == 0
+
+
+def test_under_torch_compile_the_probe_is_off_and_a_note_says_so(tiny_model_dir, review_files, capsys):
+    # Hooks added to a compiled model at each log step would recompile it: the run skips the probe, in one line.
+    run = harness.build_run(tiny_model_dir, review_files, amp=True, torch_compile=True, max_steps=1)
+    run.close()
+    notes = [line for line in capsys.readouterr().out.splitlines() if "amp/headroom_bits" in line]
+    assert not run.telemetry.headroom.enabled
+    assert notes == ["note: amp/headroom_bits is not measured under --torch_compile (hooks would recompile)"]
