@@ -34,7 +34,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
-from app.telemetry.writer import TensorBoardWriter  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PAD = 8  # what AMP runs pad to on their own (precision.PrecisionPolicy.pad_to_multiple_of)
@@ -258,18 +257,6 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
     return said
 
 
-def write_comparison(runs: dict[str, dict], folder: Path) -> None:
-    """One TensorBoard run per precision under `folder`, with the compared curves and the charts that overlay them
-    (TensorBoard colours lines by run, so each precision gets its own)."""
-    for mode, run in runs.items():
-        writer = TensorBoardWriter(folder / LABELS[mode])
-        writer.layout(layout.comparison_layout())
-        for tag, curve in layout.comparison_curves(run["curves"]).items():
-            for step, value in sorted(curve.items()):
-                writer.log({tag: value}, step)
-        writer.close()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--name", default=f"compare-{datetime.datetime.now():%Y%m%d-%H%M%S}", help="run name prefix")
@@ -303,13 +290,11 @@ def main() -> int:
         print(f"error: no comparison: the runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     plot(runs, report_dir / "comparison.png")
-    write_comparison(runs, logdir / args.name)
+    layout.write_comparison({LABELS[mode]: run["curves"] for mode, run in runs.items()}, logdir / args.name)
     said = write_report(runs, command, report_dir / "report.md", pad_to)
-    tensorboard = f"TensorBoard: {logdir}, Custom Scalars tab (the comparison: {args.name}/)"
-    print(
-        f"\n{said}\nreport: {report_dir / 'report.md'}\n{tensorboard}"
-        + (f"\nfailed runs: {', '.join(failed)}" if failed else "")
-    )
+    print(f"\n{said}\nreport: {report_dir / 'report.md'}\nTensorBoard: {logdir}, Custom Scalars ({args.name}/*)")
+    if failed:
+        print(f"failed runs: {', '.join(failed)}")
     return 1 if failed else 0
 
 

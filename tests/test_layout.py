@@ -36,8 +36,8 @@ def logdir(tmp_path_factory, tiny_model_dir, review_files) -> Path:
         args = [*data_flags(tiny_model_dir, review_files), "--mixed_precision", precision, "--run_name", name]
         args += ["--output_dir", root / name, "--logdir", root / "runs", "--max_steps", "4", "--logging_steps", "2"]
         assert run_app([*args, "--per_device_train_batch_size", "8", "--max_length", "64", "--disable_tqdm"]) == 0
-    runs = {mode: compare_amp.read_run(root / "runs" / name) for mode, name in (("no", "fp32"), ("fp16", "fp16"))}
-    compare_amp.write_comparison(runs, root / "runs" / "cmp")
+    runs = {label: compare_amp.read_run(root / "runs" / label)["curves"] for label in ("fp32", "fp16")}
+    layout.write_comparison(runs, root / "runs" / "cmp")  # as compare_amp.py does
     return root / "runs"
 
 

@@ -14,8 +14,10 @@ each with the same compare/ tags: its charts then draw one line per precision, i
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from app.telemetry import tags
+from app.telemetry.writer import TensorBoardWriter
 
 AMP_HEALTH, LEARNING, SPEED, MEMORY = "AMP health", "Learning", "Speed", "Memory"
 CATEGORIES = (AMP_HEALTH, LEARNING, SPEED, MEMORY)
@@ -103,3 +105,18 @@ def comparison_curves(curves: dict[str, dict[int, float]]) -> dict[str, dict[int
         memory: tags.COMPARE_PEAK_MEMORY_GIB,
     }
     return {target: curves[source] for source, target in renamed.items() if curves.get(source)}
+
+
+def write_comparison(runs: dict[str, dict[str, dict[int, float]]], folder: Path) -> None:
+    """One TensorBoard run per precision under `folder`, with its compared curves and the comparison's layout.
+
+    Args:
+        runs: precision label ("fp32", "fp16", "bf16") -> that run's curves, tag -> {step: value}.
+    """
+    for label, curves in runs.items():
+        writer = TensorBoardWriter(folder / label)
+        writer.layout(comparison_layout())
+        for tag, curve in comparison_curves(curves).items():
+            for step, value in sorted(curve.items()):
+                writer.log({tag: value}, step)
+        writer.close()
