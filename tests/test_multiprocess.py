@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 
+import pytest
 import torch
 
+from app.telemetry import tags
+from tests import tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch
 
 
@@ -46,3 +50,15 @@ def test_each_evaluation_line_is_printed_once_under_two_ranks(tmp_path, quick_ar
     assert "backend: DDP, 2 process(es)" in result.stdout, result.stdout[-3000:]
     # step 2: a mid-run evaluation; step 4: the final one.
     assert [result.stdout.count(f"step {step}: eval/loss ") for step in (2, 4)] == [1, 1], result.stdout[-3000:]
+
+
+def test_two_ranks_in_fp16_log_the_headroom_and_tokens_per_device(tmp_path, quick_args):
+    # Every rank measures its own micro-batch and the maxima are reduced over ranks: both must arm at the same steps.
+    flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]
+    result = launch(tmp_path, flags, [*quick_args, "--amp", "--max_steps", "3", "--eval_steps", "0"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = tb.scalars(tmp_path / "runs" / "test")
+    assert sorted(logged[tags.AMP_HEADROOM_BITS]) == [1, 2, 3]
+    assert all(math.isfinite(bits) and bits > 0 for bits in logged[tags.AMP_HEADROOM_BITS].values())
+    for step, total in logged[tags.PERF_TOKENS_PER_SEC].items():
+        assert logged[tags.PERF_TOKENS_PER_SEC_PER_DEVICE][step] == pytest.approx(total / 2), step
