@@ -35,7 +35,7 @@ import torch
 from accelerate import skip_first_batches
 
 from app.amp import diagnose, fallback
-from app.amp.scaler import OverflowFlag
+from app.amp.scaler import OverflowFlag, loss_scale
 from app.amp.watches import LossWatch, ScaleWatch
 from app.best import BestModel
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
@@ -115,12 +115,16 @@ class StepDue:
     signum: int  # a stop signal that some rank received, else 0
     last: bool
 
+    @staticmethod
+    def logs(cfg, step: int, last_step: int) -> bool:
+        return step % cfg.logging_steps == 0 or step >= last_step  # a short run still shows its curves
+
     @classmethod
     def after(cls, run: Run, step: int, last_step: int) -> StepDue:
         cfg = run.cfg
         evaluate_now = evaluates_during_training(cfg.eval_steps, step, run.total_steps)
         return cls(
-            log=step % cfg.logging_steps == 0 or step >= last_step,  # a short run still shows its curves
+            log=cls.logs(cfg, step, last_step),
             evaluate=evaluate_now,
             # The best model is loaded from a checkpoint at the end, so each evaluation gets one.
             save=bool(cfg.save_steps and step % cfg.save_steps == 0) or (evaluate_now and cfg.load_best_model_at_end),
@@ -186,8 +190,10 @@ def train(run: Run, budget: int | None = None) -> None:
             for i, (batch, count, weight) in enumerate(zip(micro_batches, items, weights)):
                 # Gradients are reduced over the ranks once per optimizer step, on its last micro-batch.
                 last = i == len(micro_batches) - 1
+                # amp/headroom_bits: hooks on a log step's last micro-batch only
+                probe = last and StepDue.logs(cfg, state.opt_step + 1, last_step)
                 with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                    with run.policy.autocast():
+                    with run.policy.autocast(), telemetry.headroom.armed(model, active=probe):
                         loss = run.loss(batch)
                     accelerator.backward(run.scaler.scale(loss * weight))
                 state.batches_in_epoch += 1
@@ -213,7 +219,7 @@ def train(run: Run, budget: int | None = None) -> None:
                     raise
             if due.log or ledger.alarm:
                 lr, epoch = run.schedule.get_last_lr()[0], state.epoch + state.batches_in_epoch / batches_per_epoch
-                telemetry.log(step, state, lr, run.scaler.get_scale(), epoch)
+                telemetry.log(step, state, lr, loss_scale(run.scaler), epoch)
             if ledger.alarm and on_alarm(run, ledger, batch, step):
                 ledger, loss_watch = StepLedger(run), LossWatch(accelerator)  # for the new scaler
                 first_step = state.opt_step + 1

@@ -183,7 +183,9 @@ def build_run(
         for line in notes:
             accelerator.print(line)
 
-    telemetry = Telemetry(accelerator, writer or NullWriter(), model, policy.mode, total_steps, state, cfg.disable_tqdm)
+    telemetry = Telemetry(
+        accelerator, writer or NullWriter(), model, policy, total_steps, state, cfg.disable_tqdm, not cfg.torch_compile
+    )
     return Run(
         cfg=cfg,
         accelerator=accelerator,

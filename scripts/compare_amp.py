@@ -8,7 +8,10 @@
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
 order and steps. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them (default 8,
 what AMP runs pad to), so every run sees the same batch shapes and, with them, the same dropout masks.
-The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), so TensorBoard overlays them.
+The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and the comparison to <logdir>/<name>/<fp32|fp16|
+bf16>: in TensorBoard's Custom Scalars tab, its charts put the precisions' gradient norm, train loss, eval loss,
+samples/s and peak memory on one chart each, one line (and colour) per precision. A run without the scaler's tags
+(amp/loss_scale, ...) had loss scaling off: the report says "off".
 --report_dir gets report.md and comparison.png: loss curves, loss scale, throughput and peak memory, a table of
 ratios, eval metrics, padding, the fp16 pre-flight, whether this device has native fp16/bf16 matmuls, and a verdict
 in words that names the likely cause when fp16 did not pay off.
@@ -29,13 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from app.telemetry import tags  # noqa: E402
+from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_PAD = 8  # what AMP runs pad to on their own (precision.PrecisionPolicy.pad_to_multiple_of)
 NOT_ENOUGH = "not enough steps to judge"
 OWNED_FLAGS = ("--amp", "--mixed_precision", "--run_name", "--output_dir", "--resume_from_checkpoint")
+LABELS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
 
 
 def default_launcher() -> list[str]:
@@ -70,6 +74,8 @@ def read_run(run_dir: Path) -> dict:
     curves = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
     device, preflight = "unknown device", None
     for tag in events.Tags()["tensors"]:
+        if not tag.endswith("/text_summary"):
+            continue  # the custom-scalars layout is a tensor too, but not text
         text = events.Tensors(tag)[0].tensor_proto.string_val[0].decode()
         if tag.startswith("run/environment"):
             device = next(
@@ -82,6 +88,7 @@ def read_run(run_dir: Path) -> dict:
     last = lambda tag: curves[tag][max(curves[tag])] if curves.get(tag) else float("nan")  # noqa: E731
     speeds = list(curves.get(tags.PERF_SAMPLES_PER_SEC, {}).values())
     padding = list(curves.get(tags.PERF_PADDING_FRACTION, {}).values())
+    scaled = bool(curves.get(tags.AMP_LOSS_SCALE))  # the scaler's tags are written only while loss scaling is on
     return {
         "curves": curves,
         "device": device,
@@ -95,8 +102,9 @@ def read_run(run_dir: Path) -> dict:
         "accuracy": last(tags.EVAL_ACCURACY),
         "f1": last(tags.EVAL_F1),
         "eval_loss": last(tags.EVAL_LOSS),
-        "skipped_steps": last(tags.AMP_SKIPPED_STEPS),
-        "loss_scale": last(tags.AMP_LOSS_SCALE),
+        "loss_scaling": scaled,
+        "skipped_steps": last(tags.AMP_SKIPPED_STEPS) if scaled else 0,
+        "loss_scale": last(tags.AMP_LOSS_SCALE) if scaled else None,
     }
 
 
@@ -172,15 +180,14 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ((loss_ax, scale_ax), (speed_ax, memory_ax)) = plt.subplots(2, 2, figsize=(11, 8))
-    label = {"no": "fp32"}
     for mode, run in runs.items():
         loss = run["curves"].get(tags.TRAIN_LOSS, {})
-        loss_ax.plot(list(loss), list(loss.values()), label=label.get(mode, mode), marker=".")
-        scale = run["curves"].get(tags.AMP_LOSS_SCALE, {})
-        scale_ax.plot(list(scale), list(scale.values()), label=label.get(mode, mode), marker=".")
+        loss_ax.plot(list(loss), list(loss.values()), label=LABELS[mode], marker=".")
+        if scale := run["curves"].get(tags.AMP_LOSS_SCALE):  # runs without loss scaling have none
+            scale_ax.plot(list(scale), list(scale.values()), label=LABELS[mode], marker=".")
     loss_ax.set(title="train/loss", xlabel="optimizer step")
     scale_ax.set(title="amp/loss_scale", xlabel="optimizer step", yscale="log")
-    names = [label.get(m, m) for m in runs]
+    names = [LABELS[m] for m in runs]
     speed_ax.bar(names, [run["samples_per_sec"] for run in runs.values()], color="tab:blue")
     speed_ax.set(title="throughput (samples/s)")
     memory_ax.bar(names, [run["peak_memory_gib"] for run in runs.values()], color="tab:orange")
@@ -210,11 +217,11 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
         "final eval/loss": lambda r: f"{r['eval_loss']:.4f}",
         "largest train/loss deviation vs fp32": lambda r: _deviation(base, r),
         "padding fraction": lambda r: f"{r['padding_fraction']:.3f}",
-        "skipped steps": lambda r: f"{r['skipped_steps']:.0f}",
-        "final loss scale": lambda r: f"{r['loss_scale']:g}",
+        "skipped steps": lambda r: f"{r['skipped_steps']:.0f}" if r["loss_scaling"] else "off",
+        "final loss scale": lambda r: f"{r['loss_scale']:g}" if r["loss_scaling"] else "off",
     }
     modes = list(runs)
-    table = [f"| | {' | '.join('fp32' if m == 'no' else m for m in modes)} |", "|---|" + "---|" * len(modes)]
+    table = [f"| | {' | '.join(LABELS[m] for m in modes)} |", "|---|" + "---|" * len(modes)]
     table += [f"| {name} | {' | '.join(cell(runs[m]) for m in modes)} |" for name, cell in rows.items()]
     said = verdict(runs, native)
     where = "GPU" if base["gpu"] else "CPU"
@@ -273,17 +280,8 @@ def main() -> int:
     for mode in ("no", "fp16", *(("bf16",) if args.with_bf16 else ())):
         run_name = f"{args.name}-{mode}"
         print(f"==> {run_name}", flush=True)
-        code = subprocess.call(
-            [
-                *command,
-                "--mixed_precision",
-                mode,
-                "--run_name",
-                run_name,
-                "--output_dir",
-                str(report_dir / "models" / mode),
-            ]
-        )
+        owned = ["--mixed_precision", mode, "--run_name", run_name, "--output_dir", str(report_dir / "models" / mode)]
+        code = subprocess.call([*command, *owned])
         if code != 0:
             failed.append(f"{mode} (exit {code})")
         if (logdir / run_name).is_dir():
@@ -292,8 +290,11 @@ def main() -> int:
         print(f"error: no comparison: the runs failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     plot(runs, report_dir / "comparison.png")
+    layout.write_comparison({LABELS[mode]: run["curves"] for mode, run in runs.items()}, logdir / args.name)
     said = write_report(runs, command, report_dir / "report.md", pad_to)
-    print(f"\n{said}\nreport: {report_dir / 'report.md'}" + (f"\nfailed runs: {', '.join(failed)}" if failed else ""))
+    print(f"\n{said}\nreport: {report_dir / 'report.md'}\nTensorBoard: {logdir}, Custom Scalars ({args.name}/*)")
+    if failed:
+        print(f"failed runs: {', '.join(failed)}")
     return 1 if failed else 0
 
 

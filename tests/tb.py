@@ -27,3 +27,12 @@ def texts(run_dir: Path) -> dict[str, str]:
         if tag.endswith("/text_summary"):
             found[tag.removesuffix("/text_summary")] = events.Tensors(tag)[0].tensor_proto.string_val[0].decode()
     return found
+
+
+def layout(run_dir: Path) -> dict[str, dict[str, list[str]]]:
+    """The run's custom-scalars layout: category -> chart title -> tag regexes, in the order written."""
+    from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+
+    proto = layout_pb2.Layout()
+    proto.ParseFromString(load(run_dir).Tensors(metadata.CONFIG_SUMMARY_TAG)[0].tensor_proto.string_val[0])
+    return {c.title: {chart.title: list(chart.multiline.tag) for chart in c.chart} for c in proto.category}

@@ -80,9 +80,10 @@ def test_kill_9_then_resume_is_bitwise(tmp_path, tiny_model_dir, review_files, p
         assert torch.equal(expected[name], got[name]), f"{name} differs from the uninterrupted run"
     reference_curves, resumed_curves = tb.scalars(tmp_path / "ref_runs" / "r"), tb.scalars(tmp_path / "runs" / "r")
     for tag in (tags.TRAIN_LOSS, tags.AMP_LOSS_SCALE, tags.TRAIN_LR, tags.AMP_SKIPPED_STEPS):
-        assert resumed_curves[tag] == reference_curves[tag], (
+        assert resumed_curves.get(tag) == reference_curves.get(tag), (
             f"{tag}: the resumed curve departs from the uninterrupted one"
         )
+    assert (tags.AMP_LOSS_SCALE in resumed_curves) == (precision == "fp16"), "the scaler's tags in fp16 only"
 
 
 def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_model_dir, review_files):
@@ -232,8 +233,9 @@ def test_toggling_amp_between_save_and_resume(tmp_path, quick_args, capfd, saved
     assert code == 0
     assert f"note: loss scaling toggled since the checkpoint ({toggle}): starting a fresh scaler state" in out
     assert out.count("note: loss scaling toggled") == 1
-    scale = tb.scalars(tmp_path / "runs" / "test")[tags.AMP_LOSS_SCALE][3]
-    assert scale == (65536.0 if toggle == "off -> on" else 1.0)
+    scales = tb.scalars(tmp_path / "runs" / "test").get(tags.AMP_LOSS_SCALE, {})
+    # Saved without a scaler, the run logs no scale before the resume; resumed without one, none after it.
+    assert scales == ({3: 65536.0} if toggle == "off -> on" else {1: 65536.0, 2: 65536.0})
 
 
 def test_non_finite_loss_without_amp_stops_with_exit_3_and_keeps_the_last_good_checkpoint(tmp_path, quick_args, capfd):

@@ -36,6 +36,7 @@ def synthetic(samples_per_sec: float, timed: int = 3, skipped: float = 0, accura
         "accuracy": accuracy,
         "f1": 0.7,
         "eval_loss": 0.5,
+        "loss_scaling": True,
         "skipped_steps": skipped,
         "loss_scale": 65536.0,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,20 @@ def overflow_model_dir(tmp_path_factory) -> Path:
     model = BertModel.from_pretrained(path)
     with torch.no_grad():
         model.get_submodule(OVERFLOWING).weight.mul_(1e6)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def warming_model_dir(tmp_path_factory) -> Path:
+    """A tiny BERT whose same Linear starts at ~5300 (3.6 bits below 65504) and grows as it trains at a high LR: its
+    input LayerNorm is scaled up, so Adam's steps on the Linear's small weights move its output by a lot."""
+    from transformers import BertModel
+
+    path = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-warming"), dropout=0.1)
+    model = BertModel.from_pretrained(path)
+    with torch.no_grad():
+        model.get_submodule("encoder.layer.1.attention.output.LayerNorm").weight.mul_(12000)
     model.save_pretrained(path)
     return path
 
@@ -70,6 +85,25 @@ def test_preflight_and_overflow_report_name_the_overflowing_linear(
     run_dir = tmp_path / "runs" / "test"
     assert f"bert.{OVERFLOWING}" in all_texts(run_dir, tags.AMP_PREFLIGHT)[0]
     assert all_texts(run_dir, tags.AMP_OVERFLOW_REPORT) == [report]
+    # Overflowing from step 1 on: no headroom at any logged step, and the module that sets it is the one that overflows.
+    assert set(tb.scalars(run_dir)[tags.AMP_HEADROOM_BITS].values()) == {-math.inf}
+    assert all_texts(run_dir, tags.AMP_HEADROOM_MODULE)[0].startswith(f"`bert.{OVERFLOWING}` sets the fp16 headroom")
+
+
+def test_headroom_falls_to_zero_before_the_loss_scale_alarm(quick_args, warming_model_dir, tmp_path, capsys):
+    """Activations that grow as the model trains: the headroom curve shows it steps before the scaler reacts."""
+    args = [*with_model(quick_args, warming_model_dir), "--amp", "--learning_rate", "3e-2", "--warmup_ratio", "0"]
+    args += ["--weight_decay", "0", "--max_consecutive_skips", "3", "--max_steps", "30", "--eval_steps", "0"]
+    assert run_app(args) == 3
+    alarm = int(re.search(r"loss-scale alarm at optimizer step (\d+)", capsys.readouterr().out).group(1))
+    run_dir = tmp_path / "runs" / "test"
+    logged = tb.scalars(run_dir)
+    headroom, skipped = logged[tags.AMP_HEADROOM_BITS], logged[tags.AMP_SKIPPED_STEPS]
+    first_skip = min(step for step, count in skipped.items() if count > 0)
+    gone = min(step for step, bits in headroom.items() if bits <= 0)
+    assert gone <= first_skip < alarm, (headroom, skipped, alarm)
+    assert headroom[1] > 2 and headroom[first_skip - 1] < headroom[1] - 2, "it fell by 2 bits before any skip"
+    assert f"`bert.{OVERFLOWING}` sets the fp16 headroom" in all_texts(run_dir, tags.AMP_HEADROOM_MODULE)[0]
 
 
 def test_healthy_preflight_says_one_clean_line_and_leaves_no_trace(tiny_model_dir, review_files, capsys):
@@ -141,8 +175,11 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
         f"carrying on in {label}"
     ) in out
     run_dir = tmp_path / "runs" / "test"
-    losses = tb.scalars(run_dir)[tags.TRAIN_LOSS]  # steps 1-3 were logged twice: the later, fallback values win
+    logged = tb.scalars(run_dir)
+    losses = logged[tags.TRAIN_LOSS]  # steps 1-3 were logged twice: the later, fallback values win
     assert sorted(losses) == [1, 2, 3, 4, 5, 6] and all(math.isfinite(v) for v in losses.values()), losses
+    for tag in (*tags.SCALER_TAGS, tags.AMP_HEADROOM_BITS):  # fp16's tags stop where fp16 stopped
+        assert sorted(logged[tag]) == [1, 2, 3], f"{tag}: {logged[tag]}"
     precision = all_texts(run_dir, tags.RUN_PRECISION)
     assert len(precision) == 2 and precision[0].startswith("precision: fp16 autocast")
     assert "until step 3; then" in precision[1] and "from --on_scale_collapse fallback" in precision[1]

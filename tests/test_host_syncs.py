@@ -5,7 +5,8 @@ torch.cuda.set_sync_debug_mode. On the CPU this test watches the same thing: it 
 training (`item`, `tolist`, `__bool__`, `__float__`, `__int__`, `cpu`, `numpy`, `nonzero`, `torch.equal`,
 `torch.nonzero`, and indexing with a boolean mask, whose result's size depends on the values), by optimizer step and
 call site, and lets through only the sites listed in ALLOWED. A non-fused optimizer, for one, would show up here:
-GradScaler.step reads its overflow flag on every step for those.
+GradScaler.step reads its overflow flag on every step for those. In fp16 the headroom probe (app/amp/headroom.py) is
+armed at the log steps, and its result is read there, not before.
 """
 
 from __future__ import annotations
@@ -78,8 +79,15 @@ def spy_on_reads(monkeypatch, step: dict) -> Counter:
 )
 def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeypatch, precision, overflows):
     run = build_run(tiny_model_dir, review_files, mixed_precision=precision, max_steps=10, logging_steps=5)
-    step = {"now": 0}
-    run.model.register_forward_pre_hook(lambda m, a: step.__setitem__("now", step["now"] + 1) if m.training else None)
+    step, probed = {"now": 0}, set()
+
+    def count(module, args):
+        if module.training:
+            step["now"] += 1
+            if run.model.classifier._forward_hooks:  # the headroom probe's hooks are on
+                probed.add(step["now"])
+
+    run.model.register_forward_pre_hook(count)
     inject_inf_at(run.model, overflows, run.optimizer)  # the skipped-step path, at a step that is not logged
     reads = spy_on_reads(monkeypatch, step)
     train(run)
@@ -91,6 +99,9 @@ def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeyp
     assert outside == expected_outside, f"tensor reads outside log steps (step, site): {sorted(outside)}"
     assert all(reads[key] == 1 for key in expected_outside), "one read of the scale per skip"
     assert {s for s, _ in reads} >= {5, 10}, "the log steps must read (otherwise this test sees nothing)"
+    assert probed == ({5, 10} if precision == "fp16" else set()), "the probe is armed at fp16 log steps only"
+    probe_reads = {s for s, site in reads if site.startswith("headroom.py:")}
+    assert probe_reads == ({5, 10} if precision == "fp16" else set()), "read where it was armed"
 
 
 def test_the_causal_lm_task_adds_no_reads_between_log_steps(tiny_llama_dir, review_files, monkeypatch):

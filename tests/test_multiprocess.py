@@ -4,6 +4,7 @@ count to another."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from app.telemetry import tags
+from tests import tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch
 
 
@@ -118,3 +121,15 @@ def test_a_resume_with_another_process_count_trains_each_example_of_the_epoch_on
         f"note: the checkpoint was saved by {saved_by} process(es) with {saved_by * BATCH} examples per optimizer "
         f"step; this run has {resumed_by} with {resumed_by * BATCH}: it continues at example {len(before)} of epoch 0"
     ) in resumed.stdout
+
+
+def test_two_ranks_in_fp16_log_the_headroom_and_tokens_per_device(tmp_path, quick_args):
+    # Every rank measures its own micro-batch and the maxima are reduced over ranks: both must arm at the same steps.
+    flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]
+    result = launch(tmp_path, flags, [*quick_args, "--amp", "--max_steps", "3", "--eval_steps", "0"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    logged = tb.scalars(tmp_path / "runs" / "test")
+    assert sorted(logged[tags.AMP_HEADROOM_BITS]) == [1, 2, 3]
+    assert all(math.isfinite(bits) and bits > 0 for bits in logged[tags.AMP_HEADROOM_BITS].values())
+    for step, total in logged[tags.PERF_TOKENS_PER_SEC].items():
+        assert logged[tags.PERF_TOKENS_PER_SEC_PER_DEVICE][step] == pytest.approx(total / 2), step

@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, clean_env, data_flags, gpu_env
+from app.telemetry import tags
+from tests import tb
+from tests.conftest import ROOT, clean_env, data_flags, gpu_env, run_app
 
 SCRIPTS = ROOT / "scripts"
 
@@ -47,7 +49,14 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
         "60",  # not a multiple of 8: without one padding for both runs, fp16's batches would be longer
         "--disable_tqdm",
     )
-    assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16"}
+    assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16", "cmp"}
+    # The comparison: one run per precision, each with the compare/ tags that its charts pick.
+    assert {p.name for p in (tmp_path / "runs" / "cmp").iterdir()} == {"fp32", "fp16"}
+    compared = tb.scalars(tmp_path / "runs" / "cmp" / "fp16")
+    for tag in (tags.COMPARE_TRAIN_LOSS, tags.COMPARE_EVAL_LOSS, tags.COMPARE_SAMPLES_PER_SEC):
+        assert tag in compared and tag in tb.scalars(tmp_path / "runs" / "cmp" / "fp32"), tag
+    assert compared[tags.COMPARE_TRAIN_LOSS] == tb.scalars(tmp_path / "runs" / "cmp-fp16")[tags.TRAIN_LOSS]
+    assert list(tb.layout(tmp_path / "runs" / "cmp" / "fp16")) == ["AMP health", "Learning", "Speed", "Memory"]
     report = (tmp_path / "report" / "report.md").read_text()
     for field in (
         "speed-up vs fp32",
@@ -58,7 +67,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
         "**Verdict:**",
     ):
         assert field in report, field
-    assert "| final loss scale | 1 | 65536 |" in report
+    assert "| final loss scale | off | 65536 |" in report and "| skipped steps | off | 0 |" in report
     # A controlled comparison: one padding for both runs, so the same batches and padding fraction.
     assert "`--pad_to_multiple_of 8`" in report
     padding = next(row for row in report.splitlines() if row.startswith("| padding fraction |")).split("|")[2:4]
@@ -165,3 +174,27 @@ def test_gpu_check_on_the_gpu(tmp_path):
     )
     figures = json.loads((tmp_path / "g.json").read_text())
     assert figures["results"]["fp32"]["samples_per_sec"] > 0 and figures["results"]["fp16"]["samples_per_sec"] > 0
+
+
+def test_plot_headroom_draws_an_fp16_run_and_refuses_a_run_without_it(tmp_path, quick_args):
+    assert run_app([*quick_args, "--amp", "--max_steps", "2", "--eval_steps", "0"]) == 0
+    run_script(tmp_path, "plot_headroom.py", tmp_path / "runs" / "test", "--out", tmp_path / "headroom.png")
+    assert (tmp_path / "headroom.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "empty").mkdir()
+    refused = subprocess.run(
+        [sys.executable, str(SCRIPTS / "plot_headroom.py"), str(tmp_path / "empty")],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert "has no amp/headroom_bits (an fp16 run logs it)" in refused.stderr
+
+
+def test_bench_headroom_tiny_pairs_log_steps_with_and_without_the_probe(tmp_path):
+    run_script(tmp_path, "bench_headroom.py", "--tiny", "--rounds", "2", "--warmup", "1", "--json", tmp_path / "h.json")
+    figures = json.loads((tmp_path / "h.json").read_text())
+    assert figures["pairs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio_median"] > 0
+    assert figures["log_step_s_with_probe"] > 0 and figures["log_step_s_without"] > 0
+    assert figures["headroom_logged_at"] == [1, 3, 5], "steps 1 (warm-up), 3 and 5 with the probe; 2, 4 and 6 without"

@@ -26,6 +26,11 @@ def make_scaler(policy: PrecisionPolicy, init_scale: float, growth_interval: int
     return torch.amp.GradScaler(policy.device_type, **options)
 
 
+def loss_scale(scaler: torch.amp.GradScaler) -> float | None:
+    """The current scale (a host read), or None with loss scaling off: telemetry then leaves the scaler's tags out."""
+    return scaler.get_scale() if scaler.is_enabled() else None
+
+
 class ScalerCheckpoint:
     """The loss scaler as Accelerate checkpoints it: registered whether AMP is on or off, and safe to toggle.
 

@@ -1,8 +1,10 @@
 """The meters the loop feeds: cheap device-side adds every micro-step, one host read per log step (tags: tags.py).
 
 Values accumulate on the device between log steps and are read to the host only in `Telemetry.log` (why: the loop's
-docstring). With several processes, throughput (samples, tokens, MFU) is summed over the ranks, memory is the maximum
-over the ranks, and the loss is the mean over the ranks.
+docstring). With several processes, throughput (samples, tokens, MFU) is summed over the ranks, memory and the fp16
+activations of amp/headroom_bits are the maximum over the ranks, and the loss is the mean over the ranks. The scaler's
+tags are written only while loss scaling is on. At start, the run's custom-scalars layout (layout.py) names the charts
+of exactly the tags this run writes.
 """
 
 from __future__ import annotations
@@ -15,15 +17,24 @@ import psutil
 import torch
 from tqdm.auto import tqdm
 
+from app.amp.headroom import HeadroomProbe
+from app.amp.policy import PrecisionPolicy
 from app.telemetry.flops import flops_per_token, peak_flops
+from app.telemetry.layout import run_layout
 from app.telemetry.tags import (
     AMP_APPLIED_UPDATES,
     AMP_CONSECUTIVE_SKIPS,
+    AMP_HEADROOM_BITS,
+    AMP_HEADROOM_MODULE,
     AMP_LOSS_SCALE,
     AMP_SKIP_RATE,
     AMP_SKIPPED_STEPS,
+    MEMORY_ALLOC_RETRIES,
     MEMORY_ALLOCATED_GIB,
+    MEMORY_OOMS,
     MEMORY_PEAK_ALLOCATED_GIB,
+    MEMORY_PEAK_ALLOCATED_PCT,
+    MEMORY_PEAK_RESERVED_PCT,
     MEMORY_RESERVED_GIB,
     MEMORY_RSS_GIB,
     PERF_MFU_PCT,
@@ -31,6 +42,7 @@ from app.telemetry.tags import (
     PERF_SAMPLES_PER_SEC,
     PERF_STEP_TIME_MS,
     PERF_TOKENS_PER_SEC,
+    PERF_TOKENS_PER_SEC_PER_DEVICE,
     TRAIN_EPOCH,
     TRAIN_GRAD_NORM,
     TRAIN_LOSS,
@@ -47,17 +59,28 @@ def peak_memory_tag(device: torch.device) -> tuple[str, str]:
     return MEMORY_RSS_GIB, "CPU RSS"
 
 
+def gpu_memory_tags(stats: dict[str, int], device_bytes: int) -> dict[str, float]:
+    """The memory tags from `torch.cuda.memory_stats(device)`: GiB, the peaks as a share of the device's
+    `device_bytes`, and the allocator's cumulative retries (a full cache flush each) and out-of-memory errors."""
+    return {
+        MEMORY_ALLOCATED_GIB: stats["allocated_bytes.all.current"] / GIB,
+        MEMORY_RESERVED_GIB: stats["reserved_bytes.all.current"] / GIB,
+        MEMORY_PEAK_ALLOCATED_GIB: stats["allocated_bytes.all.peak"] / GIB,
+        MEMORY_PEAK_ALLOCATED_PCT: 100 * stats["allocated_bytes.all.peak"] / device_bytes,
+        MEMORY_PEAK_RESERVED_PCT: 100 * stats["reserved_bytes.all.peak"] / device_bytes,
+        MEMORY_ALLOC_RETRIES: stats["num_alloc_retries"],
+        MEMORY_OOMS: stats["num_ooms"],
+    }
+
+
 def memory_probe(device: torch.device) -> Callable[[], dict[str, float]]:
     """Picked once, so the loop has no device `if`. Host-side queries: no device sync."""
     if device.type == "cuda":
+        device_bytes = torch.cuda.get_device_properties(device).total_memory
 
         def gpu_memory() -> dict[str, float]:
-            values = {
-                MEMORY_ALLOCATED_GIB: torch.cuda.memory_allocated(device) / GIB,
-                MEMORY_RESERVED_GIB: torch.cuda.memory_reserved(device) / GIB,
-                MEMORY_PEAK_ALLOCATED_GIB: torch.cuda.max_memory_allocated(device) / GIB,
-            }
-            torch.cuda.reset_peak_memory_stats(device)
+            values = gpu_memory_tags(torch.cuda.memory_stats(device), device_bytes)
+            torch.cuda.reset_peak_memory_stats(device)  # peaks since the previous log
             return values
 
         return gpu_memory
@@ -68,19 +91,35 @@ def memory_probe(device: torch.device) -> Callable[[], dict[str, float]]:
 class Telemetry:
     """Meters for the loop: cheap device-side adds every micro-step, one host read per log step.
 
-    `start` is the TrainState the run begins from (a fresh one, or a resumed one).
+    `start` is the TrainState the run begins from (a fresh one, or a resumed one). `probe_headroom=False` leaves
+    amp/headroom_bits out (under --torch_compile, where the probe's hooks would recompile the model).
     """
 
     def __init__(
-        self, accelerator, writer, model: torch.nn.Module, mode: str, total_steps: int, start, disable_progress: bool
+        self,
+        accelerator,
+        writer,
+        model: torch.nn.Module,
+        policy: PrecisionPolicy,
+        total_steps: int,
+        start,
+        disable_progress: bool,
+        probe_headroom: bool = True,
     ):
         self.accelerator, self.writer = accelerator, writer
         device = accelerator.device
         self._memory = memory_probe(device)
         self._synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         self._flops = flops_per_token(model)
-        peak = peak_flops(device, mode)
+        peak = peak_flops(device, policy.mode)
         self._peak_flops = peak * accelerator.num_processes if peak else None
+        self.headroom = HeadroomProbe(enabled=probe_headroom)  # the loop arms it; log() reads it
+        self._headroom_module: str | None = None  # the module named in the last amp/headroom_module text
+        fp16 = policy.mode == "fp16"
+        if fp16 and not probe_headroom:
+            accelerator.print("note: amp/headroom_bits is not measured under --torch_compile (hooks would recompile)")
+        scaler, mfu = policy.scaler_enabled, bool(self._flops and self._peak_flops)
+        writer.layout(run_layout(scaler, fp16 and probe_headroom, device.type, mfu))
         # Losses are summed weighted by their items (examples, label tokens): train/loss is the mean over all items.
         self._loss_sum = torch.zeros((), device=device)  # over the log interval
         self.step_loss = torch.zeros((), device=device)  # over the current optimizer step's micro-batches
@@ -91,6 +130,7 @@ class Telemetry:
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
         self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
+        self.loss_scaling_logged = False  # whether any log step wrote the scaler's tags
         self._peak_tag, self.peak_memory_kind = peak_memory_tag(device)
         self._bar = tqdm(
             total=total_steps,
@@ -139,8 +179,11 @@ class Telemetry:
             self._clock = time.perf_counter()
 
     # ---- log steps: the one host read of the interval ------------------------------------------------------------
-    def log(self, step: int, state, lr: float, loss_scale: float, epoch: float) -> None:
-        """Reduce over ranks, read to the host and write. Every rank must call it at the same steps."""
+    def log(self, step: int, state, lr: float, loss_scale: float | None, epoch: float) -> None:
+        """Reduce over ranks, read to the host and write. Every rank must call it at the same steps.
+
+        `loss_scale` is None without loss scaling: then the scaler's tags are left out.
+        """
         device = self._loss_sum.device
         host_counts = torch.tensor(
             [self._items, self._samples, self._padded_tokens], dtype=torch.float64, device=device
@@ -154,23 +197,39 @@ class Telemetry:
             zip(memory, self.accelerator.reduce(torch.tensor(list(memory.values()), device=device), "max").tolist())
         )
         grad_norm = self._grad_norm.item()  # the device is idle after the read above; identical on every rank
+        headroom = self.headroom.take(lambda maxima: self.accelerator.reduce(maxima, "max"))
 
         scalars = {
             TRAIN_LOSS: loss_sum / max(items, 1),
             TRAIN_LR: lr,
             TRAIN_GRAD_NORM: grad_norm,  # inf/NaN on overflow steps, shown as they are
             TRAIN_EPOCH: epoch,
-            AMP_LOSS_SCALE: loss_scale,
-            AMP_SKIPPED_STEPS: state.skipped_steps,
-            AMP_SKIP_RATE: (state.skipped_steps - self._last_log[1]) / max(step - self._last_log[0], 1),
-            AMP_CONSECUTIVE_SKIPS: state.consecutive_skips,
-            AMP_APPLIED_UPDATES: state.applied_updates,
             **memory,
         }
+        if loss_scale is not None:
+            self.loss_scaling_logged = True
+            scalars |= {
+                AMP_LOSS_SCALE: loss_scale,
+                AMP_SKIPPED_STEPS: state.skipped_steps,
+                AMP_SKIP_RATE: (state.skipped_steps - self._last_log[1]) / max(step - self._last_log[0], 1),
+                AMP_CONSECUTIVE_SKIPS: state.consecutive_skips,
+                AMP_APPLIED_UPDATES: state.applied_updates,
+            }
+        if headroom is not None:
+            scalars[AMP_HEADROOM_BITS] = headroom.bits
+            if headroom.module != self._headroom_module:
+                self._headroom_module = headroom.module
+                self.writer.text(
+                    AMP_HEADROOM_MODULE,
+                    f"`{headroom.module}` sets the fp16 headroom: {headroom.bits:.2f} bits "
+                    f"(max |x| = {headroom.largest:.4g})",
+                    step,
+                )
         if self._timed_steps and seconds > 0:
             scalars |= {
                 PERF_SAMPLES_PER_SEC: samples / seconds,
                 PERF_TOKENS_PER_SEC: real_tokens / seconds,
+                PERF_TOKENS_PER_SEC_PER_DEVICE: real_tokens / seconds / self.accelerator.num_processes,
                 PERF_PADDING_FRACTION: 1 - real_tokens / max(padded_tokens, 1),
                 PERF_STEP_TIME_MS: 1000 * seconds / self._timed_steps,
             }
@@ -181,9 +240,10 @@ class Telemetry:
             self.run_seconds += seconds
         self.writer.log(scalars, step)
         self.peak_memory_gib = max(self.peak_memory_gib, memory[self._peak_tag])
+        scale = {} if loss_scale is None else {"scale": f"{loss_scale:g}"}
         self._bar.set_postfix(
             loss=f"{scalars[TRAIN_LOSS]:.4f}",
-            scale=f"{loss_scale:g}",
+            **scale,
             samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}",
             refresh=False,
         )

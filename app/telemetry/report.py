@@ -30,8 +30,19 @@ def write_start_texts(writer, cfg: TrainConfig, accelerator, policy: PrecisionPo
     }
     writer.text(tags.RUN_CONFIG, _code_block(cfg.to_yaml()))
     writer.text(tags.RUN_ENVIRONMENT, _table(environment))
-    writer.text(tags.RUN_PRECISION, "\n\n".join([policy.describe(), *notes]))
+    writer.text(tags.RUN_PRECISION, "\n\n".join([policy.describe(), *notes, scaler_note(policy)]))
     writer.text(tags.RUN_TF32, _table(tf32))
+
+
+def scaler_note(policy: PrecisionPolicy) -> str:
+    """What the run/precision text says about the scaler's tags, which only fp16 writes."""
+    if policy.scaler_enabled:
+        return "AMP on: fp16 with loss scaling, so the scaler's tags (amp/loss_scale, skips, updates) are written."
+    why = "bf16 autocast needs none: bf16 has fp32's exponent range" if policy.autocast_enabled else "fp32 needs none"
+    return (
+        f"AMP off: no loss scaler ({why}), so this run writes none of the scaler's tags "
+        f"({', '.join(tags.SCALER_TAGS)}); their absence means AMP off."
+    )
 
 
 def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator) -> dict:
@@ -62,11 +73,16 @@ def summary_table(wall_seconds: float, telemetry: Telemetry, state, final: dict[
         if telemetry.peak_memory_gib > 0
         else "n/a (no step was logged)"
     )
+    steps = (
+        f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"
+        if telemetry.loss_scaling_logged
+        else f"{state.opt_step} (loss scaling off)"  # nothing was skipped, nor could be
+    )
     rows = [
         ("wall time", f"{wall_seconds:.1f} s"),
         ("samples/s", samples_per_sec),
         ("peak memory", peak_memory),
-        ("optimizer steps", f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"),
+        ("optimizer steps", steps),
         *((tag, f"{value:.4f}") for tag, value in final.items()),
     ]
     width = max(len(name) for name, _ in rows)

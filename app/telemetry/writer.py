@@ -1,5 +1,5 @@
 """The TensorBoard writer of the main process, and the null writer of the other ranks (a two-method logger plus
-text and hparams), so that no code outside this file asks which rank it runs on before logging."""
+text, the custom-scalars layout and hparams), so that no code outside this file asks which rank it runs on."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ class TensorBoardWriter:
     def text(self, tag: str, markdown: str, step: int = 0) -> None:
         self._writer.add_text(tag, markdown, step)
 
+    def layout(self, layout: dict) -> None:
+        """The Custom Scalars tab's charts (telemetry/layout.py); written at start, once per run."""
+        self._writer.add_custom_scalars(layout)
+
     def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
         """The HPARAMS tab's row for this run; its metric columns read the scalars already logged under these tags."""
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
@@ -40,6 +44,8 @@ class NullWriter:
     def log(self, scalars: dict[str, float], step: int) -> None: ...
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None: ...
+
+    def layout(self, layout: dict) -> None: ...
 
     def hparams(self, hparams: dict, metric_tags: list[str]) -> None: ...
 
