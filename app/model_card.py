@@ -38,12 +38,13 @@ def write_model_card(run: Run, run_name: str, output_dir: Path, final: dict[str,
         else "the last step"
     )
     stopped = state.opt_step < run.total_steps
+    task = run.inputs.task
     facts = {
         "base model": cfg.model_name_or_path
         or f"all-MiniLM-L6-v2 (embedded, from the {EMBEDDED_MODEL_PACKAGE} package)",
         "data": _data(cfg),
         "examples": f"{train_size} training, {eval_size} validation",
-        "labels": ", ".join(run.inputs.labels.names),
+        **task.card(),
         "precision": precision_line,
         "processes": run.accelerator.num_processes,
         "optimizer steps": f"{state.opt_step} of {run.total_steps} ({state.applied_updates} applied, "
@@ -53,12 +54,12 @@ def write_model_card(run: Run, run_name: str, output_dir: Path, final: dict[str,
     lines = [
         "---",
         "library_name: transformers",
-        "pipeline_tag: text-classification",
-        "tags: [text-classification, amp-trainer]",
+        f"pipeline_tag: {task.pipeline_tag}",
+        f"tags: [{task.pipeline_tag}, amp-trainer]",
         "---",
         f"# {run_name}",
         "",
-        "A sequence classifier fine-tuned with amp-trainer (`app/train.py`).",
+        f"{task.summary} fine-tuned with amp-trainer (`app/train.py`).",
         "",
         "| | |",
         "|---|---|",
@@ -72,7 +73,7 @@ def write_model_card(run: Run, run_name: str, output_dir: Path, final: dict[str,
         "",
         "## Use it",
         "",
-        f'    python app/predict.py "a text to classify" --model_name_or_path {output_dir}',
+        f'    python app/predict.py "a text" --model_name_or_path {output_dir}',
         "",
         "## How it was trained",
         "",

@@ -1,4 +1,5 @@
-"""Predict with a fine-tuned classifier: a label and its probability for each new text, in the input's order.
+"""Predict with a fine-tuned model, in the input's order: a classifier's label and its probability for each text, or
+a causal LM's greedy continuation of each prompt (`generated_text`).
 
     python app/predict.py --model_name_or_path outputs/RUN --input_file reviews.csv --output_file predicted.csv
     python app/predict.py "Great coffee, will buy again." "Stale and bitter." --model_name_or_path outputs/RUN
@@ -7,6 +8,7 @@
         --compare_fp32                                                 # what bf16 costs against fp32
     accelerate launch --config_file accelerate_configs/cpu_multi.yaml app/predict.py --model_name_or_path outputs/RUN \\
         --input_file reviews.csv --output_file predicted.csv           # the input split over 2 processes
+    python app/predict.py "Is this review great or other? Tasty." --model_name_or_path outputs/LM_RUN   # a causal LM
 
 Results go to --output_file (.csv or .jsonl) or, without it, to stdout as CSV; reports and the progress bar go to
 stderr. Texts on the command line come before the flags. Exit codes: 0 done, 2 bad input (one line on stderr,
@@ -29,40 +31,48 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 import pandas as pd
-import torch
 import transformers
 import yaml
-from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
 from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
 from app.cli import OneLineParser, exit_code_of, flag
 from app.data import read_data_file
 from app.errors import UsageError
-from app.model import has_trained_head, load_model_config, load_tokenizer, max_positions
+from app.model import load_model_config, load_tokenizer, max_positions
 from app.outputs import CONFIG_FILE
 from app.reading import stdin_lines
 from app.runtime import connect_accelerator, describe_backend, device_type
+from app.tasks import resolve_task
+from app.tasks.causal_lm import TextGenerator, check_decoder
+from app.tasks.classification import LabelPredictor, has_trained_head
 
 OUTPUT_TYPES = (".csv", ".jsonl")
-LABEL_COLUMN, PROBABILITY_COLUMN = "predicted_label", "probability"
 
 
 @dataclass
 class PredictConfig:
     model_name_or_path: Optional[str] = flag(
-        "A folder saved by app/train.py, or any sequence classifier (local folder or cached hub id).", default=None
+        "A folder saved by app/train.py, or any sequence classifier or causal LM (local folder or cached hub id).",
+        default=None,
     )
     input_file: Optional[str] = flag(
         "Texts to classify: .csv, .json, .jsonl or .parquet. Default: the texts given on the command line, or stdin.",
         default=None,
     )
-    text_column: str = flag("Column of --input_file with the text.", default="text")
+    text_column: str = flag(
+        "Column of --input_file with the text (a classifier's input, or a causal LM's prompt).", default="text"
+    )
     text_pair_column: Optional[str] = flag("Optional second text column, for sentence-pair models.", default=None)
+    prompt_column: Optional[str] = flag(
+        "Causal LM: column of --input_file with the prompts. Default: --text_column.", default=None
+    )
+    max_new_tokens: int = flag(
+        "Causal LM: the most tokens generated per prompt (greedy; it stops at the end token).", default=128
+    )
     output_file: Optional[str] = flag(
-        "Where the predictions go: .csv or .jsonl, the input's columns plus predicted_label and probability. "
-        "Default: CSV on stdout.",
+        "Where the predictions go: .csv or .jsonl, the input's columns plus predicted_label and probability (a "
+        "classifier) or generated_text (a causal LM). Default: CSV on stdout.",
         default=None,
     )
     mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = flag(
@@ -75,7 +85,8 @@ class PredictConfig:
         default=None,
     )
     compare_fp32: bool = flag(
-        "Predict again in fp32 and report how often the labels agree and the largest probability difference.",
+        "Predict again in fp32 and report how often the results agree: labels and the largest probability difference, "
+        "or identical generations.",
         default=False,
     )
     disable_tqdm: bool = flag("Hide the progress bar.", default=False)
@@ -87,14 +98,14 @@ class PredictConfig:
             raise UsageError("give texts on the command line or --input_file, not both")
         if self.output_file and Path(self.output_file).suffix.lower() not in OUTPUT_TYPES:
             raise UsageError(f"--output_file {self.output_file}: unsupported type; use {' or '.join(OUTPUT_TYPES)}")
-        for name in ("per_device_eval_batch_size", "max_length"):
+        for name in ("per_device_eval_batch_size", "max_length", "max_new_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
 
 
 def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     parser = OneLineParser(PredictConfig, "app/predict.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("texts", nargs="*", help="Texts to classify (before the flags), if no --input_file.")
+    parser.add_argument("texts", nargs="*", help="Texts or prompts (before the flags), if no --input_file.")
     namespace = parser.parse_args(argv)
     names = {f.name for f in dataclasses.fields(PredictConfig)}
     cfg = PredictConfig(**{k: v for k, v in vars(namespace).items() if k in names})
@@ -102,27 +113,40 @@ def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     return cfg, namespace.texts
 
 
-def read_input(cfg: PredictConfig, texts: list[str], num_processes: int) -> pd.DataFrame:
-    """The rows to predict, with their own columns; the text (and pair) columns checked."""
+def read_input(
+    cfg: PredictConfig,
+    texts: list[str],
+    num_processes: int,
+    text_columns: tuple[str, ...],
+    output_columns: tuple[str, ...],
+) -> pd.DataFrame:
+    """The rows to predict, with their own columns; the text columns checked.
+
+    Args:
+        text_columns: the columns the model reads (texts, pairs or prompts); the first one takes texts given as
+            arguments or on stdin.
+        output_columns: the columns the predictions will go into, which the input must not have.
+    """
     if cfg.input_file:
         table = read_data_file(cfg.input_file, "--input_file").to_pandas()
     elif texts:
-        table = pd.DataFrame({cfg.text_column: texts})
+        table = pd.DataFrame({text_columns[0]: texts})
     elif sys.stdin.isatty():
         raise UsageError("nothing to predict: give texts, --input_file, or lines on stdin")
     elif num_processes > 1:
         raise UsageError("several processes cannot share stdin; pass --input_file")
     else:
-        table = pd.DataFrame({cfg.text_column: stdin_lines(sys.stdin.buffer)})  # blank lines too: rows stay aligned
-    for option, name in (("--text_column", cfg.text_column), ("--text_pair_column", cfg.text_pair_column)):
-        if name is not None and name not in table.columns:
+        table = pd.DataFrame({text_columns[0]: stdin_lines(sys.stdin.buffer)})  # blank lines too: rows stay aligned
+    for name in text_columns:
+        if name not in table.columns:
+            option = next(f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name)
             raise UsageError(f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}")
-        odd = [v for v in (table[name] if name is not None else ()) if not isinstance(v, str)]
+        odd = [v for v in table[name] if not isinstance(v, str)]
         if odd:
             raise UsageError(f"column {name!r} holds {type(odd[0]).__name__} {odd[0]!r}; texts must be strings")
     if len(table) == 0:
         raise UsageError("the input has no texts to predict")
-    taken = [c for c in (LABEL_COLUMN, PROBABILITY_COLUMN) if c in table.columns]
+    taken = [c for c in output_columns if c in table.columns]
     if taken:
         raise UsageError(f"the input already has a column {taken[0]!r}, where the predictions would go; rename it")
     return table
@@ -146,30 +170,6 @@ def trained_max_length(model_path: str, model_config, tokenizer) -> int:
     return trained if isinstance(trained, int) else max_positions(model_config, tokenizer)
 
 
-@torch.no_grad()
-def predict_probabilities(accelerator, policy, model, tokenizer, table, cfg, max_length: int) -> torch.Tensor:
-    """Class probabilities (fp32, on the CPU) of every row, in the input's order; each process predicts a share."""
-    with accelerator.split_between_processes(list(range(len(table)))) as mine:
-        texts = [table[cfg.text_column].iloc[mine]] + (
-            [table[cfg.text_pair_column].iloc[mine]] if cfg.text_pair_column else []
-        )
-        encoded = tokenizer(*(list(t) for t in texts), truncation=True, max_length=max_length)
-        # Longest first: texts of similar length share a batch (little padding), and a batch too big fails at once.
-        order = sorted(range(len(mine)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
-        collate = DataCollatorWithPadding(tokenizer, pad_to_multiple_of=policy.pad_to_multiple_of)
-        batch_size, found = cfg.per_device_eval_batch_size, []
-        bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            batch = collate([{k: encoded[k][i] for k in encoded} for i in chunk]).to(accelerator.device)
-            with policy.autocast():
-                logits = model(**batch).logits
-            found.extend(zip((mine[i] for i in chunk), logits.float().softmax(-1).cpu()))  # a host sync per batch
-            bar.update(len(chunk) * accelerator.num_processes)
-        bar.close()
-    return torch.stack([probs for _, probs in sorted(gather_object(found), key=lambda pair: pair[0])])
-
-
 def write_table(table: pd.DataFrame, path: str | None) -> None:
     """CSV or JSON lines by extension, written to a temporary file and renamed: never a half-written file."""
     if path is None:
@@ -187,14 +187,26 @@ def run(cfg: PredictConfig, texts: list[str], accelerator, policy: PrecisionPoli
     say = (lambda line: print(line, file=sys.stderr)) if accelerator.is_main_process else (lambda line: None)
     # ---- every check of the input, before any weights load or any line is printed ---------------------------------
     model_config = load_model_config(cfg.model_name_or_path)
-    if not has_trained_head(model_config):
-        raise UsageError(
-            f"--model_name_or_path {cfg.model_name_or_path} has no trained classification head (architectures: "
-            f"{', '.join(model_config.architectures or ['none'])}); give the output folder of app/train.py"
-        )
+    task, _ = resolve_task(None, model_config)
+    if task == "causal_lm":
+        check_decoder(model_config)
+        text_columns = (cfg.prompt_column or cfg.text_column,)
+        output_columns = TextGenerator.columns
+    else:
+        if not has_trained_head(model_config):
+            raise UsageError(
+                f"--model_name_or_path {cfg.model_name_or_path} has no trained classification head (architectures: "
+                f"{', '.join(model_config.architectures or ['none'])}); give the output folder of app/train.py"
+            )
+        if cfg.prompt_column:
+            raise UsageError(
+                "--prompt_column is for causal LMs; this model is a sequence classifier: use --text_column"
+            )
+        text_columns = (cfg.text_column, cfg.text_pair_column) if cfg.text_pair_column else (cfg.text_column,)
+        output_columns = LabelPredictor.columns
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     max_length = cfg.max_length or trained_max_length(cfg.model_name_or_path, model_config, tokenizer)
-    table = read_input(cfg, texts, accelerator.num_processes)
+    table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
     check_output_file(cfg.output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------
@@ -202,29 +214,27 @@ def run(cfg: PredictConfig, texts: list[str], accelerator, policy: PrecisionPoli
         say(line)
     if cfg.disable_tqdm:
         transformers.utils.logging.disable_progress_bar()  # the weight-loading bar
-    model = AutoModelForSequenceClassification.from_pretrained(cfg.model_name_or_path, dtype=torch.float32)
-    model.to(accelerator.device).eval()
+    shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device)
+    predictor = TextGenerator(*shared, cfg.max_new_tokens) if task == "causal_lm" else LabelPredictor(*shared)
+    inputs = [list(table[name]) for name in text_columns]
+    bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
     started = time.perf_counter()
-    probs = predict_probabilities(accelerator, policy, model, tokenizer, table, cfg, max_length)
+    results = predictor.predict(accelerator, policy, inputs, lambda done: bar.update(done * accelerator.num_processes))
     seconds = time.perf_counter() - started
+    bar.close()
     say(
         f"predicted {len(table)} texts in {seconds:.1f} s: {len(table) / seconds:.1f} examples/s "
         f"({policy.label}, {accelerator.num_processes} process(es), batches of {cfg.per_device_eval_batch_size})"
     )
     if cfg.compare_fp32:
         fp32 = PrecisionPolicy("no", policy.device_type, "--compare_fp32", "the reference")
-        reference = predict_probabilities(accelerator, fp32, model, tokenizer, table, cfg, max_length)
-        agree = (probs.argmax(-1) == reference.argmax(-1)).sum().item()
-        say(
-            f"compare_fp32: {policy.label} vs fp32 on {len(table)} texts: label agreement {agree / len(table)} "
-            f"({agree}/{len(table)}), max probability difference {(probs - reference).abs().max().item():.3g}"
-        )
+        reference = predictor.predict(accelerator, fp32, inputs, lambda done: None)
+        say(predictor.compare(policy.label, results, reference))
 
     # ---- write --------------------------------------------------------------------------------------------------
     if accelerator.is_main_process:
-        best, label_ids = probs.max(-1)
-        table[LABEL_COLUMN] = [model.config.id2label[i] for i in label_ids.tolist()]
-        table[PROBABILITY_COLUMN] = best.tolist()
+        for column, values in predictor.columns_of(results).items():
+            table[column] = values
         write_table(table, cfg.output_file)
         if cfg.output_file:
             say(f"predictions written to {cfg.output_file}")

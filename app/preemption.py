@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import signal
 
-import torch
-import torch.distributed as dist
+from app.runtime import HostCollective
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 
 
 class StopRequest:
-    def __init__(self, num_processes: int):
+    def __init__(self, host: HostCollective):
         self.signum = 0
-        self._group = None
-        if num_processes > 1:
-            # Collective on every rank, once: gloo reduces a CPU tensor without touching the GPU stream.
-            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self.host = host
         self._previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
 
     def _handle(self, signum: int, frame) -> None:
@@ -30,11 +26,7 @@ class StopRequest:
 
     def agreed(self) -> int:
         """The signal that any rank received (0 if none). Collective when there are several processes."""
-        if self._group is None:
-            return self.signum
-        flag = torch.tensor([self.signum])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-        return int(flag.item())
+        return self.host.max(self.signum)
 
     def exit_code(self, signum: int) -> int:
         return 128 + signum

@@ -21,56 +21,59 @@ from accelerate import Accelerator
 from datasets import DatasetDict
 from transformers import PretrainedConfig
 
-from app import data
+from app import data, gguf_convert
 from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.checkpoint import Checkpoints, ResumePoint, RunInfo
 from app.config import TrainConfig
-from app.data import LabelSpace
-from app.model import (
-    check_max_length,
-    has_trained_head,
-    load_model,
-    load_model_config,
-    load_tokenizer,
-    resolve_model_path,
-)
+from app.model import check_max_length, load_model_config, load_tokenizer, refuse_quantized, resolve_model_path
 from app.optim import build_optimizer, build_schedule, total_optimizer_steps
 from app.outputs import RunPaths
 from app.preemption import StopRequest
-from app.runtime import backend_name
+from app.runtime import HostCollective, backend_name
 from app.sampling import DataPosition
 from app.state import TrainState
+from app.tasks import Task, build_task, resolve_task
 from app.telemetry.meters import Telemetry
 from app.telemetry.writer import NullWriter, TensorBoardWriter
 
 
 @dataclass
 class Inputs:
-    """The checked, tokenized data and what it takes to load the model for it."""
+    """The checked, tokenized data, the task that tokenized it, and what it takes to load the model."""
 
     model_path: str
     model_config: PretrainedConfig  # as stored, before the weights load in fp32
     tokenizer: object
-    labels: LabelSpace
+    task: Task
     tokenized: DatasetDict  # "train" and "validation"
 
 
 def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
-    """Check every input (model config, tokenizer, length, columns, labels) before any weights load, then tokenize."""
-    model_path = resolve_model_path(cfg.model_name_or_path)
-    model_config = load_model_config(model_path)
-    tokenizer = load_tokenizer(model_path)
+    """Check every input (model config, task, tokenizer, length, columns, labels) before any weights load, then
+    tokenize."""
+    model_path, gguf_file = resolve_model_path(cfg)
+    if gguf_file:  # a converted copy loads like any model folder; else config and tokenizer come from the file
+        gguf_convert.check_gguf(model_path, gguf_file)
+        converted = gguf_convert.converted_folder(model_path, gguf_file)
+        model_path, gguf_file = (
+            (str(converted), None) if gguf_convert.is_converted(converted) else (model_path, gguf_file)
+        )
+    model_config = load_model_config(model_path, gguf_file)
+    refuse_quantized(model_path, model_config)
+    task_name, why = resolve_task(cfg.task, model_config)
+    accelerator.print(f"task: {task_name} (from {why})")
+    tokenizer = load_tokenizer(model_path, gguf_file)
     check_max_length(cfg.max_length, model_config, tokenizer)
-    columns = data.resolve_columns(cfg)
     raw = data.load_raw(cfg)
-    data.check_columns(raw, columns)
-    trained_head = model_config.id2label if has_trained_head(model_config) else None
-    labels = data.infer_labels(raw, columns.label, trained_head)
-    tokenized = data.tokenize(raw, tokenizer, columns, labels, cfg.max_length, accelerator)
-    return Inputs(
-        model_path=model_path, model_config=model_config, tokenizer=tokenizer, labels=labels, tokenized=tokenized
-    )
+    task = build_task(task_name, cfg, raw, tokenizer, model_config)
+    if gguf_file:  # every input is checked: now the heavy conversion, by the main process first
+        with accelerator.main_process_first():
+            model_path = str(gguf_convert.convert(model_path, gguf_file, converted, accelerator.print))
+    tokenized = task.tokenize(raw, accelerator)
+    for note in task.notes:
+        accelerator.print(note)
+    return Inputs(model_path=model_path, model_config=model_config, tokenizer=tokenizer, task=task, tokenized=tokenized)
 
 
 @dataclass
@@ -108,6 +111,14 @@ class Run:
         vars(self.state).update(vars(RunInfo.read(checkpoint).state))
         self.telemetry.rewind(self.state)
 
+    def loss(self, batch: dict) -> torch.Tensor:
+        """The task's loss of a batch: the mean over its items (examples, or label tokens)."""
+        return self.inputs.task.loss(self.model, batch)
+
+    def evaluate(self) -> dict[str, float]:
+        """The task's metrics over the whole validation set."""
+        return self.inputs.task.evaluate(self.accelerator, self.policy, self.model, self.eval_loader)
+
     def close(self) -> None:
         self.telemetry.close()
         self.stop.restore()
@@ -136,12 +147,14 @@ def build_run(
     """
     inputs = inputs or load_inputs(cfg, accelerator)
     paths = paths or RunPaths("run", Path(tempfile.mkdtemp(prefix="run-")), Path(tempfile.mkdtemp(prefix="runs-")))
-    stop = stop or StopRequest(accelerator.num_processes)
+    stop = stop or StopRequest(HostCollective(accelerator.num_processes))
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
-    train_loader, eval_loader = data.make_loaders(
-        inputs.tokenized, inputs.tokenizer, cfg, pad_to, accelerator.num_processes
-    )
-    model = model or load_model(inputs.model_path, inputs.labels.id2label)
+    collate = inputs.task.collator(pad_to)
+    train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
+    model = model or inputs.task.load_model(inputs.model_path)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant: works under DDP and with inputs that need no gradient (token ids).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.torch_compile:
         # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
         # parameter names ("_orig_mod.") in checkpoints and in the saved model.

@@ -33,7 +33,7 @@ def pinned_batches() -> bool:
 def build_accelerator(cfg: TrainConfig) -> Accelerator:
     """The Accelerator for this run, after checking that the launched processes really form one job."""
     accelerator = connect_accelerator(
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        # Gradient accumulation is the loop's own (app/loop.py), so Accelerate never divides the loss by it.
         # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
         dataloader_config=DataLoaderConfiguration(
             use_seedable_sampler=True, data_seed=cfg.seed, non_blocking=pinned_batches()
@@ -98,6 +98,31 @@ def _quiet_libraries() -> None:
     transformers.utils.logging.set_verbosity_error()
     datasets.utils.logging.set_verbosity_error()
     datasets.disable_progress_bars()
+
+
+class HostCollective:
+    """Collectives over values the host already has (a count, a signal), on a CPU (gloo) group: they never wait for
+    the GPU's queued work, as a reduce of a device tensor would. No-ops in a single process."""
+
+    def __init__(self, num_processes: int):
+        self._group = None
+        if num_processes > 1:
+            # Collective on every rank, once: a gloo group of its own unless the job's own group is gloo already.
+            dist = torch.distributed
+            self._group = dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+    def _reduce(self, value: int, op) -> int:
+        if self._group is None:
+            return value
+        tensor = torch.tensor([value], dtype=torch.int64)
+        torch.distributed.all_reduce(tensor, op=op, group=self._group)
+        return int(tensor.item())  # a CPU tensor: no device sync
+
+    def sum(self, value: int) -> int:
+        return self._reduce(value, torch.distributed.ReduceOp.SUM)
+
+    def max(self, value: int) -> int:
+        return self._reduce(value, torch.distributed.ReduceOp.MAX)
 
 
 def device_name(device: torch.device) -> str:

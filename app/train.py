@@ -35,13 +35,19 @@ from app.best import end_with_best
 from app.cli import exit_code_of
 from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
-from app.evaluation import evaluate
 from app.folders import RunFolders, claim_output_dir, claim_run_folders
 from app.loop import train
 from app.model_card import write_model_card
 from app.preemption import StopRequest
 from app.run import build_run, load_inputs
-from app.runtime import build_accelerator, describe_backend, device_type, on_main_process, requested_backend
+from app.runtime import (
+    HostCollective,
+    build_accelerator,
+    describe_backend,
+    device_type,
+    on_main_process,
+    requested_backend,
+)
 from app.telemetry import report, tags
 from app.telemetry.writer import open_writer
 
@@ -56,7 +62,7 @@ def _main(argv: list[str] | None) -> int:
     policy, notes = resolve_precision(cfg.amp, cfg.mixed_precision, device_type(), launcher_choice())
     refuse_amp_under_deepspeed(policy, requested_backend())
     accelerator = build_accelerator(cfg)
-    stop = StopRequest(accelerator.num_processes)
+    stop = StopRequest(HostCollective(accelerator.num_processes))
     try:
         return run_training(cfg, accelerator, policy, notes, stop)
     finally:
@@ -129,7 +135,7 @@ def train_in_claimed_folders(
             with run.telemetry.paused():
                 run.checkpoints.save(run.state)
         accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
-        final = evaluate(accelerator, run.policy, run.model, run.eval_loader)
+        final = run.evaluate()
         run.telemetry.log_eval(run.state.opt_step, final)
         final = end_with_best(run, final)
         outputs.save_final_model(accelerator, run.model, inputs.tokenizer, paths.output_dir, run.checkpoints.last_saved)

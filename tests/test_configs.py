@@ -104,6 +104,14 @@ def test_the_shipped_training_config_is_the_defaults_with_every_key():
     assert keys == {field.name for field in dataclasses.fields(TrainConfig)}
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_training_config_loads(path):
+    from app.config import TrainConfig, parse_config
+
+    cfg = parse_config(["--config", str(path)])
+    assert isinstance(cfg, TrainConfig)
+
+
 def test_a_hand_written_yaml_may_spell_floats_as_the_command_line_does(tmp_path):
     from app.config import parse_config
 

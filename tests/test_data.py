@@ -12,6 +12,7 @@ from transformers import AutoConfig
 from app import data
 from app.config import TrainConfig
 from app.errors import UsageError
+from app.tasks import classification
 from tests.conftest import run_app
 
 
@@ -58,9 +59,9 @@ def test_jsonl_with_int_labels_text_pairs_and_a_held_out_split(tmp_path, tiny_mo
     )
     raw = data.load_raw(cfg)
     assert (len(raw["train"]), len(raw["validation"])) == (30, 10)
-    columns = data.resolve_columns(cfg)
-    data.check_columns(raw, columns)
-    labels = data.infer_labels(raw, "target", fixed=None)
+    columns = classification.resolve_columns(cfg)
+    classification.check_columns(raw, columns)
+    labels = classification.infer_labels(raw, "target", fixed=None)
     assert labels.id2label == {0: "0", 1: "1", 2: "2"} and not labels.string_labels
 
 
@@ -72,9 +73,9 @@ def test_string_labels_are_sorted_into_ids_and_unknown_validation_labels_fail():
         validation=Dataset.from_dict({"label": ["pos", "neutral"]}),
     )
     with pytest.raises(UsageError, match="validation label 'neutral' does not occur in the training labels"):
-        data.infer_labels(raw, "label", fixed=None)
+        classification.infer_labels(raw, "label", fixed=None)
     raw["validation"] = Dataset.from_dict({"label": ["pos"]})
-    labels = data.infer_labels(raw, "label", fixed=None)
+    labels = classification.infer_labels(raw, "label", fixed=None)
     assert labels.id2label == {0: "neg", 1: "pos"} and labels.encoder()("pos") == 1
 
 
@@ -84,11 +85,11 @@ def test_a_trained_head_keeps_its_label_order():
     raw = DatasetDict(
         train=Dataset.from_dict({"label": ["pos", "neg"]}), validation=Dataset.from_dict({"label": ["neg"]})
     )
-    labels = data.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
+    labels = classification.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
     assert labels.id2label == {0: "pos", 1: "neg"}
     with pytest.raises(UsageError, match="'maybe' is not one of the model's trained labels"):
         raw["train"] = Dataset.from_dict({"label": ["pos", "maybe"]})
-        data.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
+        classification.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
 
 
 def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, capfd):

@@ -116,7 +116,7 @@ def test_healthy_preflight_says_one_clean_line_and_leaves_no_trace(tiny_model_di
         if skip:
             assert lines == []
         else:
-            assert len(lines) == 1 and lines[0].startswith("amp pre-flight: clean, largest module output"), lines
+            assert len(lines) == 1 and lines[0].startswith("amp pre-flight: clean, largest fp16 module output"), lines
     assert final[False].keys() == final[True].keys()
     for name in final[False]:
         assert torch.equal(final[False][name], final[True][name]), name

@@ -33,6 +33,7 @@ ALLOWED = {
     ("diagnose.py", "read"),  # the fp16 pre-flight's one read, once, before step 1 (and the alarm's replay)
     # transformers' own BERT forward checks padding_mask.all() to skip the SDPA mask: the model's read, not the loop's
     ("masking_utils.py", "_ignore_bidirectional_mask_sdpa"),
+    ("masking_utils.py", "_ignore_causal_mask_sdpa"),  # the same check in a decoder's forward
 }
 # The one read the app makes on purpose outside log steps: after a skipped update, the loss-scale watch reads the
 # scale (app/amp/watches.py). It runs when that step's flag is settled, one optimizer step after the skip.
@@ -101,3 +102,30 @@ def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeyp
     assert probed == ({5, 10} if precision == "fp16" else set()), "the probe is armed at fp16 log steps only"
     probe_reads = {s for s, site in reads if site.startswith("headroom.py:")}
     assert probe_reads == ({5, 10} if precision == "fp16" else set()), "read where it was armed"
+
+
+def test_the_causal_lm_task_adds_no_reads_between_log_steps(tiny_llama_dir, review_files, monkeypatch):
+    """Its batches carry their label counts as host values, and its LM head positions as a tensor that the model
+    indexes on the device: the loop weighs micro-batches and the loss is taken without reading anything back."""
+    run = build_run(
+        tiny_llama_dir,
+        review_files,
+        mixed_precision="fp16",
+        max_steps=6,
+        logging_steps=3,
+        gradient_accumulation_steps=2,
+        task="causal_lm",
+        prompt_column="text",
+        response_column="label",
+        text_column=None,
+        label_column=None,
+        max_length=48,
+    )
+    step = {"now": 0}
+    run.model.register_forward_pre_hook(lambda m, a: step.__setitem__("now", step["now"] + 1) if m.training else None)
+    reads = spy_on_reads(monkeypatch, step)
+    train(run)
+    monkeypatch.undo()
+    log_forwards = {5, 6, 11, 12}  # two micro-batches per optimizer step: forwards 5-6 are step 3's
+    outside = sorted(key for key in reads if key[0] not in log_forwards)
+    assert outside == [], f"tensor reads outside log steps (forward, site): {outside}"

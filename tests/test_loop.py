@@ -8,7 +8,6 @@ import pytest
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from app.model import load_model
 from tests.harness import build_run, train
 
 
@@ -39,7 +38,7 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
     rng = torch.get_rng_state()  # dropout is on: both loops must draw the same masks
     train(run)
 
-    plain = load_model(str(tiny_model_dir), run.model.config.id2label)
+    plain = run.inputs.task.load_model(str(tiny_model_dir))
     plain.load_state_dict(initial_weights)
     plain.train()
     optimizer = torch.optim.AdamW(plain.parameters(), lr=run.cfg.learning_rate, weight_decay=0.0, fused=True)

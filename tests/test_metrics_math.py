@@ -4,7 +4,7 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from app.evaluation import macro_f1
+from app.tasks.classification import macro_f1
 
 
 @pytest.mark.parametrize("seed", range(5))

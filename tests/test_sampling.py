@@ -15,7 +15,6 @@ from transformers import AutoTokenizer, DataCollatorWithPadding
 from app.checkpoint import RunInfo
 from app.config import TrainConfig
 from app.data import make_loaders
-from app.evaluation import evaluate
 from app.sampling import DataPosition, LengthGroupedSampler, length_order, token_counts
 from app.state import TrainState
 from tests.harness import build_run
@@ -38,7 +37,8 @@ def loader_for(tokenizer, lengths: list[int], strategy: str = "group_by_length",
     """The app's training loader over examples of these lengths, whose label is their index (to trace them)."""
     split = Dataset.from_dict({"input_ids": [[5] * n for n in lengths], "labels": list(range(len(lengths)))})
     cfg = replace(TrainConfig(), per_device_train_batch_size=BATCH, seed=SEED, train_sampling_strategy=strategy)
-    train_loader, _ = make_loaders(DatasetDict(train=split, validation=split), tokenizer, cfg, None, num_processes)
+    collate = DataCollatorWithPadding(tokenizer)
+    train_loader, _ = make_loaders(DatasetDict(train=split, validation=split), collate, cfg, num_processes)
     return train_loader
 
 
@@ -179,8 +179,9 @@ def test_sorted_evaluation_gives_the_metrics_of_unsorted_evaluation(tiny_model_d
     validation = run.inputs.tokenized["validation"]
     collate = DataCollatorWithPadding(run.inputs.tokenizer)
     unsorted = run.accelerator.prepare(DataLoader(validation, batch_size=8, collate_fn=collate))
-    sorted_metrics = evaluate(run.accelerator, run.policy, run.model, run.eval_loader)
-    unsorted_metrics = evaluate(run.accelerator, run.policy, run.model, unsorted)
+    task = run.inputs.task
+    sorted_metrics = task.evaluate(run.accelerator, run.policy, run.model, run.eval_loader)
+    unsorted_metrics = task.evaluate(run.accelerator, run.policy, run.model, unsorted)
     for name in ("eval/accuracy", "eval/f1"):
         assert sorted_metrics[name] == unsorted_metrics[name], name
     # Padding changes the shapes of the matmuls and so their rounding, never the masked-out values: fp32 eps scale.

@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 
 from app.config import TrainConfig
-from app.model import load_model
 from app.optim import build_optimizer
+from app.tasks.classification import Columns, LabelSpace, SequenceClassification
 from tests.harness import build_run, train
 
 
@@ -42,7 +42,8 @@ def test_batches_are_padded_to_multiples_of_8_only_under_autocast(tiny_model_dir
 
 
 def test_weight_decay_skips_biases_and_layer_norm_weights(tiny_model_dir):
-    model = load_model(str(tiny_model_dir), {0: "great", 1: "other"})
+    task = SequenceClassification(Columns("text", None, "label"), LabelSpace(("great", "other"), True), None, 64)
+    model = task.load_model(str(tiny_model_dir))
     optimizer = build_optimizer(model, replace(TrainConfig(), weight_decay=0.05))
     decay = {id(param): group["weight_decay"] for group in optimizer.param_groups for param in group["params"]}
     names = dict(model.named_parameters())

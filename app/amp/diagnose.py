@@ -8,6 +8,7 @@ put back as they were, so a run with a check is bitwise the run without it.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -39,26 +40,32 @@ def rng_untouched():
             torch.cuda.set_rng_state_all(cuda)
 
 
-def _largest(value) -> torch.Tensor | None:
-    """max |x| over the floating-point tensors in a module's output (a tensor, a tuple or a ModelOutput)."""
+def _floating(value) -> list[torch.Tensor]:
+    """The floating-point tensors in a module's output (a tensor, a tuple or a ModelOutput)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().abs().amax().float() if value.is_floating_point() and value.numel() else None
+        return [value.detach()] if value.is_floating_point() and value.numel() else []
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
-    found = [m for m in (_largest(v) for v in items) if m is not None]
-    return torch.stack(found).amax() if found else None
+    return [tensor for item in items for tensor in _floating(item)]
 
 
-def _too_large(value: float) -> bool:
-    return not value < PREFLIGHT_LIMIT  # NaN compares False: caught too
+def _maxima(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """[max |x| over the fp16 tensors, max |x| over the others], -1 where there are none; stays on the device.
+
+    Autocast runs matmuls in fp16 but keeps sums, norms and residual streams in fp32: only the fp16 tensors can
+    overflow fp16. An fp32 value beyond 65504 is no overflow, but a non-finite one is a fault in any dtype."""
+    groups = ([t for t in tensors if t.dtype == torch.float16], [t for t in tensors if t.dtype != torch.float16])
+    none = torch.tensor(-1.0, device=device)
+    return torch.stack([torch.stack([t.abs().amax().float() for t in g]).amax() if g else none for g in groups])
 
 
 class ModuleWatch:
-    """Forward hooks on every named module: each output's max |x| in execution order, and optionally its gradient's."""
+    """Forward hooks on every named module: each output's max |x| (fp16 and other dtypes apart) in execution order,
+    and optionally its gradient's."""
 
     def __init__(self, model: torch.nn.Module, gradients: bool = False):
         self.forward: dict[str, torch.Tensor] = {}  # kept on the device until the pass ends: no sync per module
         self.backward: dict[str, torch.Tensor] = {}
-        self.dtypes: dict[str, torch.dtype] = {}
+        self.other_dtypes: dict[str, torch.dtype] = {}  # the dtype of a module's non-fp16 output, for messages
         self._gradients = gradients
         self._handles = [
             module.register_forward_hook(self._hook(name)) for name, module in model.named_modules() if name
@@ -66,23 +73,24 @@ class ModuleWatch:
 
     def _hook(self, name: str):
         def record(module, inputs, output):
-            largest = _largest(output)
-            if largest is None or name in self.forward:
+            tensors = _floating(output)
+            if not tensors or name in self.forward:
                 return
-            self.forward[name] = largest
-            tensor = output if isinstance(output, torch.Tensor) else None
-            if tensor is None and isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-                tensor = output[0]
-            if tensor is not None:
-                self.dtypes[name] = tensor.dtype
-                if self._gradients and tensor.requires_grad:
-                    tensor.register_hook(self._gradient_hook(name))
+            self.forward[name] = _maxima(tensors, tensors[0].device)
+            others = [t.dtype for t in tensors if t.dtype != torch.float16]
+            if others:
+                self.other_dtypes[name] = others[0]
+            first = output if isinstance(output, torch.Tensor) else output[0] if isinstance(output, tuple) else None
+            if self._gradients and isinstance(first, torch.Tensor) and first.requires_grad:
+                first.register_hook(self._gradient_hook(name))
 
         return record
 
     def _gradient_hook(self, name: str):
         def record(grad: torch.Tensor) -> None:  # returns None: the gradient flows on unchanged
-            self.backward.setdefault(name, grad.detach().abs().amax().float())
+            if name not in self.backward:
+                self.backward[name] = _maxima([grad.detach()], grad.device)
+                self.other_dtypes.setdefault(name, grad.dtype)
 
         return record
 
@@ -90,15 +98,28 @@ class ModuleWatch:
         for handle in self._handles:
             handle.remove()
 
-    def read(self, values: dict[str, torch.Tensor]) -> list[tuple[str, float]]:
+    def read(self, values: dict[str, torch.Tensor]) -> list[tuple[str, float, float]]:
+        """(module, max |x| of its fp16 tensors, of its other tensors), -1 for none, in execution order."""
         if not values:
             return []
         host = torch.stack(list(values.values())).tolist()  # host sync: once, after the pass
-        return list(zip(values, host))
+        return [(name, half, other) for name, (half, other) in zip(values, host)]
 
 
-def _dtype_name(dtype: torch.dtype | None) -> str:
-    return str(dtype).removeprefix("torch.") if dtype else "its dtype"
+def _not_finite(value: float) -> bool:
+    return not math.isfinite(value)
+
+
+def overflow_in(half: float, other: float, limit: float) -> tuple[float, bool] | None:
+    """(the value that overflows, whether it is fp16's): an fp16 one at or beyond `limit`, or a non-finite one in any
+    dtype; None if there is none."""
+    if _not_finite(half) or half >= limit:
+        return half, True
+    return (other, False) if _not_finite(other) else None
+
+
+def _shown(value: float) -> str:
+    return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
 def first_training_batch(run: Run) -> dict:
@@ -146,23 +167,31 @@ def preflight(run: Run) -> None:
     try:
         with rng_untouched(), torch.no_grad(), policy.autocast():
             model.eval()  # no dropout: the check sees the weights, not a random mask
-            model(**first_training_batch(run))
+            run.inputs.task.loss(model, first_training_batch(run))
     finally:
         watch.remove()
         model.train(was_training)
-    found = [(name, value) for name, value in watch.read(watch.forward) if _too_large(value)]
+    outputs = watch.read(watch.forward)
     seconds = time.perf_counter() - started
+    found = [(name, hit[0]) for name, half, other in outputs if (hit := overflow_in(half, other, PREFLIGHT_LIMIT))]
     if found:
-        named = ", ".join(f"{name} (max |x| = {value:.4g})" for name, value in found[:3])
+        named = ", ".join(f"{name} (max |x| = {_shown(value)})" for name, value in found[:3])
         lines.append(
             f"warning: amp pre-flight: {len(found)} module output(s) of the first batch exceed half of fp16's range "
             f"({PREFLIGHT_LIMIT:g}) or are not finite; first in execution order: {named}. Expect loss-scale skips; "
             f"consider --mixed_precision bf16 or no ({seconds:.2f} s)"
         )
     else:
-        largest = max((value for _, value in watch.read(watch.forward)), default=0.0)
+        largest = max((half for _, half, _ in outputs), default=0.0)
         lines.append(
-            f"amp pre-flight: clean, largest module output {largest:.4g} < {PREFLIGHT_LIMIT:g} ({seconds:.2f} s)"
+            f"amp pre-flight: clean, largest fp16 module output {largest:.4g} < {PREFLIGHT_LIMIT:g} ({seconds:.2f} s)"
+        )
+    kept_wide = [(name, other) for name, _, other in outputs if other > FP16_MAX]
+    if kept_wide:
+        name, value = max(kept_wide, key=lambda pair: pair[1])
+        lines.append(
+            f"note: {len(kept_wide)} module output(s) beyond fp16's range are kept in fp32 by autocast, so they cannot "
+            f"overflow it (largest: {name}, max |x| = {value:.4g})"
         )
     for line in lines:
         accelerator.print(line)
@@ -183,18 +212,18 @@ def overflow_report(run: Run, batch: dict | None) -> str:
     try:
         with rng_untouched(), run.accelerator.no_sync(run.model):
             with run.policy.autocast():
-                loss = model(**batch).loss
+                loss = run.inputs.task.loss(model, batch)
             (loss.float() * run.scaler.get_scale()).backward()  # the scale the failing step used: same gradients
     finally:
         watch.remove()
         for p, grad in zip(params, saved_grads):
             p.grad = grad
     for kind, values in (("forward output", watch.forward), ("gradient", watch.backward)):
-        for name, value in watch.read(values):
-            if not value <= FP16_MAX:
-                shown = "inf" if value == float("inf") else f"{value:.4g}"
-                dtype = _dtype_name(watch.dtypes.get(name))
-                return f"first overflow: {name} ({kind}, max |x| = {shown} in {dtype})"
+        for name, half, other in watch.read(values):
+            hit = overflow_in(half, other, limit=math.inf)  # fp16 cannot hold a finite value beyond its range
+            if hit is not None:
+                dtype = "float16" if hit[1] else str(watch.other_dtypes.get(name)).removeprefix("torch.")
+                return f"first overflow: {name} ({kind}, max |x| = {_shown(hit[0])} in {dtype})"
     return "overflow report: the replayed batch stays within fp16's range (the overflow came from another batch)"
 
 

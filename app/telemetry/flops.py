@@ -34,11 +34,17 @@ def peak_flops(device: torch.device, mode: str) -> float | None:
 
 
 def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
-    """Training FLOPs per token, 6 per matmul weight plus attention, as a function of the sequence length."""
+    """Training FLOPs per token, 6 per matmul weight plus attention, as a function of the sequence length.
+
+    A decoder's attention is causal: its kernels compute half the scores of an encoder's. An LM head tied to the
+    embeddings is left out with them; the causal-LM task computes it at the labelled positions only.
+    """
     config = getattr(model, "config", None)
     layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
     if not (layers and hidden):
         return None
     embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
     weights = sum(p.numel() for p in model.parameters()) - embeddings  # lookups cost no FLOPs
-    return lambda seq_len: 6 * weights + 12 * layers * hidden * seq_len
+    causal = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+    attention = 6 if causal else 12
+    return lambda seq_len: 6 * weights + attention * layers * hidden * seq_len

@@ -120,11 +120,12 @@ class Telemetry:
             accelerator.print("note: amp/headroom_bits is not measured under --torch_compile (hooks would recompile)")
         scaler, mfu = policy.scaler_enabled, bool(self._flops and self._peak_flops)
         writer.layout(run_layout(scaler, fp16 and probe_headroom, device.type, mfu))
+        # Losses are summed weighted by their items (examples, label tokens): train/loss is the mean over all items.
         self._loss_sum = torch.zeros((), device=device)  # over the log interval
         self.step_loss = torch.zeros((), device=device)  # over the current optimizer step's micro-batches
         self._real_tokens = torch.zeros((), device=device, dtype=torch.int64)
         self._grad_norm = torch.zeros((), device=device)
-        self._micro_batches = self._samples = self._padded_tokens = self._timed_steps = 0
+        self._items = self._samples = self._padded_tokens = self._timed_steps = 0
         self._last_log = (start.opt_step, start.skipped_steps)  # where the current interval began
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
@@ -140,10 +141,11 @@ class Telemetry:
         )
 
     # ---- called from the loop: no host syncs ---------------------------------------------------------------------
-    def add_micro_batch(self, loss: torch.Tensor, batch: dict) -> None:
-        self.step_loss += loss.detach().float()
+    def add_micro_batch(self, loss: torch.Tensor, items: int, batch: dict) -> None:
+        """`loss`: the micro-batch's mean over its `items` (a host count)."""
+        self.step_loss += loss.detach().float() * items
         self._real_tokens += batch["attention_mask"].sum()
-        self._micro_batches += 1
+        self._items += items
         self._samples += batch["input_ids"].shape[0]
         self._padded_tokens += batch["input_ids"].numel()
 
@@ -184,12 +186,12 @@ class Telemetry:
         """
         device = self._loss_sum.device
         host_counts = torch.tensor(
-            [self._micro_batches, self._samples, self._padded_tokens], dtype=torch.float64, device=device
+            [self._items, self._samples, self._padded_tokens], dtype=torch.float64, device=device
         )
         counts = torch.cat([self._loss_sum.double().view(1), self._real_tokens.double().view(1), host_counts])
         summed = self.accelerator.reduce(counts, "sum").tolist()  # host sync: the one read of this interval
         seconds = self._timed_seconds + time.perf_counter() - self._clock
-        loss_sum, real_tokens, micro_batches, samples, padded_tokens = summed
+        loss_sum, real_tokens, items, samples, padded_tokens = summed
         memory = self._memory()
         memory = dict(
             zip(memory, self.accelerator.reduce(torch.tensor(list(memory.values()), device=device), "max").tolist())
@@ -198,7 +200,7 @@ class Telemetry:
         headroom = self.headroom.take(lambda maxima: self.accelerator.reduce(maxima, "max"))
 
         scalars = {
-            TRAIN_LOSS: loss_sum / max(micro_batches, 1),
+            TRAIN_LOSS: loss_sum / max(items, 1),
             TRAIN_LR: lr,
             TRAIN_GRAD_NORM: grad_norm,  # inf/NaN on overflow steps, shown as they are
             TRAIN_EPOCH: epoch,
@@ -249,7 +251,7 @@ class Telemetry:
 
     def _reset_interval(self, state) -> None:
         self._loss_sum.zero_()
-        self._micro_batches = 0
+        self._items = 0
         self._last_log = (state.opt_step, state.skipped_steps)
         self._zero_timing()  # no synchronize: the read in log() already waited for the device
 

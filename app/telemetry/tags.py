@@ -26,6 +26,8 @@ MEMORY_PEAK_ALLOCATED_PCT = "memory/device_pct/peak_allocated"
 MEMORY_PEAK_RESERVED_PCT = "memory/device_pct/peak_reserved"
 MEMORY_ALLOC_RETRIES, MEMORY_OOMS = "memory/alloc_retries", "memory/ooms"  # GPU, cumulative counts of the allocator
 EVAL_LOSS, EVAL_ACCURACY, EVAL_F1 = "eval/loss", "eval/accuracy", "eval/f1"  # f1: macro-averaged
+EVAL_PERPLEXITY = "eval/perplexity"  # exp(eval/loss): causal_lm, whose eval/loss is the mean over label tokens
+EVAL_EXACT_MATCH = "eval/exact_match"  # causal_lm with prompts: share of greedy responses equal to the reference
 
 # ---- texts (markdown, written once at step 0) -----------------------------------------------------------------------
 RUN_CONFIG, RUN_ENVIRONMENT, RUN_PRECISION, RUN_TF32 = "run/config", "run/environment", "run/precision", "run/tf32"
@@ -43,5 +45,14 @@ COMPARE_PEAK_MEMORY_GIB = "compare/peak_memory_gib"  # each run's peak: CPU RSS 
 
 # ---- the metric columns of TensorBoard's HPARAMS tab, read from the scalars above -----------------------------------
 # The same columns for every run (TensorBoard takes them from one run's hparams); a run without a scaler leaves the
-# amp/ cells empty, and its `loss_scaling` column says False.
-HPARAM_METRICS = [EVAL_ACCURACY, EVAL_F1, EVAL_LOSS, PERF_SAMPLES_PER_SEC, AMP_SKIPPED_STEPS, AMP_LOSS_SCALE]
+# amp/ cells empty, and its `loss_scaling` column says False; a classifier leaves the causal-LM cells empty.
+HPARAM_METRICS = [
+    EVAL_ACCURACY,
+    EVAL_F1,
+    EVAL_LOSS,
+    EVAL_PERPLEXITY,
+    EVAL_EXACT_MATCH,
+    PERF_SAMPLES_PER_SEC,
+    AMP_SKIPPED_STEPS,
+    AMP_LOSS_SCALE,
+]

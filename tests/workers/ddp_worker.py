@@ -13,7 +13,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from app.evaluation import evaluate  # noqa: E402
 from tests.harness import build_run, train  # noqa: E402
 
 out, model_dir, train_csv, val_csv = map(Path, sys.argv[1:5])
@@ -29,7 +28,7 @@ def record(module, args, kwargs):
 
 run.model.register_forward_pre_hook(record, with_kwargs=True)
 train(run)
-final = evaluate(run.accelerator, run.policy, run.model, run.eval_loader)
+final = run.evaluate()
 rank = run.accelerator.process_index
 torch.save(
     {n: p.detach().clone() for n, p in run.accelerator.unwrap_model(run.model).named_parameters()},

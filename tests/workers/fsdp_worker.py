@@ -1,7 +1,9 @@
-"""On each of 2 ranks: shard a tiny BERT with torch's FSDP1 or FSDP2 API, put an inf into rank 1's local gradient
-shard after the reduction, and record whether this rank skipped the step and its loss scale afterwards.
+"""On each of 2 ranks: shard a tiny BERT (or a tiny Llama, trained through the causal-LM task's loss) with torch's
+FSDP1 or FSDP2 API, put an inf into rank 1's local gradient shard after the reduction, and record whether this rank
+skipped the step and its loss scale afterwards.
 
-    accelerate launch --config_file accelerate_configs/cpu_multi.yaml tests/workers/fsdp_worker.py OUT TOKENIZER_DIR
+    accelerate launch --config_file accelerate_configs/cpu_multi.yaml tests/workers/fsdp_worker.py OUT TOKENIZER_DIR \
+        [bert|llama]
 
 Scenarios: the scaler the app's precision module picks for FSDP1 and for FSDP2, and the plain GradScaler under
 FSDP1 (which should let the ranks disagree). The FSDP2 model is then saved through the app's save_final_model.
@@ -18,15 +20,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.amp.scaler import OverflowFlag, make_scaler  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.outputs import save_final_model  # noqa: E402
 from app.runtime import build_accelerator  # noqa: E402
+from app.tasks.causal_lm import token_mean_loss  # noqa: E402
+from app.tasks.lm_data import IGNORE, CausalLMCollator  # noqa: E402
 
 out, tokenizer_dir = Path(sys.argv[1]), sys.argv[2]
+decoder = sys.argv[3:] == ["llama"]
 accelerator = build_accelerator(replace(TrainConfig(), seed=0))
 rank = accelerator.process_index
 policy, _ = resolve_precision(True, None, "cpu", launcher=None)
@@ -44,12 +55,34 @@ batch = {
     "input_ids": torch.randint(5, 1000, (4, 16), generator=torch.Generator().manual_seed(rank)),
     "labels": torch.tensor([0, 1, 0, 1]),
 }
+if decoder:  # prompt/response rows of different lengths, the prompt's labels masked, as the task collates them
+    ids = [
+        torch.randint(5, 1000, (12 + 2 * row,), generator=torch.Generator().manual_seed(rank)).tolist()
+        for row in range(4)
+    ]
+    batch = CausalLMCollator(0, None)([{"input_ids": row, "labels": [IGNORE] * 8 + row[8:]} for row in ids])
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+
+
+def build() -> torch.nn.Module:
+    return LlamaForCausalLM(config) if decoder else BertForSequenceClassification(config)
+
+
+def loss_of(model: torch.nn.Module) -> torch.Tensor:
+    return token_mean_loss(model, batch) if decoder else model(**batch).loss
 
 
 def shard(model: torch.nn.Module, version: str) -> torch.nn.Module:
     if version == "FSDP1":
         return FullyShardedDataParallel(model, use_orig_params=True, device_id=torch.device("cpu"))
-    for layer in model.bert.encoder.layer:
+    for layer in model.model.layers if decoder else model.bert.encoder.layer:
         fully_shard(layer)
     return fully_shard(model)
 
@@ -61,7 +94,7 @@ for name, version, scaler_kind in (
     ("fsdp1_plain", "FSDP1", "plain"),
 ):
     torch.manual_seed(0)
-    model = shard(BertForSequenceClassification(config), version)
+    model = shard(build(), version)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scaler = (
         make_scaler(policy, 1024.0, 2000, backend=version)
@@ -69,7 +102,7 @@ for name, version, scaler_kind in (
         else torch.amp.GradScaler("cpu", init_scale=1024.0)
     )
     with policy.autocast():
-        loss = model(**batch).loss
+        loss = loss_of(model)
     scaler.scale(loss).backward()
     if rank == 1:  # after backward, gradients are reduced and sharded: this inf exists on rank 1 only
         grad = next(p.grad for p in model.parameters() if p.grad is not None and p.grad.numel())

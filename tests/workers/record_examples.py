@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import app.run  # noqa: E402
+from app.tasks.classification import SequenceClassification  # noqa: E402
 from app.train import main  # noqa: E402
 
 out, argv = Path(sys.argv[1]), sys.argv[2:]
@@ -28,11 +28,11 @@ def record(module, args, kwargs):
             file.write(json.dumps(rows) + "\n")
 
 
-def load_and_watch(*args, **kwargs):
-    model = load_model(*args, **kwargs)
+def load_and_watch(task, model_path):
+    model = load_model(task, model_path)
     model.register_forward_pre_hook(record, with_kwargs=True)
     return model
 
 
-load_model, app.run.load_model = app.run.load_model, load_and_watch
+load_model, SequenceClassification.load_model = SequenceClassification.load_model, load_and_watch
 sys.exit(main(argv))

@@ -1,0 +1,250 @@
+"""Causal language modelling: fine-tune a decoder on prompt/response pairs, conversations, or plain text.
+
+The task owns what is particular to it: the formats and their checks (lm_data.py), the model class, the loss at the
+labelled positions only, and the metrics: eval/loss (the mean over every label token of the validation set, exact
+across ranks), eval/perplexity, and for prompts eval/exact_match (greedy generation, generation.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from datasets import DatasetDict
+from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+from app.amp.policy import PrecisionPolicy
+from app.config import TrainConfig
+from app.errors import UsageError
+from app.tasks import generation, lm_data
+from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
+from app.telemetry.tags import EVAL_EXACT_MATCH, EVAL_LOSS, EVAL_PERPLEXITY
+
+NAME = "causal_lm"
+
+
+def check_decoder(model_config: PretrainedConfig) -> None:
+    """--task causal_lm on an encoder would train a head that sees the future: refuse it."""
+    if getattr(model_config, "is_encoder_decoder", False):
+        raise UsageError(
+            f"--task causal_lm needs a decoder-only model; {model_config.model_type} is an encoder-decoder"
+        )
+    encoder = model_config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not model_config.is_decoder
+    if encoder and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in model_config.architectures or []):
+        raise UsageError(
+            f"--task causal_lm needs a decoder model; {model_config.model_type} is an encoder (use --task "
+            "sequence_classification, or a decoder such as a Llama or GPT-2 model)"
+        )
+
+
+def labelled_logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """The LM head at the positions whose next token is a label, only: [batch, positions, vocabulary]. For
+    prompt/response data that is a small share of the positions, and the head is a large matmul (vocabulary x
+    hidden) whose fp32 logits would take the most memory of the step."""
+    return model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        logits_to_keep=batch["logit_positions"],
+        use_cache=False,
+    ).logits
+
+
+def token_mean_loss(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """The mean cross-entropy over the batch's label tokens: the model's own loss, computed where labels are."""
+    logits = labelled_logits(model, batch)
+    summed = F.cross_entropy(
+        logits.flatten(0, 1).float(), batch["logit_targets"].flatten(), ignore_index=IGNORE, reduction="sum"
+    )
+    return summed / max(batch["num_items"], 1)
+
+
+class CausalLM:
+    """The task, once its data format is known (from `CausalLM.from_data`)."""
+
+    name = NAME
+    pipeline_tag = "text-generation"
+    summary = "A causal language model"
+
+    def __init__(self, columns: LMColumns, tokenizer, cfg: TrainConfig):
+        self.columns, self.tokenizer, self.cfg = columns, tokenizer, cfg
+        self.renderer = Renderer(tokenizer, cfg.max_length)
+        self.generates = columns.kind == "prompt_response"  # a reference to compare greedy answers with
+        self.metrics = (EVAL_LOSS, EVAL_PERPLEXITY) + ((EVAL_EXACT_MATCH,) if self.generates else ())
+        self.prompts: list[list[int]] = []  # the validation prompts and references, for exact match
+        self.references: list[str] = []
+        self.notes: list[str] = []  # what tokenizing had to cut, said once at start
+
+    @classmethod
+    def from_data(cls, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig) -> CausalLM:
+        """Check the model, tokenizer and columns (UsageError if they don't fit), before anything heavy."""
+        check_decoder(model_config)
+        if tokenizer.eos_token_id is None:
+            raise UsageError("the tokenizer has no EOS token, which ends responses and joins documents; add one")
+        if tokenizer.pad_token_id is None:  # GPT-2 and Llama tokenizers come without one; padding is masked anyway
+            tokenizer.pad_token = tokenizer.eos_token
+        columns = lm_data.resolve_columns(cfg)
+        lm_data.check_columns(raw, columns)
+        return cls(columns, tokenizer, cfg)
+
+    # ---- data ---------------------------------------------------------------------------------------------------
+    def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
+        """Token ids and labels (-100 where the loss skips); the main process tokenizes first, the others read its
+        cache."""
+        encode = {"prompt_response": self._encode_pairs, "messages": self._encode_conversations}.get(
+            self.columns.kind, self._encode_documents
+        )
+        with accelerator.main_process_first():
+            tokenized = raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
+        for split in ("train", "validation"):
+            for column, what in (("prompt_cut", "prompts were cut from the left"), ("end_cut", "ends were cut")):
+                if column in tokenized[split].column_names:
+                    cut = sum(tokenized[split][column])
+                    if cut:
+                        self.notes.append(
+                            f"note: {cut} of {len(tokenized[split])} {split} examples: {what} to fit "
+                            f"--max_length {self.cfg.max_length}"
+                        )
+        if self.generates:
+            validation = tokenized["validation"]
+            self.prompts = [ids[:n] for ids, n in zip(validation["input_ids"], validation["prompt_length"])]
+            self.references = list(validation["reference"])
+        extra = [
+            c for c in ("prompt_cut", "end_cut", "prompt_length", "reference") if c in tokenized["train"].column_names
+        ]
+        return tokenized.remove_columns(extra)
+
+    def _encode_pairs(self, batch: dict) -> dict:
+        names = self.columns.names
+        out = {"input_ids": [], "labels": [], "prompt_cut": [], "end_cut": [], "prompt_length": [], "reference": []}
+        for prompt, response in zip(batch[names["prompt"]], batch[names["response"]]):
+            ids, labels, prompt_cut, end_cut = self.renderer.pair(prompt, response)
+            for key, value in zip(out, (ids, labels, prompt_cut, end_cut, labels.count(IGNORE), response.strip())):
+                out[key].append(value)
+        return out
+
+    def _encode_conversations(self, batch: dict) -> dict:
+        out = {"input_ids": [], "labels": [], "end_cut": []}
+        for messages in batch[self.columns.names["messages"]]:
+            for key, value in zip(out, self.renderer.conversation(messages)):
+                out[key].append(value)
+        return out
+
+    def _encode_documents(self, batch: dict) -> dict:
+        documents = [self.renderer.document(text) for text in batch[self.columns.names["text"]]]
+        if self.cfg.packing:
+            blocks = lm_data.pack(documents, self.cfg.max_length)
+            return {"input_ids": blocks, "labels": blocks}
+        rows = [document[: self.cfg.max_length] for document in documents]
+        return {"input_ids": rows, "labels": rows, "end_cut": [len(d) > self.cfg.max_length for d in documents]}
+
+    def collator(self, pad_to_multiple_of: int | None) -> CausalLMCollator:
+        return CausalLMCollator(self.tokenizer.pad_token_id, pad_to_multiple_of)
+
+    # ---- model and loss -----------------------------------------------------------------------------------------
+    def load_model(self, model_path: str) -> torch.nn.Module:
+        """The causal LM in fp32 (the master weights that autocast computes from)."""
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        model.config.pad_token_id = self.tokenizer.pad_token_id
+        return model
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        return token_mean_loss(model, batch)
+
+    def items(self, batch: dict) -> int:
+        """What the loss is a mean over: label tokens, counted on the host by the collator."""
+        return batch["num_items"]
+
+    # ---- evaluation ---------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(
+        self, accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module, loader
+    ) -> dict[str, float]:
+        """eval/loss over every label token of the validation set, its perplexity, and exact match for prompts."""
+        model.eval()
+        sums, counts = [], []
+        for batch in loader:
+            with policy.autocast():
+                logits = labelled_logits(model, batch)
+            targets = batch["logit_targets"]
+            per_token = F.cross_entropy(
+                logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE, reduction="none"
+            ).view_as(targets)
+            # Per example, so that gather_for_metrics can drop the examples that even batches repeated.
+            gathered = accelerator.gather_for_metrics((per_token.double().sum(1), (targets != IGNORE).sum(1)))
+            sums.append(gathered[0])
+            counts.append(gathered[1])
+        model.train()
+        loss = (torch.cat(sums).sum() / torch.cat(counts).sum().clamp(min=1)).item()
+        metrics = {EVAL_LOSS: loss, EVAL_PERPLEXITY: math.exp(loss) if loss < 700 else math.inf}
+        if self.generates:
+            metrics[EVAL_EXACT_MATCH] = self.exact_match(accelerator, policy, model)
+        return metrics
+
+    def max_new_tokens(self) -> int:
+        """--max_new_tokens, or enough for the longest validation response and an end token."""
+        if self.cfg.max_new_tokens:
+            return self.cfg.max_new_tokens
+        longest = max(
+            (len(self.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in self.references), default=0
+        )
+        return longest + 1
+
+    def exact_match(self, accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module) -> float:
+        """The share of validation prompts whose greedy answer, stripped, equals the reference response."""
+        answers = generation.generate(
+            accelerator,
+            policy,
+            model,
+            self.tokenizer,
+            self.prompts,
+            self.max_new_tokens(),
+            self.cfg.per_device_eval_batch_size,
+        )
+        hits = sum(answer.strip() == reference for answer, reference in zip(answers, self.references))
+        return hits / max(len(self.references), 1)
+
+    def card(self) -> dict[str, str]:
+        """What the model card says of the task."""
+        formats = {
+            "prompt_response": "prompt/response pairs; loss on the responses",
+            "messages": "conversations; loss on the assistant turns",
+            "text": "plain text" + (", packed into blocks" if self.cfg.packing else ", one document per row"),
+        }
+        template = "the tokenizer's chat template" if self.renderer.chat_template else "no chat template"
+        return {"task": f"causal language modelling: {formats[self.columns.kind]}", "rendering": template}
+
+
+class TextGenerator:
+    """predict.py's output for a causal LM: each prompt's greedy continuation (rendered as in training: with the chat
+    template when the tokenizer has one)."""
+
+    columns = ("generated_text",)
+
+    def __init__(
+        self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, max_new_tokens: int
+    ):
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model.to(device).eval()
+        self.tokenizer, self.renderer = tokenizer, Renderer(tokenizer, max_length)
+        self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
+
+    def predict(self, accelerator: Accelerator, policy: PrecisionPolicy, texts: list[list[str]], progress) -> list[str]:
+        # A prompt longer than the model was trained with keeps its end, the part the answer follows.
+        prompts = [self.renderer.prompt_ids(prompt, room=self.max_length) for prompt in texts[0]]
+        return generation.generate(
+            accelerator, policy, self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, progress
+        )
+
+    def columns_of(self, generated: list[str]) -> dict[str, list]:
+        return {"generated_text": generated}
+
+    def compare(self, label: str, generated: list[str], reference: list[str]) -> str:
+        """How generations in another precision agree with fp32's, in one line."""
+        same = sum(ours == theirs for ours, theirs in zip(generated, reference))
+        rows = len(generated)
+        return f"compare_fp32: {label} vs fp32 on {rows} prompts: {same} of {rows} generations identical"

@@ -1,0 +1,280 @@
+"""Sequence classification: a text (or a pair of texts) -> one of N labels.
+
+The task owns what is particular to it: its columns and their checks, the label space (int labels 0..N-1 or sorted
+strings; a trained head keeps its own), tokenizing, the model class with its head, the loss (the model's own), and
+the metrics (loss, accuracy, macro-F1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from datasets import DatasetDict
+from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
+
+from app.amp.policy import PrecisionPolicy
+from app.config import TrainConfig, refuse_flags_of_other_tasks
+from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
+from app.errors import UsageError
+from app.reading import check_label_cells
+from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
+
+NAME = "sequence_classification"
+
+
+@dataclass(frozen=True)
+class LabelSpace:
+    """The classes, in id order. String labels keep their names; int labels are named by their value."""
+
+    names: tuple[str, ...]
+    string_labels: bool
+
+    @property
+    def id2label(self) -> dict[int, str]:
+        return dict(enumerate(self.names))
+
+    def encoder(self):
+        """label value -> class id."""
+        if self.string_labels:
+            return {name: i for i, name in enumerate(self.names)}.__getitem__
+        return int
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The data's column names: the text, an optional second text (sentence pairs), and the label."""
+
+    text: str
+    pair: str | None
+    label: str
+
+
+def resolve_columns(cfg: TrainConfig) -> Columns:
+    """The column names, with the defaults of the embedded data or of user data."""
+    refuse_flags_of_other_tasks(cfg, NAME, ("prompt_column", "response_column", "messages_column", "max_new_tokens"))
+    text = cfg.text_column or (EMBEDDED_TEXT_COLUMN if is_embedded(cfg) else "text")
+    label = cfg.label_column or (EMBEDDED_LABEL_COLUMN if is_embedded(cfg) else "label")
+    return Columns(text, cfg.text_pair_column, label)
+
+
+def check_columns(raw: DatasetDict, columns: Columns) -> None:
+    text, pair, label = columns.text, columns.pair, columns.label
+    for split in ("train", "validation"):
+        present = raw[split].column_names
+        for option, name in (("--text_column", text), ("--text_pair_column", pair), ("--label_column", label)):
+            if name is not None and name not in present:
+                raise UsageError(f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}")
+        for name in (text, pair):
+            for value in raw[split][name] if name is not None else ():
+                if not isinstance(value, str):
+                    raise UsageError(
+                        f"column {name!r} of the {split} data holds {type(value).__name__} {value!r}; "
+                        "texts must be strings"
+                    )
+
+
+def has_trained_head(config: PretrainedConfig) -> bool:
+    """A checkpoint saved as a sequence classifier has a trained head whose label count is fixed."""
+    return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
+
+
+def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | None) -> LabelSpace:
+    """The label space from the training labels, or the model's own when its head is already trained.
+
+    Args:
+        fixed: the id2label of a model whose classification head is trained, else None.
+    """
+    values = list(raw["train"][label_column])
+    for split in ("train", "validation"):
+        check_label_cells(values if split == "train" else list(raw[split][label_column]), label_column, split)
+    if all(isinstance(v, str) for v in values):
+        space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
+    elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        if min(values) < 0:
+            raise UsageError(
+                f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1"
+            )
+        space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
+    else:
+        odd = next(v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool))
+        raise UsageError(
+            f"label column {label_column!r} must hold only ints or only strings; found {type(odd).__name__} {odd!r}"
+        )
+    if fixed is not None:
+        space = _fit_to_trained_head(space, fixed, label_column)
+    known = set(space.names) if space.string_labels else set(range(len(space.names)))
+    unknown = [v for v in raw["validation"][label_column] if v not in known]
+    if unknown:
+        raise UsageError(
+            f"validation label {unknown[0]!r} does not occur in the training labels ({', '.join(space.names)})"
+        )
+    return space
+
+
+def _fit_to_trained_head(space: LabelSpace, id2label: dict[int, str], label_column: str) -> LabelSpace:
+    trained = tuple(id2label[i] for i in range(len(id2label)))
+    if space.string_labels:
+        missing = sorted(set(space.names) - set(trained))
+        if missing:
+            raise UsageError(f"label {missing[0]!r} is not one of the model's trained labels ({', '.join(trained)})")
+        return LabelSpace(trained, string_labels=True)
+    if len(space.names) > len(trained):
+        raise UsageError(
+            f"label {len(space.names) - 1} in {label_column!r} is out of range for the model's {len(trained)} labels "
+            f"(0..{len(trained) - 1}); fix the labels or start from a model without a trained classification head"
+        )
+    return LabelSpace(trained, string_labels=False)
+
+
+class SequenceClassification:
+    """The task, once its columns and labels are known (from `SequenceClassification.from_data`)."""
+
+    name = NAME
+    metrics = (EVAL_LOSS, EVAL_ACCURACY, EVAL_F1)
+    pipeline_tag = "text-classification"
+    summary = "A sequence classifier"
+
+    def __init__(self, columns: Columns, labels: LabelSpace, tokenizer, max_length: int):
+        self.columns, self.labels, self.tokenizer, self.max_length = columns, labels, tokenizer, max_length
+        self.notes: list[str] = []
+
+    @classmethod
+    def from_data(
+        cls, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig
+    ) -> SequenceClassification:
+        """Check the columns and labels of `raw` (UsageError if they don't fit), before anything heavy."""
+        columns = resolve_columns(cfg)
+        check_columns(raw, columns)
+        trained_head = model_config.id2label if has_trained_head(model_config) else None
+        return cls(columns, infer_labels(raw, columns.label, trained_head), tokenizer, cfg.max_length)
+
+    def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
+        """Token ids and integer labels; the main process tokenizes first so that the others read its cache."""
+        text, pair, label = self.columns.text, self.columns.pair, self.columns.label
+        label_id, tokenizer, max_length = self.labels.encoder(), self.tokenizer, self.max_length
+
+        def encode(batch: dict) -> dict:
+            texts = (batch[text],) if pair is None else (batch[text], batch[pair])
+            encoded = tokenizer(*texts, truncation=True, max_length=max_length)
+            encoded["labels"] = [label_id(v) for v in batch[label]]
+            return encoded
+
+        with accelerator.main_process_first():
+            return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
+
+    def collator(self, pad_to_multiple_of: int | None):
+        return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+
+    def load_model(self, model_path: str) -> torch.nn.Module:
+        """The classifier in fp32; a new head if the checkpoint has none."""
+        id2label = self.labels.id2label
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_path,
+            num_labels=len(id2label),
+            id2label=id2label,
+            label2id={label: i for i, label in id2label.items()},
+            dtype=torch.float32,
+        )
+        # Fixed up front so that torch.compile does not recompile when the loss first sets it.
+        model.config.problem_type = "single_label_classification"
+        return model
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        """The model's own loss: the mean over the batch's examples."""
+        return model(**batch).loss
+
+    def items(self, batch: dict) -> int:
+        """What the loss is a mean over: examples. A shape, so no host sync."""
+        return batch["input_ids"].shape[0]
+
+    @torch.no_grad()
+    def evaluate(
+        self, accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module, loader
+    ) -> dict[str, float]:
+        """Loss, accuracy and macro-F1 over the whole validation set, gathered from every rank without duplicates."""
+        model.eval()
+        losses, predictions, references = [], [], []
+        for batch in loader:
+            with policy.autocast():
+                logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            per_example = F.cross_entropy(logits.float(), batch["labels"], reduction="none")
+            gathered = accelerator.gather_for_metrics((per_example, logits.argmax(dim=-1), batch["labels"]))
+            for store, values in zip((losses, predictions, references), gathered):
+                store.append(values)
+        model.train()
+        loss, predicted, labels = (torch.cat(values).cpu() for values in (losses, predictions, references))
+        return {
+            EVAL_LOSS: loss.mean().item(),
+            EVAL_ACCURACY: (predicted == labels).float().mean().item(),
+            EVAL_F1: macro_f1(predicted, labels),
+        }
+
+    def card(self) -> dict[str, str]:
+        """What the model card says of the task."""
+        return {"task": "sequence classification", "labels": ", ".join(self.labels.names)}
+
+
+def macro_f1(predicted: torch.Tensor, labels: torch.Tensor) -> float:
+    """F1 averaged over the classes that occur in the labels or the predictions (as sklearn's average="macro")."""
+    scores = []
+    for cls in torch.unique(torch.cat([predicted, labels])):
+        true_pos = ((predicted == cls) & (labels == cls)).sum()
+        errors = (predicted == cls).sum() + (labels == cls).sum() - 2 * true_pos  # false positives + false negatives
+        scores.append(2 * true_pos / (2 * true_pos + errors))
+    return torch.stack(scores).mean().item()
+
+
+class LabelPredictor:
+    """predict.py's output for a sequence classifier: each text's most likely label and its probability."""
+
+    columns = ("predicted_label", "probability")
+
+    def __init__(self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device):
+        self.model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
+        self.model.to(device).eval()
+        self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size
+
+    @torch.no_grad()
+    def predict(
+        self, accelerator: Accelerator, policy: PrecisionPolicy, texts: list[list[str]], progress
+    ) -> torch.Tensor:
+        """Class probabilities (fp32, on the CPU) of every row, in the input's order; each process predicts a share.
+
+        Args:
+            texts: the text column, and the pair column if there is one.
+        """
+        found = []
+        with accelerator.split_between_processes(list(range(len(texts[0])))) as mine:
+            encoded = self.tokenizer(
+                *([column[i] for i in mine] for column in texts), truncation=True, max_length=self.max_length
+            )
+            # Longest first: texts of similar length share a batch (little padding), and a batch too big fails at once.
+            order = sorted(range(len(mine)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
+            collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=policy.pad_to_multiple_of)
+            for start in range(0, len(order), self.batch_size):
+                chunk = order[start : start + self.batch_size]
+                batch = collate([{k: encoded[k][i] for k in encoded} for i in chunk]).to(accelerator.device)
+                with policy.autocast():
+                    logits = self.model(**batch).logits
+                found.extend(zip((mine[i] for i in chunk), logits.float().softmax(-1).cpu()))  # a host sync per batch
+                progress(len(chunk))
+        return torch.stack([probs for _, probs in sorted(gather_object(found), key=lambda pair: pair[0])])
+
+    def columns_of(self, probs: torch.Tensor) -> dict[str, list]:
+        best, label_ids = probs.max(-1)
+        return {
+            "predicted_label": [self.model.config.id2label[i] for i in label_ids.tolist()],
+            "probability": best.tolist(),
+        }
+
+    def compare(self, label: str, probs: torch.Tensor, reference: torch.Tensor) -> str:
+        """How predictions in another precision agree with fp32's, in one line."""
+        agree, rows = (probs.argmax(-1) == reference.argmax(-1)).sum().item(), len(probs)
+        return (
+            f"compare_fp32: {label} vs fp32 on {rows} texts: label agreement {agree / rows} ({agree}/{rows}), "
+            f"max probability difference {(probs - reference).abs().max().item():.3g}"
+        )

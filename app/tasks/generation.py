@@ -1,0 +1,70 @@
+"""Greedy generation for many prompts at once: evaluation's exact match and predict.py's causal-LM output.
+
+Each process generates a share of the prompts, longest first (prompts of similar length share a batch, so little
+padding), padded on the left so that every row's next token is at the same position; the results come back in the
+prompts' order.
+"""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from transformers import GenerationConfig
+
+from app.amp.policy import PrecisionPolicy
+
+
+def greedy_config(model: torch.nn.Module, tokenizer, max_new_tokens: int) -> GenerationConfig:
+    """Greedy decoding that stops at the model's end tokens: the same answer every time, whatever the model's
+    own sampling defaults."""
+    eos = model.generation_config.eos_token_id  # a chat model's may list its end-of-turn token as well
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id if eos is None else eos,
+    )
+
+
+@torch.no_grad()
+def generate(
+    accelerator: Accelerator,
+    policy: PrecisionPolicy,
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    on_batch=None,
+) -> list[str]:
+    """The greedy continuation of each token-id prompt, decoded without special tokens, in the prompts' order.
+
+    Args:
+        on_batch: called with the number of prompts done after each batch (a progress bar), on every process.
+    """
+    raw = accelerator.unwrap_model(model)  # generate() is the model's own, not the DDP wrapper's
+    was_training = raw.training
+    raw.eval()
+    config = greedy_config(raw, tokenizer, max_new_tokens)
+    pad = tokenizer.pad_token_id
+    found = []
+    with accelerator.split_between_processes(list(range(len(prompts)))) as mine:
+        order = sorted(mine, key=lambda i: len(prompts[i]), reverse=True)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            width = max(len(prompts[i]) for i in chunk)
+            ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in chunk])
+            mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk])
+            with policy.autocast():
+                out = raw.generate(
+                    input_ids=ids.to(accelerator.device),
+                    attention_mask=mask.to(accelerator.device),
+                    generation_config=config,
+                )
+            texts = tokenizer.batch_decode(out[:, width:].cpu(), skip_special_tokens=True)  # a host sync per batch
+            found.extend(zip(chunk, texts))
+            if on_batch:
+                on_batch(len(chunk))
+    raw.train(was_training)
+    return [text for _, text in sorted(gather_object(found), key=lambda pair: pair[0])]

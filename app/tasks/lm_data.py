@@ -1,0 +1,222 @@
+"""Causal-LM data: which format the columns hold, rendering with the chat template, label masks, packing, batching.
+
+Three formats, one result per example: `input_ids`, and `labels` that are the token where the loss counts and -100
+where it does not (prompts, padding, user turns):
+- prompt/response (`--prompt_column`, `--response_column`): the loss covers the response only. With a chat template
+  the pair is rendered as a user turn and an assistant turn; without one it is prompt + response + EOS.
+- conversations (`--messages_column`): lists of {role, content}, rendered with the chat template; the loss covers
+  the assistant turns.
+- plain text (`--text_column` alone): every token counts. Packed by default: documents joined by EOS and cut into
+  blocks of --max_length, so no compute goes to padding; attention then crosses document boundaries (as HF's run_clm
+  and most pretraining do). `--packing false` keeps one document per row.
+
+Rendered text is cut into segments at the turn boundaries and each segment is tokenized on its own, so that a label
+never straddles the prompt and the response.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from datasets import DatasetDict
+
+from app.config import TrainConfig, refuse_flags_of_other_tasks
+from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
+from app.errors import UsageError
+
+IGNORE = -100  # the label of a position that the loss skips (PyTorch's and HF's convention)
+
+
+@dataclass(frozen=True)
+class LMColumns:
+    """Which format the data holds, and its column names."""
+
+    kind: str  # "prompt_response", "messages" or "text"
+    names: dict[str, str]  # role -> column: prompt and response, messages, or text
+
+
+def resolve_columns(cfg: TrainConfig) -> LMColumns:
+    refuse_flags_of_other_tasks(cfg, "causal_lm", ("label_column", "text_pair_column"))
+    if cfg.messages_column:
+        if cfg.prompt_column or cfg.response_column or cfg.text_column:
+            raise UsageError("give --messages_column alone, or --prompt_column with --response_column, not both")
+        return LMColumns("messages", {"messages": cfg.messages_column})
+    if cfg.prompt_column or cfg.response_column:
+        if not (cfg.prompt_column and cfg.response_column):
+            raise UsageError("--prompt_column and --response_column go together: give both")
+        if cfg.text_column:
+            raise UsageError("--text_column is for plain text; with --prompt_column the prompts are the text")
+        return LMColumns("prompt_response", {"prompt": cfg.prompt_column, "response": cfg.response_column})
+    if is_embedded(cfg) and not cfg.text_column:  # the reviews as prompts, their labels as responses
+        return LMColumns("prompt_response", {"prompt": EMBEDDED_TEXT_COLUMN, "response": EMBEDDED_LABEL_COLUMN})
+    return LMColumns("text", {"text": cfg.text_column or "text"})
+
+
+def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
+    flags = {"prompt": "--prompt_column", "response": "--response_column", "messages": "--messages_column"}
+    for split in ("train", "validation"):
+        present = raw[split].column_names
+        for role, name in columns.names.items():
+            if name not in present:
+                raise UsageError(
+                    f"{flags.get(role, '--text_column')} {name!r} is not in the {split} data; its columns are: "
+                    f"{', '.join(present)}"
+                )
+            for row, value in enumerate(raw[split][name]):
+                problem = _conversation_problem(value) if role == "messages" else _text_problem(value)
+                if problem:
+                    raise UsageError(f"row {row} of the {split} data, column {name!r}: {problem}")
+
+
+def _text_problem(value) -> str | None:
+    return None if isinstance(value, str) else f"holds {type(value).__name__} {value!r}; texts must be strings"
+
+
+def _conversation_problem(value) -> str | None:
+    shape = "a conversation must be a list of {role, content} turns with string values"
+    if not isinstance(value, list) or not value:
+        return f"{shape}, got {type(value).__name__}"
+    for turn in value:
+        if (
+            not isinstance(turn, dict)
+            or not isinstance(turn.get("role"), str)
+            or not isinstance(turn.get("content"), str)
+        ):
+            return f"{shape}; found {turn!r}"
+    if not any(turn["role"] == "assistant" for turn in value):
+        return "the conversation has no assistant turn, so nothing in it would be learned"
+    return None
+
+
+class Renderer:
+    """Turns one example into token ids and labels, within --max_length."""
+
+    def __init__(self, tokenizer, max_length: int):
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.chat_template = bool(getattr(tokenizer, "chat_template", None))
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # cut later, not here
+
+    def prompt_parts(self, prompt: str) -> tuple[list[int], list[int], list[int]]:
+        """The tokens a response follows, in three parts: what comes before the prompt's text (the template's system
+        turn and user header, or the tokenizer's BOS), the text, and what comes after it (the assistant's header)."""
+        if self.chat_template:
+            rendered = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            at = rendered.find(prompt) if prompt else -1
+            if at < 0:  # a template that rewrites the text: no parts to tell apart
+                return [], self._ids(rendered), []
+            return self._ids(rendered[:at]), self._ids(prompt), self._ids(rendered[at + len(prompt) :])
+        text, whole = self._ids(prompt), self.tokenizer(prompt, verbose=False)["input_ids"]
+        if whole[-len(text) :] == text or not text:
+            return whole[: len(whole) - len(text)], text, []  # e.g. [BOS], text
+        return [], whole, []
+
+    def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
+        """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next
+        to the answer, stays), and then, if need be, the template around it."""
+        return self._fit(*self.prompt_parts(prompt), room)[0]
+
+    @staticmethod
+    def _fit(head: list[int], text: list[int], tail: list[int], room: int | None) -> tuple[list[int], bool]:
+        if room is None or len(head) + len(text) + len(tail) <= room:
+            return head + text + tail, False
+        keep = max(room - len(head) - len(tail), 0)
+        ids = head + text[len(text) - keep :] + tail
+        return ids[len(ids) - room :], True
+
+    def pair(self, prompt: str, response: str) -> tuple[list[int], list[int], bool, bool]:
+        """ids, labels, whether the prompt was cut from the left, whether the response was cut."""
+        if self.chat_template:
+            turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+            head = self.tokenizer.apply_chat_template(turns[:1], tokenize=False, add_generation_prompt=True)
+            whole = self.tokenizer.apply_chat_template(turns, tokenize=False)
+            if not whole.startswith(head):
+                raise UsageError("the tokenizer's chat template does not render a prompt as the start of its dialogue")
+            response_ids = self._ids(whole[len(head) :])
+        else:
+            response_ids = self._ids(response) + [self.tokenizer.eos_token_id]
+        response_cut = len(response_ids) > self.max_length - 1  # at least one prompt token stays to predict from
+        response_ids = response_ids[: self.max_length - 1]
+        room = self.max_length - len(response_ids)
+        prompt_ids, prompt_cut = self._fit(*self.prompt_parts(prompt), room)
+        return prompt_ids + response_ids, [IGNORE] * len(prompt_ids) + response_ids, prompt_cut, response_cut
+
+    def conversation(self, messages: list[dict]) -> tuple[list[int], list[int], bool]:
+        """ids, labels (the assistant turns), whether the end was cut at --max_length."""
+        if not self.chat_template:
+            raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
+        render = self.tokenizer.apply_chat_template
+        whole = render(messages, tokenize=False)
+        segments, done = [], 0  # (text, learned)
+        for i, turn in enumerate(messages):
+            if turn["role"] != "assistant":
+                continue
+            head, through = (
+                render(messages[:i], tokenize=False, add_generation_prompt=True),
+                render(messages[: i + 1], tokenize=False),
+            )
+            if not (whole.startswith(through) and through.startswith(head) and len(head) >= done):
+                raise UsageError(
+                    "the tokenizer's chat template does not render a dialogue turn by turn; cannot mask it"
+                )
+            segments += [(whole[done : len(head)], False), (whole[len(head) : len(through)], True)]
+            done = len(through)
+        segments.append((whole[done:], False))
+        ids, labels = [], []
+        for text, learned in segments:
+            piece = self._ids(text) if text else []
+            ids += piece
+            labels += piece if learned else [IGNORE] * len(piece)
+        cut = len(ids) > self.max_length
+        return ids[: self.max_length], labels[: self.max_length], cut
+
+    def document(self, text: str) -> list[int]:
+        """A document's tokens, ended by EOS."""
+        return self.tokenizer(text, verbose=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+
+def pack(documents: list[list[int]], block: int) -> list[list[int]]:
+    """Documents joined end to end and cut into blocks of `block` tokens; the last block keeps the rest (no token is
+    lost or repeated)."""
+    stream = [token for document in documents for token in document]
+    return [stream[start : start + block] for start in range(0, len(stream), block)]
+
+
+class CausalLMCollator:
+    """Pads a batch on the right and marks the positions the loss is computed at, all on the host.
+
+    `logit_positions[b]` holds the positions whose next token is a label, `logit_targets[b]` those labels; rows with
+    fewer are filled with position 0 and target -100. The model computes its LM head at these positions only (its
+    `logits_to_keep`), which for prompt/response data is a small share of the sequence. `num_items` is the number of
+    label tokens: a Python int, so that the loop weighs micro-batches without reading the device.
+    """
+
+    def __init__(self, pad_token_id: int, pad_to_multiple_of: int | None):
+        self.pad_token_id, self.pad_to_multiple_of = pad_token_id, pad_to_multiple_of
+
+    def __call__(self, features: list[dict]) -> dict:
+        length = max(len(f["input_ids"]) for f in features)
+        if self.pad_to_multiple_of:
+            length = math.ceil(length / self.pad_to_multiple_of) * self.pad_to_multiple_of
+        ids, mask, positions, targets = [], [], [], []
+        for f in features:
+            padding = length - len(f["input_ids"])
+            ids.append(list(f["input_ids"]) + [self.pad_token_id] * padding)
+            mask.append([1] * len(f["input_ids"]) + [0] * padding)
+            labels = list(f["labels"])
+            kept = [p for p in range(len(labels) - 1) if labels[p + 1] != IGNORE]
+            positions.append(kept)
+            targets.append([labels[p + 1] for p in kept])
+        width = max(1, max(len(kept) for kept in positions))
+        return {
+            "input_ids": torch.tensor(ids),
+            "attention_mask": torch.tensor(mask),
+            "logit_positions": torch.tensor([p + [0] * (width - len(p)) for p in positions]),
+            "logit_targets": torch.tensor([t + [IGNORE] * (width - len(t)) for t in targets]),
+            "num_items": sum(len(t) for t in targets),
+        }

@@ -1,0 +1,163 @@
+"""Benchmark the embedded causal-LM job, each process timed from start to end: this app against HF Trainer.
+
+    python scripts/bench.py --job --task causal_lm                          # configs/smollm2.yaml's subset
+    python scripts/bench.py --job --task causal_lm --max_train_samples 160  # a shorter job
+    python scripts/bench.py --job --task causal_lm --tiny                   # checks that it runs, says nothing of speed
+
+One after the other, each in its own subprocess:
+  app          `make train-lm`'s command (configs/smollm2.yaml), without the evaluation before training
+  hf           HF Trainer on the same prompt/response job with TrainingArguments' defaults (random batches)
+  hf_grouped   HF Trainer with train_sampling_strategy="group_by_length"
+The job is the same for all three: SmolLM2-135M-Instruct (converted from its GGUF file once, before the timing), the
+same reviews tokenized the same way (the app's chat-template rendering, prompt labels masked with -100), batch 8,
+the config's learning rate with 10% warm-up, weight decay 0.01, clipping at 1.0, one epoch, then an evaluation:
+eval loss, and exact match by greedy generation of each validation review's answer (HF has no generation in its
+evaluate(), so its run generates after evaluate(), in batches, as a user would). All run in the precision that the
+app's `auto` picks here. Wall-time ratios below 1 mean the app is faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+from bench_job import ACCELERATE, ROOT, _device_name, tensorboard_last, timed
+
+from app.telemetry import tags
+
+CONFIG = ROOT / "configs" / "smollm2.yaml"
+
+
+def main(args) -> int:
+    from app.amp.policy import resolve_precision
+    from app.config import parse_config
+    from app.runtime import device_type
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-lm-job-"))
+    model, model_flags = None, []
+    if args.tiny:
+        from tests.lm_models import save_tiny_llama
+
+        model = str(save_tiny_llama(workdir / "tiny", ["great other review"] * 50))
+        model_flags = ["--model_name_or_path", model]
+    cfg = parse_config(["--config", str(CONFIG), *model_flags])
+    train_samples = args.max_train_samples or (32 if args.tiny else cfg.max_train_samples)
+    eval_samples = 16 if args.tiny else cfg.max_eval_samples
+    policy, _ = resolve_precision(False, "auto", device_type(), launcher=None)
+    samples = ["--max_train_samples", str(train_samples), "--max_eval_samples", str(eval_samples)]
+    if not args.tiny:  # convert the GGUF file before any timing: every run then loads the same cached folder
+        model = str(_converted_model())
+    app_cmd = [
+        *(str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no"),
+        *("--dynamo_backend", "no", "--num_cpu_threads_per_process", str(os.cpu_count() or 1)),
+        *(str(ROOT / "app" / "train.py"), "--config", str(CONFIG), "--mixed_precision", "auto", "--disable_tqdm"),
+        *("--eval_on_start", "false", "--model_name_or_path", model),
+        *("--output_dir", str(workdir / "app"), "--logdir", str(workdir / "runs"), "--run_name", "job", *samples),
+    ]
+    result = {"model": model if args.tiny else "SmolLM2-135M-Instruct", "device": _device_name()}
+    result["app_wall_s"] = round(timed(app_cmd), 1)
+    result["app_eval_loss"] = tensorboard_last(workdir / "runs" / "job", tags.EVAL_LOSS)
+    result["app_exact_match"] = tensorboard_last(workdir / "runs" / "job", tags.EVAL_EXACT_MATCH)
+    for name, strategy in (("hf", "random"), ("hf_grouped", "group_by_length")):
+        out = workdir / f"{name}.json"
+        worker = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--job", "--task", "causal_lm"]
+        worker += ["--hf_worker", str(out), "--precision", policy.mode, "--strategy", strategy, "--model", model]
+        result[f"{name}_wall_s"] = round(timed([*worker, *samples]), 1)
+        figures = json.loads(out.read_text())
+        result[f"{name}_eval_loss"], result[f"{name}_exact_match"] = figures["eval_loss"], figures["exact_match"]
+    result |= {"precision": policy.mode, "train_samples": train_samples, "eval_samples": eval_samples}
+    result["app_vs_hf"] = round(result["app_wall_s"] / result["hf_wall_s"], 3)
+    result["app_vs_hf_grouped"] = round(result["app_wall_s"] / result["hf_grouped_wall_s"], 3)
+
+    print(f"job: {result['model']}, {train_samples} training and {eval_samples} validation reviews; {result['device']}")
+    print(f"precision for all three: {policy.mode} ({policy.describe()})")
+    print(f"  {'':<12}{'wall s':>10}{'eval loss':>11}{'exact':>8}{'app vs':>9}")
+    for name in ("app", "hf", "hf_grouped"):
+        ratio = f"{result[f'app_vs_{name}']:.3f}" if name != "app" else ""
+        wall, loss, exact = (result[f"{name}_{key}"] for key in ("wall_s", "eval_loss", "exact_match"))
+        print(f"  {name:<12}{wall:>10.1f}{loss:>11.4f}{exact:>8.3f}{ratio:>9}")
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+def _converted_model() -> Path:
+    from app import gguf_convert
+
+    folder, file = gguf_convert.embedded_lm()
+    target = gguf_convert.converted_folder(folder, file)
+    return gguf_convert.convert(folder, file, target, print)
+
+
+def hf_worker(args) -> int:
+    """One HF Trainer run of the job, as a user would write it; eval loss and exact match go to `args.hf_worker`."""
+    import torch
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
+
+    from app.config import parse_config
+    from app.data import load_raw
+    from app.runtime import device_type
+    from app.tasks.causal_lm import CausalLM
+
+    cfg = parse_config(["--config", str(CONFIG), "--model_name_or_path", args.model])
+    cfg = replace(cfg, max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    raw = load_raw(cfg)
+    task = CausalLM.from_data(cfg, raw, tokenizer, model.config)  # the app's rendering: the same tokens as the app's
+    tokenized = task.tokenize(raw, PartialState())
+    training_args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="bench-hf-lm-"),
+        train_sampling_strategy=args.strategy,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
+        learning_rate=cfg.learning_rate,
+        warmup_steps=cfg.warmup_ratio,  # a float below 1: a fraction of the steps
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        num_train_epochs=cfg.num_train_epochs,
+        bf16=args.precision == "bf16",
+        fp16=args.precision == "fp16",
+        use_cpu=device_type() == "cpu",
+        eval_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=cfg.seed,
+    )
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=tokenized["train"],
+        eval_dataset=tokenized["validation"],
+        data_collator=DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100),
+    )
+    trainer.train()
+    eval_loss = trainer.evaluate()["eval_loss"]
+    answers = _greedy_answers(trainer.model, tokenizer, task.prompts, task.max_new_tokens(), args.precision)
+    exact = sum(a.strip() == r for a, r in zip(answers, task.references)) / max(len(task.references), 1)
+    args.hf_worker.write_text(json.dumps({"eval_loss": eval_loss, "exact_match": exact}))
+    return 0
+
+
+def _greedy_answers(model, tokenizer, prompts: list[list[int]], max_new_tokens: int, precision: str) -> list[str]:
+    """Greedy answers in batches of 16, left padded: the loop a user writes around generate()."""
+    import torch
+
+    model.eval()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    answers = []
+    for start in range(0, len(prompts), 16):
+        chunk = prompts[start : start + 16]
+        width = max(map(len, chunk))
+        ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in chunk], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=model.device)
+        with torch.no_grad(), torch.autocast(model.device.type, dtype=dtype, enabled=dtype is not None):
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False)
+        answers += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    return answers

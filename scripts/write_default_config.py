@@ -1,0 +1,46 @@
+"""Write configs/default.yaml from TrainConfig: every training flag at its default, with its help as a comment.
+
+    python scripts/write_default_config.py          # after adding or changing a flag in app/config.py
+
+tests/test_configs.py checks that the file loads and equals the defaults, so a flag added without rerunning this fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml  # noqa: E402
+
+from app.config import TrainConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER = """\
+# Every training flag at its default. Each key is a flag of `python app/train.py --help`:
+#   python app/train.py --config configs/default.yaml --learning_rate 3e-5    # the command line wins over this file
+# Copy it, keep the keys you change, delete the rest. Unknown keys and values of the wrong type are errors.
+# Where (processes, machines, backend) is not here: that is accelerate launch's, see accelerate_configs/.
+# Written by scripts/write_default_config.py from app/config.py.
+"""
+
+
+def main() -> None:
+    source = (ROOT / "app" / "config.py").read_text()
+    # The section rulers of the dataclass ("# ---- precision ----"), by the first field under each.
+    sections = {m.group(2): m.group(1).strip() for m in re.finditer(r"# ---- ([^-]+?) -+\n\s+(\w+):", source)}
+    lines = [HEADER]
+    for field in dataclasses.fields(TrainConfig):
+        if field.name in sections:
+            lines.append(f"# ---- {sections[field.name]} " + "-" * (100 - len(sections[field.name])))
+        lines += ["# " + line for line in textwrap.wrap(field.metadata["help"].replace("%%", "%"), 116)]
+        lines += [yaml.safe_dump({field.name: field.default}).strip(), ""]
+    (ROOT / "configs" / "default.yaml").write_text("\n".join(lines).rstrip() + "\n")
+
+
+if __name__ == "__main__":
+    main()

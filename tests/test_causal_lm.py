@@ -1,0 +1,267 @@
+"""The causal-LM task on tiny decoders (a Llama with a chat template, a GPT-2 without): label masks, packing,
+conversations, the loss where labels are, generation with left padding, and the task in whole runs."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from app.tasks import generation, lm_data
+from app.tasks.causal_lm import token_mean_loss
+from app.tasks.lm_data import IGNORE, CausalLMCollator, Renderer
+from app.telemetry import tags
+from tests import harness, tb
+from tests.conftest import data_flags, run_app
+
+
+def lm_args(tmp_path, model_dir, files, *extra) -> list:
+    return [
+        *data_flags(model_dir, files),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "lm"),
+        *("--per_device_train_batch_size", 4, "--max_length", 48, "--disable_tqdm", "--logging_steps", 1),
+        *extra,
+    ]
+
+
+PROMPTS = ["--prompt_column", "text", "--response_column", "label"]
+
+
+# ---- rendering and label masks ---------------------------------------------------------------------------------------
+def test_prompt_and_response_without_a_chat_template_mask_the_prompt_exactly(tiny_gpt2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    renderer = Renderer(tokenizer, max_length=64)
+    assert not renderer.chat_template
+    ids, labels, prompt_cut, response_cut = renderer.pair("Fresh coffee, review 3.", " great")
+    prompt = tokenizer("Fresh coffee, review 3.")["input_ids"]
+    response = tokenizer(" great", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert ids == prompt + response
+    assert labels == [IGNORE] * len(prompt) + response
+    assert not prompt_cut and not response_cut
+
+
+def test_with_a_chat_template_the_labels_are_the_assistant_turn(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    renderer = Renderer(tokenizer, max_length=64)
+    ids, labels, _, _ = renderer.pair("Fresh coffee.", "great")
+    learned = [token for token, label in zip(ids, labels) if label != IGNORE]
+    assert tokenizer.decode(learned) == "great<|im_end|>\n"
+    assert (
+        tokenizer.decode(ids) == "<|im_start|>user\nFresh coffee.<|im_end|>\n<|im_start|>assistant\ngreat<|im_end|>\n"
+    )
+    first = labels.index(next(label for label in labels if label != IGNORE))
+    assert all(label == IGNORE for label in labels[:first]) and labels[first:] == ids[first:]
+
+
+def test_a_long_prompt_is_cut_from_the_left_and_its_response_kept(tiny_gpt2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    renderer = Renderer(tokenizer, max_length=12)
+    ids, labels, prompt_cut, response_cut = renderer.pair("word " * 40 + "the end", " great")
+    response = tokenizer(" great", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert prompt_cut and not response_cut and len(ids) == 12
+    assert ids[-len(response) :] == response and labels[-len(response) :] == response
+    assert tokenizer.decode(ids[: -len(response)]).endswith("the end"), (
+        "the end of the prompt, next to the answer, stays"
+    )
+
+
+def test_with_a_chat_template_a_long_prompt_loses_text_not_the_template(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    ids, labels, prompt_cut, _ = Renderer(tokenizer, max_length=24).pair("word " * 40 + "the end", "great")
+    text = tokenizer.decode(ids)
+    assert prompt_cut and len(ids) == 24
+    assert text.startswith("<|im_start|>user\n") and "the end<|im_end|>\n<|im_start|>assistant\ngreat" in text
+
+
+def test_conversations_learn_the_assistant_turns_only(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    messages = [
+        {"role": "user", "content": "Review: tasty."},
+        {"role": "assistant", "content": "great"},
+        {"role": "user", "content": "Sure?"},
+        {"role": "assistant", "content": "Yes."},
+    ]
+    ids, labels, cut = Renderer(tokenizer, max_length=128).conversation(messages)
+    assert not cut
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tokenize=False)
+    spans, current = [], []
+    for token, label in zip(ids, labels):
+        if label == IGNORE and current:
+            spans.append(tokenizer.decode(current))
+            current = []
+        elif label != IGNORE:
+            current.append(token)
+    spans += [tokenizer.decode(current)] if current else []
+    assert spans == ["great<|im_end|>\n", "Yes.<|im_end|>\n"]
+
+
+def test_packing_loses_and_repeats_no_token(tiny_gpt2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    renderer = Renderer(tokenizer, max_length=16)
+    documents = [renderer.document(text) for text in ["short one", "a somewhat longer document " * 3, "x", "end"]]
+    blocks = lm_data.pack(documents, 16)
+    assert [token for block in blocks for token in block] == [token for doc in documents for token in doc]
+    assert all(len(block) == 16 for block in blocks[:-1]) and 0 < len(blocks[-1]) <= 16
+    assert sum(doc.count(tokenizer.eos_token_id) for doc in documents) == len(documents), "one EOS ends each document"
+
+
+# ---- the loss where labels are ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_gpt2_dir"])
+def test_the_loss_at_labelled_positions_is_the_models_own_loss(request, model_fixture):
+    model_dir = request.getfixturevalue(model_fixture)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    renderer = Renderer(tokenizer, max_length=48)
+    pairs = [("Stale and bitter, review 1.", " other"), ("Tasty!", " great"), ("Crushed box " * 5, " other")]
+    features = [dict(zip(("input_ids", "labels"), renderer.pair(p, r)[:2])) for p, r in pairs]
+    batch = CausalLMCollator(tokenizer.pad_token_id or tokenizer.eos_token_id, pad_to_multiple_of=8)(features)
+    assert batch["logit_positions"].shape[1] < batch["input_ids"].shape[1] - 1, "the LM head skips the prompts"
+
+    ours = token_mean_loss(model, batch)
+    labels = torch.full_like(batch["input_ids"], IGNORE)
+    for row, feature in enumerate(features):
+        labels[row, : len(feature["labels"])] = torch.tensor(feature["labels"])
+    theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
+    assert batch["num_items"] == int((labels[:, 1:] != IGNORE).sum())
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+
+
+# ---- generation ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_gpt2_dir"])
+def test_batched_generation_with_left_padding_equals_one_by_one(request, model_fixture):
+    from accelerate import Accelerator
+
+    from app.amp.policy import PrecisionPolicy
+
+    model_dir = request.getfixturevalue(model_fixture)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    accelerator, fp32 = Accelerator(cpu=True), PrecisionPolicy("no", "cpu", "test", "test")
+    renderer = Renderer(tokenizer, max_length=64)
+    prompts = [renderer.prompt_ids(text) for text in ["a", "Stale coffee, bitter and old.", "Good tea, review 12"]]
+    assert len({len(p) for p in prompts}) == 3, "prompts of different lengths, so that the batch pads"
+    batched = generation.generate(accelerator, fp32, model, tokenizer, prompts, 12, batch_size=3)
+    one_by_one = [generation.generate(accelerator, fp32, model, tokenizer, [p], 12, batch_size=1)[0] for p in prompts]
+    assert batched == one_by_one
+    assert any(text for text in batched), "the untrained model generates something to compare"
+
+
+# ---- whole runs ---------------------------------------------------------------------------------------------------
+def test_the_task_is_inferred_from_the_model_config_and_said_with_its_reason(
+    tmp_path, tiny_gpt2_dir, review_files, capsys
+):
+    args = lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS, "--max_steps", 2, "--mixed_precision", "no")
+    assert run_app(args) == 0
+    out = capsys.readouterr().out
+    assert "task: causal_lm (from the model config's architecture is GPT2LMHeadModel)" in out
+    scalars = tb.scalars(tmp_path / "runs" / "lm")
+    for tag in (tags.EVAL_LOSS, tags.EVAL_PERPLEXITY, tags.EVAL_EXACT_MATCH):
+        assert 2 in scalars[tag], tag
+    loss, perplexity = scalars[tags.EVAL_LOSS][2], scalars[tags.EVAL_PERPLEXITY][2]
+    assert perplexity == pytest.approx(torch.tensor(loss).exp().item(), rel=1e-5)
+    assert 0 <= scalars[tags.EVAL_EXACT_MATCH][2] <= 1
+    assert tags.EVAL_ACCURACY not in scalars
+
+
+def test_conversations_and_packed_text_train_through_the_same_loop(
+    tmp_path, tiny_llama_dir, conversation_files, review_files
+):
+    args = lm_args(tmp_path, tiny_llama_dir, conversation_files, "--messages_column", "messages", "--max_steps", 2)
+    assert run_app([*args, "--mixed_precision", "no"]) == 0
+    packed = lm_args(tmp_path / "packed", tiny_llama_dir, review_files, "--text_column", "text", "--max_steps", 2)
+    assert run_app([*packed, "--mixed_precision", "no"]) == 0
+    scalars = tb.scalars(tmp_path / "packed" / "runs" / "lm")
+    assert scalars[tags.PERF_PADDING_FRACTION][2] == pytest.approx(0.0, abs=0.05), "packed blocks hardly pad"
+    assert tags.EVAL_EXACT_MATCH not in scalars, "plain text has no reference answers"
+
+
+def test_token_mean_loss_is_the_same_with_accumulation(tiny_llama_dir, uneven_responses, one_thread):
+    """Batch 8 in one micro-batch and batch 4 x 2 micro-batches train on the same examples; their label-token counts
+    differ between micro-batches, so only a mean over the step's tokens (not a mean of means) gives the same step."""
+    review_files = uneven_responses
+    common = dict(
+        mixed_precision="no",
+        max_steps=3,
+        train_sampling_strategy="random",
+        task="causal_lm",
+        prompt_column="text",
+        response_column="label",
+        text_column=None,
+        label_column=None,
+        max_length=48,
+        learning_rate=1e-3,
+    )
+    runs = {}
+    for accumulation, batch_size in ((1, 8), (2, 4)):
+        run = harness.build_run(
+            tiny_llama_dir,
+            review_files,
+            per_device_train_batch_size=batch_size,
+            gradient_accumulation_steps=accumulation,
+            **common,
+        )
+        harness.train(run)
+        runs[accumulation] = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+    for name, value in runs[1].items():
+        assert torch.allclose(runs[2][name], value, rtol=1e-4, atol=1e-6), name
+
+
+def test_a_quantized_model_is_refused_before_training(tmp_path, tiny_gpt2_dir, review_files, capsys):
+    config = json.loads((tiny_gpt2_dir / "config.json").read_text())
+    quantized = tmp_path / "quantized"
+    quantized.mkdir()
+    for file in tiny_gpt2_dir.iterdir():
+        (quantized / file.name).write_bytes(file.read_bytes())
+    (quantized / "config.json").write_text(
+        json.dumps(config | {"quantization_config": {"quant_method": "bitsandbytes"}})
+    )
+    assert run_app(lm_args(tmp_path, quantized, review_files, *PROMPTS)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is quantized (bitsandbytes)" in err[0]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def test_flags_of_the_other_task_are_refused(tmp_path, tiny_gpt2_dir, tiny_model_dir, review_files, capsys):
+    assert run_app(lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS, "--label_column", "label")) == 2
+    assert "--label_column does not apply to --task causal_lm" in capsys.readouterr().err
+    assert run_app(lm_args(tmp_path, tiny_model_dir, review_files, *PROMPTS)) == 2
+    assert "--prompt_column does not apply to --task sequence_classification" in capsys.readouterr().err
+    assert run_app(lm_args(tmp_path, tiny_model_dir, review_files, "--task", "causal_lm")) == 2
+    assert "is an encoder" in capsys.readouterr().err
+
+
+def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, review_files, capsys):
+    from app.predict import main as predict
+
+    args = lm_args(tmp_path, tiny_llama_dir, review_files, *PROMPTS, "--max_steps", 2, "--mixed_precision", "no")
+    assert run_app(args) == 0
+    prompts = pd.read_csv(review_files["validation"]).head(5).rename(columns={"text": "prompt"})
+    source = tmp_path / "prompts.csv"
+    prompts.to_csv(source, index=False)
+    out = tmp_path / "generated.jsonl"
+    code = predict(
+        ["--model_name_or_path", str(tmp_path / "out"), "--input_file", str(source), "--prompt_column", "prompt"]
+        + ["--output_file", str(out), "--max_new_tokens", "4", "--compare_fp32", "--disable_tqdm"]
+        + ["--mixed_precision", "bf16"]
+    )
+    assert code == 0
+    written = pd.read_json(out, lines=True)
+    assert list(written.columns) == ["prompt", "label", "generated_text"]
+    assert list(written["prompt"]) == list(prompts["prompt"])
+    assert "compare_fp32: bf16 vs fp32 on 5 prompts:" in capsys.readouterr().err
+    # In fp32, the first row is what transformers' own generate() gives for the prompt rendered with the template.
+    code = predict(
+        ["--model_name_or_path", str(tmp_path / "out"), "--input_file", str(source), "--prompt_column", "prompt"]
+        + ["--output_file", str(out), "--max_new_tokens", "4", "--disable_tqdm", "--mixed_precision", "no"]
+    )
+    assert code == 0
+    fp32 = pd.read_json(out, lines=True)["generated_text"].fillna("")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    first = torch.tensor([Renderer(tokenizer, 48).prompt_ids(prompts["prompt"][0])])
+    one = model.generate(first, attention_mask=torch.ones_like(first), max_new_tokens=4, do_sample=False)
+    assert fp32[0] == tokenizer.decode(one[0, first.shape[1] :], skip_special_tokens=True)

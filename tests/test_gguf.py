@@ -1,0 +1,75 @@
+"""--gguf_file: a model that ships as a GGUF file is converted once into the cache, through a staging folder, and
+the conversion is the model that transformers reads from the file, without its quantized flag."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from app import gguf_convert
+from tests.conftest import ROOT, clean_env, run_app
+from tests.lm_models import save_tiny_gguf
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path, review_texts, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return save_tiny_gguf(tmp_path / "model", review_texts)
+
+
+def test_the_conversion_is_the_files_model_and_is_made_once(tiny_gguf, tmp_path):
+    folder, name = str(tiny_gguf.parent), tiny_gguf.name
+    target = gguf_convert.converted_folder(folder, name)
+    assert target.parent == tmp_path / "cache" / "amp-trainer" / "gguf"
+    said = []
+    assert gguf_convert.convert(folder, name, target, said.append) == target
+    assert len(said) == 1 and said[0].startswith(f"converting {name} to a model folder in {target}")
+    config = json.loads((target / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert (target / "model.safetensors").stat().st_mode & 0o777 == 0o644
+
+    from_file = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    converted = AutoModelForCausalLM.from_pretrained(target).eval()
+    assert getattr(from_file, "is_quantized", False) and not getattr(converted, "is_quantized", False)
+    ids = torch.tensor([[5, 17, 42, 9, 77]])
+    with torch.no_grad():
+        assert torch.equal(from_file(ids).logits, converted(ids).logits)
+
+    assert gguf_convert.convert(folder, name, target, said.append) == target
+    assert len(said) == 1, "the second run loads the cache"
+    changed = tiny_gguf.read_bytes() + b"\0"
+    tiny_gguf.write_bytes(changed)
+    assert gguf_convert.converted_folder(folder, name) != target, "another file's bytes, another cache entry"
+
+
+def test_two_runs_converting_at_once_leave_one_complete_folder(tiny_gguf):
+    folder, name = str(tiny_gguf.parent), tiny_gguf.name
+    target = gguf_convert.converted_folder(folder, name)
+    script = (
+        "import sys; from app import gguf_convert; from pathlib import Path; "
+        f"print(gguf_convert.convert({folder!r}, {name!r}, Path({str(target)!r}), print))"
+    )
+    env = clean_env(tiny_gguf.parent, XDG_CACHE_HOME=str(target.parents[2]), PYTHONPATH=str(ROOT))
+    racers = [
+        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    outputs = [racer.communicate(timeout=240) for racer in racers]
+    assert all(racer.returncode == 0 for racer in racers), [err.decode()[-2000:] for _, err in outputs]
+    assert all(out.decode().strip().endswith(str(target)) for out, _ in outputs)
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name], "no staging folder is left"
+    assert AutoModelForCausalLM.from_pretrained(target) is not None
+
+
+def test_a_missing_gguf_file_is_one_line_and_exit_2(tmp_path, tiny_gguf, capsys):
+    args = ["--model_name_or_path", tiny_gguf.parent, "--gguf_file", "nope.gguf", "--output_dir", tmp_path / "out"]
+    assert run_app([*args, "--logdir", tmp_path / "runs", "--task", "causal_lm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --gguf_file nope.gguf: no such file in {tiny_gguf.parent}"]
+    assert run_app(["--gguf_file", "x.gguf"]) == 2
+    assert "--gguf_file needs --model_name_or_path" in capsys.readouterr().err
