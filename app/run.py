@@ -62,7 +62,7 @@ def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
     model_config = load_model_config(model_path, gguf_file)
     refuse_quantized(model_path, model_config)
     task_name, why = resolve_task(cfg.task, model_config)
-    accelerator.print(f"task: {task_name} (from {why})")
+    accelerator.print(f"task: {task_name} ({why})")
     tokenizer = load_tokenizer(model_path, gguf_file)
     check_max_length(cfg.max_length, model_config, tokenizer)
     raw = data.load_raw(cfg)

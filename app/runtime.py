@@ -160,6 +160,17 @@ def requested_backend() -> str | None:
     return None
 
 
+def compile_notes(torch_compile: bool, device: torch.device) -> list[str]:
+    """What --torch_compile will cost where it does not pay: on a CPU it ran slower than eager in every measurement."""
+    if not (torch_compile and device.type == "cpu"):
+        return []
+    return [
+        "note: --torch_compile on a CPU trains slower than eager here: batch lengths change from step to step, so it "
+        "compiles again or runs dynamic-shape kernels, and padding to a few fixed lengths adds more work than it "
+        "saves (measured: docs/benchmarks.md). On a CPU, leave the flag out"
+    ]
+
+
 def describe_backend(accelerator: Accelerator) -> list[str]:
     """What runs (backend, process count, device) in one line, then one line per way it differs from the request."""
     device, running = accelerator.device, backend_name(accelerator)

@@ -43,6 +43,7 @@ from app.run import build_run, load_inputs
 from app.runtime import (
     HostCollective,
     build_accelerator,
+    compile_notes,
     describe_backend,
     device_type,
     on_main_process,
@@ -101,7 +102,14 @@ def train_in_claimed_folders(
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
-    for line in (policy.describe(), *notes, *describe_backend(accelerator), *(resume.notes if resume else ())):
+    compiling = compile_notes(cfg.torch_compile, accelerator.device)
+    for line in (
+        policy.describe(),
+        *notes,
+        *compiling,
+        *describe_backend(accelerator),
+        *(resume.notes if resume else ()),
+    ):
         accelerator.print(line)
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, folders))
     cfg = dataclasses.replace(cfg, run_name=paths.run_name, output_dir=str(paths.output_dir))  # as resolved

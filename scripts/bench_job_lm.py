@@ -1,11 +1,14 @@
 """Benchmark the embedded causal-LM job, each process timed from start to end: this app against HF Trainer.
 
-    python scripts/bench.py --job --task causal_lm                          # configs/smollm2.yaml's subset
+    python scripts/bench.py --job --task causal_lm                          # 480 reviews, about 15 min on 2 cores
     python scripts/bench.py --job --task causal_lm --max_train_samples 160  # a shorter job
     python scripts/bench.py --job --task causal_lm --tiny                   # checks that it runs, says nothing of speed
 
 One after the other, each in its own subprocess:
   app          `make train-lm`'s command (configs/smollm2.yaml), without the evaluation before training
+  app_random   the same with --train_sampling_strategy random: the batch order of `hf`, so that the eval losses of
+               the two trainers compare like with like (different orders alone move this short job's eval loss by
+               several percent)
   hf           HF Trainer on the same prompt/response job with TrainingArguments' defaults (random batches)
   hf_grouped   HF Trainer with train_sampling_strategy="group_by_length"
 The job is the same for all three: SmolLM2-135M-Instruct (converted from its GGUF file once, before the timing), the
@@ -30,6 +33,7 @@ from bench_job import ACCELERATE, ROOT, _device_name, tensorboard_last, timed
 from app.telemetry import tags
 
 CONFIG = ROOT / "configs" / "smollm2.yaml"
+TRAIN_SAMPLES = 480  # fewer than make train-lm's, so that the four runs take about a quarter of an hour on 2 cores
 
 
 def main(args) -> int:
@@ -45,7 +49,7 @@ def main(args) -> int:
         model = str(save_tiny_llama(workdir / "tiny", ["great other review"] * 50))
         model_flags = ["--model_name_or_path", model]
     cfg = parse_config(["--config", str(CONFIG), *model_flags])
-    train_samples = args.max_train_samples or (32 if args.tiny else cfg.max_train_samples)
+    train_samples = args.max_train_samples or (32 if args.tiny else TRAIN_SAMPLES)
     eval_samples = 16 if args.tiny else cfg.max_eval_samples
     policy, _ = resolve_precision(False, "auto", device_type(), launcher=None)
     samples = ["--max_train_samples", str(train_samples), "--max_eval_samples", str(eval_samples)]
@@ -55,13 +59,14 @@ def main(args) -> int:
         *(str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no"),
         *("--dynamo_backend", "no", "--num_cpu_threads_per_process", str(os.cpu_count() or 1)),
         *(str(ROOT / "app" / "train.py"), "--config", str(CONFIG), "--mixed_precision", "auto", "--disable_tqdm"),
-        *("--eval_on_start", "false", "--model_name_or_path", model),
-        *("--output_dir", str(workdir / "app"), "--logdir", str(workdir / "runs"), "--run_name", "job", *samples),
+        *("--eval_on_start", "false", "--model_name_or_path", model, *samples),
     ]
     result = {"model": model if args.tiny else "SmolLM2-135M-Instruct", "device": _device_name()}
-    result["app_wall_s"] = round(timed(app_cmd), 1)
-    result["app_eval_loss"] = tensorboard_last(workdir / "runs" / "job", tags.EVAL_LOSS)
-    result["app_exact_match"] = tensorboard_last(workdir / "runs" / "job", tags.EVAL_EXACT_MATCH)
+    for name, extra in (("app", []), ("app_random", ["--train_sampling_strategy", "random"])):
+        run = [*app_cmd, "--output_dir", str(workdir / name), "--logdir", str(workdir / "runs"), "--run_name", name]
+        result[f"{name}_wall_s"] = round(timed([*run, *extra]), 1)
+        result[f"{name}_eval_loss"] = tensorboard_last(workdir / "runs" / name, tags.EVAL_LOSS)
+        result[f"{name}_exact_match"] = tensorboard_last(workdir / "runs" / name, tags.EVAL_EXACT_MATCH)
     for name, strategy in (("hf", "random"), ("hf_grouped", "group_by_length")):
         out = workdir / f"{name}.json"
         worker = [sys.executable, str(ROOT / "scripts" / "bench.py"), "--job", "--task", "causal_lm"]
@@ -72,14 +77,20 @@ def main(args) -> int:
     result |= {"precision": policy.mode, "train_samples": train_samples, "eval_samples": eval_samples}
     result["app_vs_hf"] = round(result["app_wall_s"] / result["hf_wall_s"], 3)
     result["app_vs_hf_grouped"] = round(result["app_wall_s"] / result["hf_grouped_wall_s"], 3)
+    # The same batch order (Accelerate's seedable random sampler, the same seed, in both): the trainers' difference.
+    result["eval_loss_app_random_vs_hf"] = round(result["app_random_eval_loss"] / result["hf_eval_loss"], 4)
 
     print(f"job: {result['model']}, {train_samples} training and {eval_samples} validation reviews; {result['device']}")
     print(f"precision for all three: {policy.mode} ({policy.describe()})")
     print(f"  {'':<12}{'wall s':>10}{'eval loss':>11}{'exact':>8}{'app vs':>9}")
-    for name in ("app", "hf", "hf_grouped"):
-        ratio = f"{result[f'app_vs_{name}']:.3f}" if name != "app" else ""
+    for name in ("app", "app_random", "hf", "hf_grouped"):
+        ratio = f"{result[f'app_vs_{name}']:.3f}" if name.startswith("hf") else ""
         wall, loss, exact = (result[f"{name}_{key}"] for key in ("wall_s", "eval_loss", "exact_match"))
         print(f"  {name:<12}{wall:>10.1f}{loss:>11.4f}{exact:>8.3f}{ratio:>9}")
+    print(
+        f"same batch order (random): eval loss app {result['app_random_eval_loss']:.4f} vs HF "
+        f"{result['hf_eval_loss']:.4f}, ratio {result['eval_loss_app_random_vs_hf']}"
+    )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

@@ -6,8 +6,9 @@
     python scripts/compare_amp.py --model_name_or_path bert-base-uncased --train_file train.csv --max_steps 500
 
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
-order and steps. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them (default 8,
-what AMP runs pad to), so every run sees the same batch shapes and, with them, the same dropout masks.
+order and steps. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them (default: what
+AMP runs pad to on this device, 8 on a GPU and none on a CPU), so every run sees the same batch shapes and, with them,
+the same dropout masks.
 The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and the comparison to <logdir>/<name>/<fp32|fp16|
 bf16>: in TensorBoard's Custom Scalars tab, its charts put the precisions' gradient norm, train loss, eval loss,
 samples/s and peak memory on one chart each, one line (and colour) per precision. A run without the scaler's tags
@@ -36,10 +37,17 @@ from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_PAD = 8  # what AMP runs pad to on their own (precision.PrecisionPolicy.pad_to_multiple_of)
 NOT_ENOUGH = "not enough steps to judge"
 OWNED_FLAGS = ("--amp", "--mixed_precision", "--run_name", "--output_dir", "--resume_from_checkpoint")
 LABELS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+def amp_padding() -> int:
+    """What an AMP run pads to on its own on this device (PrecisionPolicy.pad_to_multiple_of); 1 for none."""
+    from app.amp.policy import resolve_precision
+    from app.runtime import device_type
+
+    return resolve_precision(True, None, device_type(), None)[0].pad_to_multiple_of or 1
 
 
 def default_launcher() -> list[str]:
@@ -271,8 +279,8 @@ def main() -> int:
     report_dir.mkdir(parents=True, exist_ok=True)
     logdir = Path(train_flags[train_flags.index("--logdir") + 1]) if "--logdir" in train_flags else Path("runs")
     launcher = shlex.split(args.launcher) if args.launcher else default_launcher()
-    if "--pad_to_multiple_of" not in train_flags:
-        train_flags += ["--pad_to_multiple_of", str(DEFAULT_PAD)]  # once, for every run: same batches, same masks
+    if "--pad_to_multiple_of" not in train_flags:  # once, for every run: same batches, same masks
+        train_flags += ["--pad_to_multiple_of", str(amp_padding())]
     pad_to = train_flags[train_flags.index("--pad_to_multiple_of") + 1]
     command = [*launcher, str(ROOT / "app" / "train.py"), *train_flags]
 

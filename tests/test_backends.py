@@ -225,6 +225,7 @@ def test_torch_compile_matches_eager(tmp_path, tiny_model_no_dropout, review_fil
     ]
     assert run_app([*common, "--output_dir", tmp_path / "eager", "--logdir", tmp_path / "eager_runs"]) == 0
     torch._dynamo.utils.counters.clear()
+    capfd.readouterr()  # the eager run's lines
     assert (
         run_app(
             [*common, "--torch_compile", "--output_dir", tmp_path / "compiled", "--logdir", tmp_path / "compiled_runs"]
@@ -232,6 +233,8 @@ def test_torch_compile_matches_eager(tmp_path, tiny_model_no_dropout, review_fil
         == 0
     )
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1, "--torch_compile compiled nothing"
+    said = capfd.readouterr().out.splitlines()
+    assert said[1].startswith("note: --torch_compile on a CPU trains slower than eager"), said[:3]
     eager = tb.scalars(tmp_path / "eager_runs" / "r")[tags.TRAIN_LOSS]
     compiled = tb.scalars(tmp_path / "compiled_runs" / "r")[tags.TRAIN_LOSS]
     assert eager.keys() == compiled.keys()

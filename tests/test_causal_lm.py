@@ -157,7 +157,7 @@ def test_the_task_is_inferred_from_the_model_config_and_said_with_its_reason(
     args = lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS, "--max_steps", 2, "--mixed_precision", "no")
     assert run_app(args) == 0
     out = capsys.readouterr().out
-    assert "task: causal_lm (from the model config's architecture is GPT2LMHeadModel)" in out
+    assert "task: causal_lm (the model config's architecture is GPT2LMHeadModel)" in out
     scalars = tb.scalars(tmp_path / "runs" / "lm")
     for tag in (tags.EVAL_LOSS, tags.EVAL_PERPLEXITY, tags.EVAL_EXACT_MATCH):
         assert 2 in scalars[tag], tag

@@ -7,14 +7,15 @@ from dataclasses import replace
 
 import pytest
 
+from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.optim import build_optimizer
 from app.tasks.classification import Columns, LabelSpace, SequenceClassification
 from tests.harness import build_run, train
 
 
-@pytest.mark.parametrize("precision", ["bf16", "no"])
-def test_batches_are_padded_to_multiples_of_8_only_under_autocast(tiny_model_dir, review_files, precision):
+@pytest.mark.parametrize("precision, pad_flag", [("bf16", None), ("no", None), ("bf16", 8)])
+def test_on_a_cpu_batches_are_padded_only_when_asked(tiny_model_dir, review_files, precision, pad_flag):
     # Batches of 2 up to the tiny model's 128 positions: most end at a length of their own, so padding shows.
     run = build_run(
         tiny_model_dir,
@@ -24,6 +25,7 @@ def test_batches_are_padded_to_multiples_of_8_only_under_autocast(tiny_model_dir
         max_length=128,
         per_device_train_batch_size=2,
         per_device_eval_batch_size=2,
+        pad_to_multiple_of=pad_flag,
     )
     batches = []
     run.model.register_forward_pre_hook(
@@ -35,10 +37,16 @@ def test_batches_are_padded_to_multiples_of_8_only_under_autocast(tiny_model_dir
     longest = [int(mask.sum(dim=1).max()) for mask in batches]
     assert any(n % 8 for n in longest), "no batch of this data would need padding: the test would see nothing"
     lengths = [mask.shape[1] for mask in batches]
-    if precision == "no":  # fp32: just the longest row, no wasted positions
+    if pad_flag is None:  # a CPU has no tensor cores: just the longest row, no wasted positions, in any precision
         assert lengths == longest
-    else:  # tensor cores want lengths in multiples of 8
-        assert lengths == [8 * math.ceil(n / 8) for n in longest]
+    else:  # --pad_to_multiple_of still pads where it is asked for
+        assert lengths == [pad_flag * math.ceil(n / pad_flag) for n in longest]
+
+
+@pytest.mark.parametrize("mode, device, expected", [("fp16", "cuda", 8), ("bf16", "cuda", 8), ("no", "cuda", None)])
+def test_autocast_on_a_gpu_pads_to_multiples_of_8_for_tensor_cores(mode, device, expected):
+    assert PrecisionPolicy(mode, device, "test", "test").pad_to_multiple_of == expected
+    assert PrecisionPolicy(mode, "cpu", "test", "test").pad_to_multiple_of is None
 
 
 def test_weight_decay_skips_biases_and_layer_norm_weights(tiny_model_dir):

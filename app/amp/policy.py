@@ -49,8 +49,9 @@ class PrecisionPolicy:
 
     @property
     def pad_to_multiple_of(self) -> int | None:
-        # Sequence lengths in multiples of 8 keep fp16/bf16 matmuls on tensor cores; fp32 gains nothing from it.
-        return 8 if self.autocast_enabled else None
+        # Sequence lengths in multiples of 8 keep a GPU's fp16/bf16 matmuls on its tensor cores. A CPU has none, and
+        # fp32 gains nothing: there the padding would only add tokens to compute.
+        return 8 if self.autocast_enabled and self.device_type == "cuda" else None
 
     @property
     def scaler_enabled(self) -> bool:

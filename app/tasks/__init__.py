@@ -62,7 +62,7 @@ class Task(Protocol):
 def resolve_task(requested: str | None, model_config: PretrainedConfig) -> tuple[str, str]:
     """The task, and why: --task, or what the model config says it is."""
     if requested:
-        return requested, "--task"
+        return requested, "asked for with --task"
     architectures = model_config.architectures or []
     for architecture in architectures:
         if architecture.endswith(LM_HEADS):
