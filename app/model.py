@@ -59,6 +59,8 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
     try:
         return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
     except (OSError, ValueError) as e:
+        if gguf_file:
+            raise UsageError(f"--gguf_file {gguf_file} cannot be read: {first_line(e)}") from None
         raise UsageError(
             f"--model_name_or_path {name!r} cannot be loaded: {first_line(e)} "
             "(give a local folder with a config.json, or a hub id that is cached or reachable)"

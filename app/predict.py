@@ -190,6 +190,8 @@ def run(cfg: PredictConfig, texts: list[str], accelerator, policy: PrecisionPoli
     task, _ = resolve_task(None, model_config)
     if task == "causal_lm":
         check_decoder(model_config)
+        if cfg.text_pair_column:
+            raise UsageError("--text_pair_column is for sentence-pair classifiers; this model is a causal LM")
         text_columns = (cfg.prompt_column or cfg.text_column,)
         output_columns = TextGenerator.columns
     else:

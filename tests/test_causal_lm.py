@@ -225,13 +225,19 @@ def test_a_quantized_model_is_refused_before_training(tmp_path, tiny_gpt2_dir, r
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
-def test_flags_of_the_other_task_are_refused(tmp_path, tiny_gpt2_dir, tiny_model_dir, review_files, capsys):
+def test_flags_of_the_other_task_are_refused(
+    tmp_path, tiny_gpt2_dir, tiny_model_dir, review_files, conversation_files, capsys
+):
     assert run_app(lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS, "--label_column", "label")) == 2
     assert "--label_column does not apply to --task causal_lm" in capsys.readouterr().err
     assert run_app(lm_args(tmp_path, tiny_model_dir, review_files, *PROMPTS)) == 2
     assert "--prompt_column does not apply to --task sequence_classification" in capsys.readouterr().err
     assert run_app(lm_args(tmp_path, tiny_model_dir, review_files, "--task", "causal_lm")) == 2
     assert "is an encoder" in capsys.readouterr().err
+    conversations = lm_args(tmp_path, tiny_gpt2_dir, conversation_files, "--messages_column", "messages")
+    assert run_app(conversations) == 2
+    assert "--messages_column needs a tokenizer with a chat template" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists(), "bad input leaves nothing"
 
 
 def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, review_files, capsys):
@@ -265,3 +271,6 @@ def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, re
     first = torch.tensor([Renderer(tokenizer, 48).prompt_ids(prompts["prompt"][0])])
     one = model.generate(first, attention_mask=torch.ones_like(first), max_new_tokens=4, do_sample=False)
     assert fp32[0] == tokenizer.decode(one[0, first.shape[1] :], skip_special_tokens=True)
+    paired = ["--model_name_or_path", str(tmp_path / "out"), "--input_file", str(source), "--text_pair_column", "label"]
+    assert predict(paired) == 2
+    assert "--text_pair_column is for sentence-pair classifiers" in capsys.readouterr().err

@@ -73,3 +73,8 @@ def test_a_missing_gguf_file_is_one_line_and_exit_2(tmp_path, tiny_gguf, capsys)
     assert err == [f"error: --gguf_file nope.gguf: no such file in {tiny_gguf.parent}"]
     assert run_app(["--gguf_file", "x.gguf"]) == 2
     assert "--gguf_file needs --model_name_or_path" in capsys.readouterr().err
+    (tiny_gguf.parent / "fake.gguf").write_text("not a GGUF file")
+    args[args.index("nope.gguf")] = "fake.gguf"
+    assert run_app([*args, "--logdir", tmp_path / "runs", "--task", "causal_lm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --gguf_file fake.gguf cannot be read:"), err

@@ -86,6 +86,8 @@ class CausalLM:
         if tokenizer.pad_token_id is None:  # GPT-2 and Llama tokenizers come without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
         columns = lm_data.resolve_columns(cfg)
+        if columns.kind == "messages" and not getattr(tokenizer, "chat_template", None):
+            raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
         lm_data.check_columns(raw, columns)
         return cls(columns, tokenizer, cfg)
 
