@@ -31,6 +31,7 @@ def accelerate_launch(tmp_path, *args, timeout=300) -> subprocess.CompletedProce
 
 
 @pytest.mark.parametrize("model", ["bert", "llama"])
+@pytest.mark.slow
 def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, tiny_model_dir, tiny_llama_dir, model):
     result = accelerate_launch(
         tmp_path,
@@ -59,6 +60,7 @@ def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, ti
     )
 
 
+@pytest.mark.slow
 def test_fsdp_config_on_cpu_says_it_runs_ddp_and_trains_with_one_set_of_event_files(tmp_path, quick_args):
     result = launch(
         tmp_path,
@@ -76,6 +78,7 @@ def test_fsdp_config_on_cpu_says_it_runs_ddp_and_trains_with_one_set_of_event_fi
     assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_a_multi_process_cpu_launch_that_starts_one_process_says_so(tmp_path, quick_args):
     result = launch(tmp_path, ["--num_processes", "2"], [*quick_args, "--max_steps", "1", "--eval_steps", "0"])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -86,6 +89,7 @@ def test_a_multi_process_cpu_launch_that_starts_one_process_says_so(tmp_path, qu
     )
 
 
+@pytest.mark.slow
 def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, review_files):
     port = free_port()
 
@@ -123,6 +127,7 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, revie
     assert all(torch.equal(params[0][n], params[1][n]) for n in params[0]), "the nodes ended with different weights"
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_with_twice_the_batch(
     tmp_path, tiny_model_no_dropout, review_files, one_thread
 ):

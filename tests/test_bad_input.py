@@ -192,6 +192,7 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
     ]
 
 
+@pytest.mark.slow
 def test_every_bad_input_gives_one_line_and_exit_2(workspace, tiny_model_dir, review_files, capfd, monkeypatch):
     base = [
         *data_flags(tiny_model_dir, review_files),

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
@@ -102,6 +103,7 @@ def kill_run(tmp_path, nth: int, args: list) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(tmp_path, tiny_model_dir, review_files):
     args = [
         *common_args(tiny_model_dir, review_files),

@@ -69,6 +69,7 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop_with_the_same_loss(tiny_llama_dir,
     assert not torch.equal(run.model.state_dict()["lm_head.weight"], initial["lm_head.weight"]), "nothing trained"
 
 
+@pytest.mark.slow
 def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, tiny_llama_dir, uneven_responses, one_thread):
     """The token-mean loss is over every rank's label tokens: 2 ranks x 4 examples step as 1 x 8 would."""
     common = [
@@ -100,6 +101,7 @@ def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, tiny_llama
     assert worst < 1e-5, worst
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_is_bitwise_for_a_decoder_in_fp16(tmp_path, tiny_gpt2_dir, review_files):
     common = [
         *lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS),

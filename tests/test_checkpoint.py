@@ -55,6 +55,7 @@ def kill_run(tmp_path, point: str, nth: int, args: list) -> subprocess.Completed
         ),  # epoch ends at step 12
     ],
 )
+@pytest.mark.slow
 def test_kill_9_then_resume_is_bitwise(tmp_path, tiny_model_dir, review_files, precision, extra):
     common = [*data_args(tiny_model_dir, review_files), "--mixed_precision", precision, "--run_name", "r", *extra]
     here = ["--output_dir", tmp_path / "run", "--logdir", tmp_path / "runs"]
@@ -86,6 +87,7 @@ def test_kill_9_then_resume_is_bitwise(tmp_path, tiny_model_dir, review_files, p
     assert (tags.AMP_LOSS_SCALE in resumed_curves) == (precision == "fp16"), "the scaler's tags in fp16 only"
 
 
+@pytest.mark.slow
 def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_model_dir, review_files):
     args = [
         *data_args(tiny_model_dir, review_files),
@@ -115,6 +117,7 @@ def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_mo
     assert [p.name for p in completed_checkpoints(root)] == ["step-8", "step-12"], "pruned to --save_total_limit 2"
 
 
+@pytest.mark.slow
 def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tiny_model_dir, review_files):
     """Two gloo ranks started as srun/torchrun start them; the scheduler sends SIGTERM to both."""
     args = [

@@ -147,6 +147,7 @@ def quick_flags(tiny_model_dir, review_files) -> list:
 
 
 @pytest.mark.parametrize("attempt", [1, 2])
+@pytest.mark.slow
 def test_two_runs_started_together_into_one_folder_one_trains_the_other_exits_2(
     tmp_path, tiny_model_dir, review_files, attempt
 ):
@@ -162,6 +163,7 @@ def test_two_runs_started_together_into_one_folder_one_trains_the_other_exits_2(
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == [winner.args[-1]], "the loser left no folder"
 
 
+@pytest.mark.slow
 def test_two_runs_started_in_the_same_second_get_their_own_default_names(tmp_path, tiny_model_dir, review_files):
     args = [*quick_flags(tiny_model_dir, review_files), "--logdir", tmp_path / "tb"]  # default names and folders
     runs = [start_run(tmp_path, args, tmp_path) for _ in range(2)]

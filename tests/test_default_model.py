@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from app.model import embedded_model_dir
 from tests.conftest import run_app
 
 
+@pytest.mark.slow
 def test_a_few_steps_of_the_real_default(tmp_path, capfd):
     out = tmp_path / "out"
     code = run_app(

@@ -79,6 +79,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_what_was_written(tmp_path, tin
     assert "it needs more than the " in error and error.endswith("this run has no earlier checkpoint")
 
 
+@pytest.mark.slow
 def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, tiny_model_dir, review_files):
     """Two gloo ranks, started as torchrun starts them: the main process's write fails, neither rank hangs."""
     args = run_flags(tiny_model_dir, review_files, small_disk / "out", tmp_path / "runs")
@@ -109,6 +110,7 @@ def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, t
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+@pytest.mark.slow
 def test_what_the_run_writes_is_as_readable_as_the_umask_allows(tmp_path, tiny_model_dir, review_files, umask, mode):
     flags = run_flags(tiny_model_dir, review_files, tmp_path / "out", tmp_path / "runs")
     flags[flags.index("--max_steps") + 1] = 1

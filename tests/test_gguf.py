@@ -47,6 +47,7 @@ def test_the_conversion_is_the_files_model_and_is_made_once(tiny_gguf, tmp_path)
     assert gguf_convert.converted_folder(folder, name) != target, "another file's bytes, another cache entry"
 
 
+@pytest.mark.slow
 def test_two_runs_converting_at_once_leave_one_complete_folder(tiny_gguf):
     folder, name = str(tiny_gguf.parent), tiny_gguf.name
     target = gguf_convert.converted_folder(folder, name)

@@ -26,6 +26,7 @@ def make_train_command() -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.slow
 def test_make_train_opens_with_the_precision_decision_not_a_launcher_banner(tmp_path, quick_args):
     command = make_train_command()
     assert command[1] == "launch" and "app/train.py" in command, command

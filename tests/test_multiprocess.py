@@ -19,6 +19,7 @@ from tests import tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch
 
 
+@pytest.mark.slow
 def test_two_ranks_train_on_different_shards_and_end_identical(tmp_path, tiny_model_dir, review_files):
     cmd = [
         str(ACCELERATE),
@@ -48,6 +49,7 @@ def test_two_ranks_train_on_different_shards_and_end_identical(tmp_path, tiny_mo
         assert torch.equal(params[0][name], params[1][name]), f"{name} differs between the ranks"
 
 
+@pytest.mark.slow
 def test_each_evaluation_line_is_printed_once_under_two_ranks(tmp_path, quick_args):
     flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]
     result = launch(tmp_path, flags, [*quick_args, "--max_steps", "4", "--eval_steps", "2"], timeout=300)
@@ -88,6 +90,7 @@ def trained_examples(record: Path, index: dict) -> list[int]:
 
 @pytest.mark.parametrize("strategy", ["group_by_length", "random"])
 @pytest.mark.parametrize("saved_by, resumed_by, steps_done", [(2, 1, 2), (1, 2, 3)])
+@pytest.mark.slow
 def test_a_resume_with_another_process_count_trains_each_example_of_the_epoch_once(
     tmp_path, tiny_model_no_dropout, review_files, strategy, saved_by, resumed_by, steps_done
 ):
@@ -123,6 +126,7 @@ def test_a_resume_with_another_process_count_trains_each_example_of_the_epoch_on
     ) in resumed.stdout
 
 
+@pytest.mark.slow
 def test_two_ranks_in_fp16_log_the_headroom_and_tokens_per_device(tmp_path, quick_args):
     # Every rank measures its own micro-batch and the maxima are reduced over ranks: both must arm at the same steps.
     flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]

@@ -107,6 +107,7 @@ def test_disabled_tools_are_exact_no_ops():
 PRECISION_LINE = re.compile(r"^precision: .*$", re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
     """Real `accelerate launch` subprocesses: its flag, a --config_file YAML, the wizard's default config, --amp.
 
@@ -192,6 +193,7 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
+@pytest.mark.slow
 def test_plain_python_picks_the_fast_precision(tmp_path, quick_args, monkeypatch, native):
     force_bf16_probe(monkeypatch, native)  # the child process too (tests/bf16_switch)
     result = python_app(tmp_path, [*quick_args, "--max_steps", "1", "--eval_steps", "0", "--max_eval_samples", "8"])

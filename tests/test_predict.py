@@ -92,6 +92,7 @@ def test_predict_a_csv_keeps_its_rows_and_columns_and_names_the_labels(tmp_path,
     assert_predictions_match(output, source, trained)
 
 
+@pytest.mark.slow
 def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, review_files):
     source = pd.read_csv(review_files["validation"]).head(45)  # odd: the ranks get unequal shares
     source.to_csv(tmp_path / "in.csv", index=False)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 from transformers import AutoModelForSequenceClassification
 
 from app.checkpoint import completed_checkpoints
@@ -29,6 +30,7 @@ def start_run(tmp_path, args: list) -> LineWatch:
     return LineWatch(process)
 
 
+@pytest.mark.slow
 def test_a_signal_during_the_final_evaluation_lets_the_save_finish_and_exits_143(tmp_path, quick_args, review_files):
     # The training file as validation set, one example per batch: an evaluation long enough to land the signal in.
     args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--save_steps", "0"]
@@ -46,6 +48,7 @@ def test_a_signal_during_the_final_evaluation_lets_the_save_finish_and_exits_143
     assert model.config.num_labels == 2
 
 
+@pytest.mark.slow
 def test_a_signal_before_training_starts_checkpoints_step_0_and_exits_130(tmp_path, quick_args):
     args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--save_steps", "0", "--max_eval_samples", "8"]
     child = start_run(tmp_path, args)
@@ -74,6 +77,7 @@ def test_a_kill_during_the_final_save_leaves_no_half_written_model(tmp_path, qui
     assert not (out / "model.safetensors").exists(), "the weights reach the output folder only by an atomic rename"
 
 
+@pytest.mark.slow
 def test_a_kill_during_the_final_evaluation_loses_no_step(tmp_path, quick_args, review_files):
     """A signal during the final evaluation lets it finish; a scheduler's SIGKILL after its grace period does not.
     The last step is checkpointed before that evaluation, so the resume has nothing to train again."""

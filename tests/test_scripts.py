@@ -28,6 +28,7 @@ def run_script(tmp_path, name: str, *args, env=None) -> subprocess.CompletedProc
     return result
 
 
+@pytest.mark.slow
 def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_model_dir, review_files):
     result = run_script(
         tmp_path,
@@ -90,6 +91,7 @@ def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
     assert result.returncode == 2 and "--amp is set by this script" in result.stderr
 
 
+@pytest.mark.slow
 def test_bench_tiny_writes_the_json_keys(tmp_path):
     run_script(
         tmp_path, "bench.py", "--tiny", "--steps", "3", "--rounds", "1", "--warmup", "1", "--json", tmp_path / "b.json"
@@ -117,6 +119,7 @@ def test_bench_tiny_writes_the_json_keys(tmp_path):
         assert abs(figures[ratio] - top / bottom) <= slack, (ratio, figures[ratio], top / bottom)
 
 
+@pytest.mark.slow
 def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path):
     run_script(tmp_path, "bench.py", "--job", "--tiny", "--json", tmp_path / "job.json")
     figures = json.loads((tmp_path / "job.json").read_text())
@@ -129,6 +132,7 @@ def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path):
     assert figures["precision"] in ("no", "fp16", "bf16")
 
 
+@pytest.mark.slow
 def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path):
     run_script(tmp_path, "bench.py", "--job", "--task", "causal_lm", "--tiny", "--json", tmp_path / "job.json")
     figures = json.loads((tmp_path / "job.json").read_text())
@@ -193,6 +197,7 @@ def test_plot_headroom_draws_an_fp16_run_and_refuses_a_run_without_it(tmp_path, 
     assert "has no amp/headroom_bits (an fp16 run logs it)" in refused.stderr
 
 
+@pytest.mark.slow
 def test_bench_headroom_tiny_pairs_log_steps_with_and_without_the_probe(tmp_path):
     run_script(tmp_path, "bench_headroom.py", "--tiny", "--rounds", "2", "--warmup", "1", "--json", tmp_path / "h.json")
     figures = json.loads((tmp_path / "h.json").read_text())
