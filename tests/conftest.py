@@ -18,6 +18,9 @@ os.environ["CUDA_VISIBLE_DEVICES"] = ""
 # spinning OpenMP threads each fight for the cores (two tiny runs side by side took 19 s with two threads each, 5.9 s
 # with one). Runs that need several threads say so through the launcher's --num_cpu_threads_per_process.
 os.environ["OMP_NUM_THREADS"] = "1"
+# Bytecode is cached, for the children too: where the machine sets PYTHONDONTWRITEBYTECODE (CI does), each of the
+# suite's 150 or so processes would otherwise compile the app's modules again (about 0.2 s each).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 import functools
 import random
 import socket
