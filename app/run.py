@@ -153,8 +153,12 @@ def build_run(
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
     model = model or inputs.task.load_model(inputs.model_path)
     if cfg.gradient_checkpointing:
-        # Non-reentrant: works under DDP and with inputs that need no gradient (token ids).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Non-reentrant: works under DDP and with inputs that need no gradient (token ids). Newer transformers 5.x
+        # renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.torch_compile:
         # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
         # parameter names ("_orig_mod.") in checkpoints and in the saved model.
