@@ -1,10 +1,12 @@
-"""What the two entry points (train.py, predict.py) share: flag help, a parser whose errors are one line, and the
-wrapper that turns the app's errors into exit codes."""
+"""What the two entry points (train.py, predict.py) share: flag help, a parser whose errors are one line, the
+wrapper that turns the app's errors into exit codes, and the process's end."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 import typing
 from dataclasses import field
 from typing import Callable
@@ -42,3 +44,20 @@ def exit_code_of(main_body: Callable[[], int]) -> int:
         if os.environ.get("RANK", "0") == "0":  # every rank stops alike; one of them says why
             print(f"error: {halt}" if isinstance(halt, (UsageError, DiskFull)) else str(halt), file=sys.stderr)
         return halt.exit_code
+
+
+def exit_process(code: int) -> typing.NoReturn:
+    """End the process with `code` once everything it wrote is out, without the interpreter's teardown.
+
+    As the interpreter would: wait for non-daemon threads, run the atexit handlers (logging's flush among them),
+    flush stdout and stderr. Then leave at once: tearing down torch, transformers and datasets module by module costs
+    about 1 s of CPU at the end of every run (4.6 s against 5.7 s for a whole tiny run), and every file of the run
+    was closed before main() returned.
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -16,6 +16,7 @@ import transformers.modeling_utils  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 from app import checkpoint  # noqa: E402
+from app.cli import exit_process  # noqa: E402
 from app.train import main  # noqa: E402
 
 
@@ -39,4 +40,4 @@ POINTS = {  # point: the call after whose Nth return the run dies
 }
 point, nth, argv = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 die_after_call(*POINTS[point], nth)
-sys.exit(main(argv))
+exit_process(main(argv))  # as app/train.py ends

@@ -14,6 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from app.cli import exit_process  # noqa: E402
 from app.tasks.classification import SequenceClassification  # noqa: E402
 from app.train import main  # noqa: E402
 
@@ -35,4 +36,4 @@ def load_and_watch(task, model_path):
 
 
 load_model, SequenceClassification.load_model = SequenceClassification.load_model, load_and_watch
-sys.exit(main(argv))
+exit_process(main(argv))  # as app/train.py ends
