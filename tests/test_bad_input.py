@@ -241,13 +241,14 @@ def test_bad_input_as_a_user_sees_it(tmp_path, quick_args, extra, expected):
 
 
 @pytest.mark.parametrize("spelling", ["1", "yes", "true"])
-def test_every_spelling_of_the_deepspeed_flag_refuses_amp(tmp_path, quick_args, spelling):
+def test_every_spelling_of_the_deepspeed_flag_refuses_amp(tmp_path, quick_args, spelling, monkeypatch, capfd):
     """One parser (Accelerate's parse_flag_from_env) for ACCELERATE_USE_DEEPSPEED, so "1" and "yes" count as "true".
 
     Only the refusal is checked: what Accelerate does with the flag past it depends on whether deepspeed is installed.
     """
-    refused = python_app(tmp_path, [*quick_args, "--amp"], ACCELERATE_USE_DEEPSPEED=spelling)
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    assert refused.stderr.strip().count("\n") == 0, refused.stderr
-    assert refused.stderr.startswith("error: fp16 under a DeepSpeed launch config is refused"), refused.stderr
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", spelling)
+    code, said = run_app([*quick_args, "--amp"]), capfd.readouterr().err
+    assert code == 2, said[-2000:]
+    assert said.strip().count("\n") == 0, said
+    assert said.startswith("error: fp16 under a DeepSpeed launch config is refused"), said
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()

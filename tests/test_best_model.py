@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests import tb
-from tests.conftest import ROOT, clean_env, data_flags, python_app, run_app
+from tests.conftest import ROOT, clean_env, data_flags, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 BOUNCY = ["--learning_rate", "1e-2", "--warmup_ratio", "0", "--max_steps", "16", "--eval_steps", "2"]
@@ -104,7 +105,10 @@ def kill_run(tmp_path, nth: int, args: list) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(tmp_path, tiny_model_dir, review_files):
+def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(
+    tmp_path, tiny_model_dir, review_files, capfd, one_thread
+):
+    """The killed runs are real processes; the uninterrupted run and the resumes run in this one."""
     args = [
         *common_args(tiny_model_dir, review_files),
         "--load_best_model_at_end",
@@ -113,8 +117,9 @@ def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(tmp_path,
         "--save_steps",
         "0",
     ]
-    ref = python_app(tmp_path, [*args, "--output_dir", tmp_path / "ref", "--logdir", tmp_path / "ref_runs"])
-    assert ref.returncode == 0, ref.stderr[-2000:]
+    ref = run_app([*args, "--output_dir", tmp_path / "ref", "--logdir", tmp_path / "ref_runs"])
+    said = capfd.readouterr()
+    assert ref == 0, said.err[-2000:]
     curves = tb.scalars(tmp_path / "ref_runs" / "r")
     losses = curves["eval/loss"]
     # The loop evaluates before max_steps; the final evaluation, at the stop step, repeats the loop's last one.
@@ -122,33 +127,37 @@ def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(tmp_path,
     expected_stop = stop_step(in_loop, patience=2)
     assert expected_stop is not None and expected_stop < 16, f"the setup should stop early: {losses}"
     assert curves["train/stopped_early"] == {expected_stop: 1.0}
-    assert f"early stopping at optimizer step {expected_stop}: eval/loss has not improved" in ref.stdout
-    assert "optimizer steps  " + str(expected_stop) in ref.stdout, "training went on after the stop"
+    assert f"early stopping at optimizer step {expected_stop}: eval/loss has not improved" in said.out
+    assert "optimizer steps  " + str(expected_stop) in said.out, "training went on after the stop"
     best = best_step(in_loop)
     assert_same_weights(
         tmp_path / "ref" / "checkpoints" / f"step-{best}" / "model.safetensors", tmp_path / "ref" / "model.safetensors"
     )
 
-    # Killed right after the checkpoint of the evaluation after the best: the patience count has started.
-    evaluations_to_kill_after = sorted(in_loop).index(best) + 2
-    here = ["--output_dir", tmp_path / "run", "--logdir", tmp_path / "runs"]
-    killed = kill_run(tmp_path, evaluations_to_kill_after, [*args, *here])
+    # Two runs, killed side by side: (1) right after the checkpoint of the evaluation after the best, when the
+    # patience count has started; (2) right after the checkpoint of the evaluation that stopped the run.
+    here, here2 = (["--output_dir", tmp_path / out, "--logdir", tmp_path / f"runs_{out}"] for out in ("run", "run2"))
+    with ThreadPoolExecutor(2) as pool:
+        killed = pool.submit(kill_run, tmp_path, sorted(in_loop).index(best) + 2, [*args, *here])
+        killed2 = pool.submit(kill_run, tmp_path, sorted(in_loop).index(expected_stop) + 1, [*args, *here2])
+        killed, killed2 = killed.result(), killed2.result()
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert killed2.returncode == -signal.SIGKILL, killed2.stderr[-2000:]
     assert not (tmp_path / "run" / "model.safetensors").exists(), "the killed run must not have finished"
-    resumed = python_app(tmp_path, [*args, *here, "--resume_from_checkpoint", "latest"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from {tmp_path / 'run' / 'checkpoints' / f'step-{best + 2}'}" in resumed.stdout
-    assert f"early stopping at optimizer step {expected_stop}" in resumed.stdout
-    assert f"loaded the best model, step {best} " in resumed.stdout
+
+    resumed = run_app([*args, *here, "--resume_from_checkpoint", "latest"])
+    said = capfd.readouterr()
+    assert resumed == 0, said.err[-2000:]
+    assert f"resumed from {tmp_path / 'run' / 'checkpoints' / f'step-{best + 2}'}" in said.out
+    assert f"early stopping at optimizer step {expected_stop}" in said.out
+    assert f"loaded the best model, step {best} " in said.out
     assert_same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run" / "model.safetensors")
 
-    # Killed right after the checkpoint of the evaluation that stopped the run: the resume trains no further.
-    here = ["--output_dir", tmp_path / "run2", "--logdir", tmp_path / "runs2"]
-    killed = kill_run(tmp_path, sorted(in_loop).index(expected_stop) + 1, [*args, *here])
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    resumed = python_app(tmp_path, [*args, *here, "--resume_from_checkpoint", "latest"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "optimizer steps  " + str(expected_stop) in resumed.stdout, "the resumed run trained past the stop"
+    # The resume of the run killed after the stopping evaluation trains no further.
+    resumed = run_app([*args, *here2, "--resume_from_checkpoint", "latest"])
+    said = capfd.readouterr()
+    assert resumed == 0, said.err[-2000:]
+    assert "optimizer steps  " + str(expected_stop) in said.out, "the resumed run trained past the stop"
     assert_same_weights(tmp_path / "ref" / "model.safetensors", tmp_path / "run2" / "model.safetensors")
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from app.checkpoint import completed_checkpoints
 from app.integrity import damage
-from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, python_app
+from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_app
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
 
@@ -45,36 +45,38 @@ def run_flags(tiny_model_dir, review_files, out, logdir) -> list:
 
 
 def test_a_full_disk_at_a_checkpoint_is_one_line_exit_4_and_the_previous_one_is_intact(
-    tmp_path, small_disk, tiny_model_dir, review_files
+    tmp_path, small_disk, tiny_model_dir, review_files, capfd
 ):
     out = small_disk / "out"
-    result = python_app(tmp_path, run_flags(tiny_model_dir, review_files, out, tmp_path / "runs"))
-    assert result.returncode == 4, result.stderr[-3000:]
-    root, error = out / "checkpoints", last_line(result.stderr)
+    code = run_app(run_flags(tiny_model_dir, review_files, out, tmp_path / "runs"))
+    result = capfd.readouterr()
+    assert code == 4, result.err[-3000:]
+    root, error = out / "checkpoints", last_line(result.err)
     assert error.startswith(f"error: no space left on device for checkpoint step-2 in {root}: it needs about 12.0"), (
         error
     )
     assert error.endswith(f" MB are free; {root / 'step-1'} is intact")
     warning = rf"warning: \d+\.\d MB free in {re.escape(str(root))}, and the last checkpoint took 12\.0 MB: this one "
     warning += "may not fit"
-    assert [line for line in result.stdout.splitlines() if re.fullmatch(warning, line)], result.stdout[-2000:]
+    assert [line for line in result.out.splitlines() if re.fullmatch(warning, line)], result.out[-2000:]
     assert [p.name for p in completed_checkpoints(root)] == ["step-1"]
     assert damage(root / "step-1") is None, "the previous checkpoint is whole"
     assert not list(root.glob(".staging-*")), "the partial checkpoint is removed, which frees its space"
     assert not list(out.glob(".claim-*")), "the claim is given back"
 
 
-def test_a_full_disk_at_the_first_checkpoint_says_what_was_written(tmp_path, tiny_model_dir, review_files):
+def test_a_full_disk_at_the_first_checkpoint_says_what_was_written(tmp_path, tiny_model_dir, review_files, capfd):
     mount = tmp_path / "tiny_disk"
     mount.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
-        result = python_app(tmp_path, run_flags(tiny_model_dir, review_files, mount / "out", tmp_path / "runs"))
+        code = run_app(run_flags(tiny_model_dir, review_files, mount / "out", tmp_path / "runs"))
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=True)
-    assert result.returncode == 4, result.stderr[-3000:]
-    error = last_line(result.stderr)
+    result = capfd.readouterr()
+    assert code == 4, result.err[-3000:]
+    error = last_line(result.err)
     assert error.startswith("error: no space left on device for checkpoint step-1 in "), error
     assert "it needs more than the " in error and error.endswith("this run has no earlier checkpoint")
 
@@ -110,19 +112,17 @@ def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, t
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
-@pytest.mark.slow
-def test_what_the_run_writes_is_as_readable_as_the_umask_allows(tmp_path, tiny_model_dir, review_files, umask, mode):
+def test_what_the_run_writes_is_as_readable_as_the_umask_allows(
+    tmp_path, tiny_model_dir, review_files, umask, mode, capfd
+):
     flags = run_flags(tiny_model_dir, review_files, tmp_path / "out", tmp_path / "runs")
     flags[flags.index("--max_steps") + 1] = 1
-    result = subprocess.run(
-        [sys.executable, str(TRAIN_SCRIPT), *map(str, flags), "--max_eval_samples", "8"],
-        env=clean_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=240,
-        preexec_fn=lambda: os.umask(umask),
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
+    before = os.umask(umask)  # the umask is the process's: this test's run is the only one in it
+    try:
+        code = run_app([*flags, "--max_eval_samples", "8"])
+    finally:
+        os.umask(before)
+    assert code == 0, capfd.readouterr().err[-2000:]
     written = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert tmp_path / "out" / "model.safetensors" in written
     assert tmp_path / "out" / "checkpoints" / "step-1" / "model.safetensors" in written

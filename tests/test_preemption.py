@@ -13,7 +13,7 @@ import pytest
 from transformers import AutoModelForSequenceClassification
 
 from app.checkpoint import completed_checkpoints
-from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, python_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 
@@ -49,7 +49,8 @@ def test_a_signal_during_the_final_evaluation_lets_the_save_finish_and_exits_143
 
 
 @pytest.mark.slow
-def test_a_signal_before_training_starts_checkpoints_step_0_and_exits_130(tmp_path, quick_args):
+def test_a_signal_before_training_starts_checkpoints_step_0_and_exits_130(tmp_path, quick_args, capfd):
+    """The signalled run is a real process; the resume runs in this one."""
     args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--save_steps", "0", "--max_eval_samples", "8"]
     child = start_run(tmp_path, args)
     child.wait_for("precision: ")  # printed once the handler is installed, before loading and tokenizing
@@ -62,9 +63,10 @@ def test_a_signal_before_training_starts_checkpoints_step_0_and_exits_130(tmp_pa
     assert [p.name for p in saved] == ["step-0"]
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
-    resumed = python_app(tmp_path, [*args, "--resume_from_checkpoint", "latest"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from {saved[0]}" in resumed.stdout
+    capfd.readouterr()
+    code, said = run_app([*args, "--resume_from_checkpoint", "latest"]), capfd.readouterr()
+    assert code == 0, said.err[-2000:]
+    assert f"resumed from {saved[0]}" in said.out
 
 
 def test_a_kill_during_the_final_save_leaves_no_half_written_model(tmp_path, quick_args):
@@ -78,9 +80,10 @@ def test_a_kill_during_the_final_save_leaves_no_half_written_model(tmp_path, qui
 
 
 @pytest.mark.slow
-def test_a_kill_during_the_final_evaluation_loses_no_step(tmp_path, quick_args, review_files):
+def test_a_kill_during_the_final_evaluation_loses_no_step(tmp_path, quick_args, review_files, capfd):
     """A signal during the final evaluation lets it finish; a scheduler's SIGKILL after its grace period does not.
-    The last step is checkpointed before that evaluation, so the resume has nothing to train again."""
+    The last step is checkpointed before that evaluation, so the resume has nothing to train again. The killed run
+    is a real process; the resume runs in this one."""
     args = [*quick_args, "--max_steps", "3", "--eval_steps", "0", "--save_steps", "100"]
     long_evaluation = ["--validation_file", review_files["train"], "--per_device_eval_batch_size", "1"]
     child = start_run(tmp_path, [*args, *long_evaluation])
@@ -90,12 +93,12 @@ def test_a_kill_during_the_final_evaluation_loses_no_step(tmp_path, quick_args, 
     saved = completed_checkpoints(tmp_path / "out" / "checkpoints")
     assert [p.name for p in saved] == ["step-3"], "the last step, though --save_steps is beyond it"
 
-    resumed = python_app(tmp_path, [*args, "--max_eval_samples", "8", "--resume_from_checkpoint", "latest"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"resumed from {saved[0]} at optimizer step 3" in resumed.stdout
+    capfd.readouterr()
+    code, said = run_app([*args, "--max_eval_samples", "8", "--resume_from_checkpoint", "latest"]), capfd.readouterr()
+    assert code == 0, said.err[-2000:]
+    assert f"resumed from {saved[0]} at optimizer step 3" in said.out
 
 
 def test_without_checkpoints_asked_for_the_run_ends_without_one(tmp_path, quick_args):
-    result = python_app(tmp_path, [*quick_args, "--max_steps", "2", "--save_steps", "0", "--max_eval_samples", "8"])
-    assert result.returncode == 0, result.stderr[-2000:]
+    assert run_app([*quick_args, "--max_steps", "2", "--save_steps", "0", "--max_eval_samples", "8"]) == 0
     assert not completed_checkpoints(tmp_path / "out" / "checkpoints")
