@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import runpy
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from app.telemetry import tags
 from tests import tb
@@ -28,10 +31,39 @@ def run_script(tmp_path, name: str, *args, env=None) -> subprocess.CompletedProc
     return result
 
 
+@pytest.fixture
+def run_here(tmp_path, monkeypatch, capfd):
+    """A script as `python scripts/NAME ARGS` runs it, but in this process, which has imported torch and
+    transformers already: its __main__ block with that argv, working folder and clean_env's environment. The runs a
+    script starts are real processes of their own. Returns what the script printed; fails on a non-zero exit."""
+
+    def run(name: str, *args) -> str:
+        launched = clean_env(tmp_path)
+        for key in set(os.environ) - set(launched):
+            monkeypatch.delenv(key)
+        for key, value in launched.items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setattr(sys, "argv", [str(SCRIPTS / name), *map(str, args)])
+        monkeypatch.setattr(sys, "path", [str(SCRIPTS), *sys.path])  # as python puts the script's folder first
+        threads, code = torch.get_num_threads(), 0
+        capfd.readouterr()
+        try:
+            runpy.run_path(str(SCRIPTS / name), run_name="__main__")
+        except SystemExit as exit:
+            code = exit.code
+        finally:
+            torch.set_num_threads(threads)
+        said = capfd.readouterr()
+        assert code in (0, None), f"exit {code!r}: {said.err[-3000:]}"
+        return said.out
+
+    return run
+
+
 @pytest.mark.slow
-def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_model_dir, review_files):
-    result = run_script(
-        tmp_path,
+def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_model_dir, review_files, run_here):
+    said = run_here(
         "compare_amp.py",
         "--name",
         "cmp",
@@ -76,7 +108,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_mod
     assert padding[0] == padding[1], padding
     assert "fp16 pre-flight: amp pre-flight: clean" in report and "Native low-precision matmuls on this CPU" in report
     assert (tmp_path / "report" / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "report:" in result.stdout
+    assert "report:" in said
 
 
 def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
@@ -92,10 +124,8 @@ def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_tiny_writes_the_json_keys(tmp_path):
-    run_script(
-        tmp_path, "bench.py", "--tiny", "--steps", "3", "--rounds", "1", "--warmup", "1", "--json", tmp_path / "b.json"
-    )
+def test_bench_tiny_writes_the_json_keys(tmp_path, run_here):
+    run_here("bench.py", "--tiny", "--steps", "3", "--rounds", "1", "--warmup", "1", "--json", tmp_path / "b.json")
     figures = json.loads((tmp_path / "b.json").read_text())
     for key in (
         "app_samples_per_sec",
@@ -120,8 +150,8 @@ def test_bench_tiny_writes_the_json_keys(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path):
-    run_script(tmp_path, "bench.py", "--job", "--tiny", "--json", tmp_path / "job.json")
+def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path, run_here):
+    run_here("bench.py", "--job", "--tiny", "--json", tmp_path / "job.json")
     figures = json.loads((tmp_path / "job.json").read_text())
     for key in ("app_wall_s", "hf_wall_s", "hf_grouped_wall_s"):
         assert figures[key] > 0, key
@@ -133,8 +163,8 @@ def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path):
-    run_script(tmp_path, "bench.py", "--job", "--task", "causal_lm", "--tiny", "--json", tmp_path / "job.json")
+def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path, run_here):
+    run_here("bench.py", "--job", "--task", "causal_lm", "--tiny", "--json", tmp_path / "job.json")
     figures = json.loads((tmp_path / "job.json").read_text())
     for name in ("app", "app_random", "hf", "hf_grouped"):
         assert figures[f"{name}_wall_s"] > 0 and 0 <= figures[f"{name}_exact_match"] <= 1, name
@@ -144,9 +174,8 @@ def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path):
     assert figures["app_random_eval_loss"] == pytest.approx(figures["hf_eval_loss"], rel=0.01)
 
 
-def test_gpu_check_dry_run_on_cpu(tmp_path):
-    run_script(
-        tmp_path,
+def test_gpu_check_dry_run_on_cpu(tmp_path, run_here):
+    run_here(
         "gpu_check.py",
         "--device",
         "cpu",
@@ -181,9 +210,9 @@ def test_gpu_check_on_the_gpu(tmp_path):
     assert figures["results"]["fp32"]["samples_per_sec"] > 0 and figures["results"]["fp16"]["samples_per_sec"] > 0
 
 
-def test_plot_headroom_draws_an_fp16_run_and_refuses_a_run_without_it(tmp_path, quick_args):
+def test_plot_headroom_draws_an_fp16_run_and_refuses_a_run_without_it(tmp_path, quick_args, run_here):
     assert run_app([*quick_args, "--amp", "--max_steps", "2", "--eval_steps", "0"]) == 0
-    run_script(tmp_path, "plot_headroom.py", tmp_path / "runs" / "test", "--out", tmp_path / "headroom.png")
+    run_here("plot_headroom.py", tmp_path / "runs" / "test", "--out", tmp_path / "headroom.png")
     assert (tmp_path / "headroom.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "empty").mkdir()
     refused = subprocess.run(
@@ -198,8 +227,8 @@ def test_plot_headroom_draws_an_fp16_run_and_refuses_a_run_without_it(tmp_path, 
 
 
 @pytest.mark.slow
-def test_bench_headroom_tiny_pairs_log_steps_with_and_without_the_probe(tmp_path):
-    run_script(tmp_path, "bench_headroom.py", "--tiny", "--rounds", "2", "--warmup", "1", "--json", tmp_path / "h.json")
+def test_bench_headroom_tiny_pairs_log_steps_with_and_without_the_probe(tmp_path, run_here):
+    run_here("bench_headroom.py", "--tiny", "--rounds", "2", "--warmup", "1", "--json", tmp_path / "h.json")
     figures = json.loads((tmp_path / "h.json").read_text())
     assert figures["pairs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio_median"] > 0
     assert figures["log_step_s_with_probe"] > 0 and figures["log_step_s_without"] > 0
