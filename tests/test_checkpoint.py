@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from app.checkpoint import completed_checkpoints, find_checkpoint
 from app.telemetry import tags
 from tests import tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, free_port, python_app, run_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, free_port, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 TRAINING_STARTED = "training: "  # the line the app prints once its signal handlers are in place
@@ -91,7 +91,8 @@ def test_kill_9_then_resume_is_bitwise(tmp_path, tiny_model_dir, review_files, p
 
 
 @pytest.mark.slow
-def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_model_dir, review_files):
+def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_model_dir, review_files, capfd):
+    """The killed run is a real process; the resume runs in this one."""
     args = [
         *data_args(tiny_model_dir, review_files),
         "--mixed_precision",
@@ -114,8 +115,7 @@ def test_a_kill_while_writing_leaves_nothing_latest_would_pick(tmp_path, tiny_mo
     assert [p.name for p in completed_checkpoints(root)] == ["step-4"]
     assert find_checkpoint("latest", str(tmp_path / "out")) == root / "step-4"
 
-    resumed = python_app(tmp_path, [*args, "--resume_from_checkpoint", "latest"])
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert run_app([*args, "--resume_from_checkpoint", "latest"]) == 0, capfd.readouterr().err[-2000:]
     assert not list(root.glob(".staging-*")), "leftover staging folders are removed"
     assert [p.name for p in completed_checkpoints(root)] == ["step-8", "step-12"], "pruned to --save_total_limit 2"
 
