@@ -90,7 +90,9 @@ def test_a_multi_process_cpu_launch_that_starts_one_process_says_so(tmp_path, qu
 
 
 @pytest.mark.slow
-def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, review_files):
+def test_two_nodes_on_one_machine_train_on_different_shards_and_end_identical(tmp_path, tiny_model_dir, review_files):
+    """Two launchers, one rank each, joined through multi_node.yaml: the ranks see disjoint shards of every batch,
+    get the same gathered evaluation, and end with identical weights."""
     port = free_port()
 
     def node(rank: int) -> subprocess.CompletedProcess:
@@ -122,9 +124,13 @@ def test_two_nodes_on_one_machine_train_together(tmp_path, tiny_model_dir, revie
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    assert [r["world"] for r in ranks] == [2, 2] and not set(ranks[0]["rows"]) & set(ranks[1]["rows"])
+    assert [r["world"] for r in ranks] == [2, 2], "the two nodes did not form one job"
+    assert len(ranks[0]["rows"]) == len(ranks[1]["rows"]) == 4 * 8, "each rank runs 4 steps of 8 examples"
+    assert not set(ranks[0]["rows"]) & set(ranks[1]["rows"]), "the ranks saw the same examples"
+    assert ranks[0]["eval"] == ranks[1]["eval"], "evaluation is gathered: every rank gets the same figures"
     params = [torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1)]
-    assert all(torch.equal(params[0][n], params[1][n]) for n in params[0]), "the nodes ended with different weights"
+    for name in params[0]:
+        assert torch.equal(params[0][name], params[1][name]), f"{name} differs between the nodes"
 
 
 @pytest.mark.slow

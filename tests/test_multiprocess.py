@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 from app.tasks.classification import SequenceClassification
@@ -18,36 +17,6 @@ from app.telemetry import tags
 from tests import tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app
 from tests.workers.record_examples import recording_load
-
-
-@pytest.mark.slow
-def test_two_ranks_train_on_different_shards_and_end_identical(tmp_path, tiny_model_dir, review_files):
-    cmd = [
-        str(ACCELERATE),
-        "launch",
-        "--config_file",
-        str(ROOT / "accelerate_configs" / "cpu_multi.yaml"),
-        "--main_process_port",
-        str(free_port()),
-        str(ROOT / "tests" / "workers" / "ddp_worker.py"),
-        str(tmp_path),
-        str(tiny_model_dir),
-        str(review_files["train"]),
-        str(review_files["validation"]),
-    ]
-    result = subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
-    assert all(r["world"] == 2 for r in ranks), "the two processes did not form one job"
-    rows0, rows1 = set(ranks[0]["rows"]), set(ranks[1]["rows"])
-    assert len(ranks[0]["rows"]) == len(ranks[1]["rows"]) == 4 * 8, "each rank runs 4 steps of 8 examples"
-    assert not rows0 & rows1, "the ranks saw the same examples"
-    assert ranks[0]["eval"] == ranks[1]["eval"], "evaluation is gathered: every rank gets the same figures"
-
-    params = [torch.load(tmp_path / f"params-{r}.pt") for r in (0, 1)]
-    for name in params[0]:
-        assert torch.equal(params[0][name], params[1][name]), f"{name} differs between the ranks"
 
 
 @pytest.mark.slow
