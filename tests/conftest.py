@@ -338,5 +338,6 @@ def python_app(tmp_path: Path, app_args: list, timeout: int = 240, **env) -> sub
 
 def pytest_collection_modifyitems(items):
     """The tests marked slow (several processes each) first, so that the workers finish together rather than one of
-    them starting a 30-second test when the other has nothing left."""
+    them starting a 30-second test when the other has nothing left (`make test` adds --dist worksteal, which lets an
+    idle worker take tests still queued on the other)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # a stable sort: the order within stays
