@@ -17,6 +17,7 @@ import pytest
 
 from app.claim import STALE_AFTER, Held, Holder, Lease
 from tests.conftest import TRAIN_SCRIPT, clean_env, free_port
+from tests.workers import lease_racer
 
 RACERS = 4
 
@@ -76,15 +77,6 @@ def test_of_threads_racing_to_take_over_a_stale_lease_exactly_one_wins_every_tim
         assert [p.name for p in folder.iterdir()] == [won[0][0].path.name], "the stale lease is gone"
 
 
-def _take_in_a_process(folder: str, start) -> str:
-    start.wait()
-    try:
-        Lease.take(Path(folder))
-        return "won"
-    except Held:
-        return "held"
-
-
 def test_of_processes_racing_for_a_folder_exactly_one_wins_every_time(tmp_path):
     context = multiprocessing.get_context("spawn")  # fork would copy this test process's threads
     with context.Manager() as manager, context.Pool(RACERS) as pool:
@@ -94,7 +86,7 @@ def test_of_processes_racing_for_a_folder_exactly_one_wins_every_time(tmp_path):
             if round_ % 2:
                 stale_lease(folder)
             start = manager.Barrier(RACERS)
-            outcomes = pool.starmap(_take_in_a_process, [(str(folder), start)] * RACERS)
+            outcomes = pool.starmap(lease_racer.take, [(str(folder), start)] * RACERS)
             assert sorted(outcomes) == ["held"] * (RACERS - 1) + ["won"], f"round {round_}: {outcomes}"
 
 
