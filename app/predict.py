@@ -24,7 +24,6 @@ if __package__ in (None, ""):  # `python app/predict.py` from a checkout, withou
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dataclasses
-import gc
 import os
 import time
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from app.errors import UsageError
 from app.model import load_model_config, load_tokenizer, max_positions
 from app.outputs import CONFIG_FILE
 from app.reading import stdin_lines
-from app.runtime import connect_accelerator, describe_backend, device_type
+from app.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.tasks import resolve_task
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
@@ -254,8 +253,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         return run(cfg, texts, accelerator, policy, notes)
     finally:
-        gc.collect()  # before tearing down: gloo otherwise sometimes aborts at interpreter exit
-        accelerator.end_training()
+        end_accelerator(accelerator)
 
 
 if __name__ == "__main__":

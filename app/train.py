@@ -23,7 +23,6 @@ if __package__ in (None, ""):  # `python app/train.py` from a checkout, without 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dataclasses
-import gc
 import time
 
 from accelerate import Accelerator
@@ -46,6 +45,7 @@ from app.runtime import (
     compile_notes,
     describe_backend,
     device_type,
+    end_accelerator,
     on_main_process,
     requested_backend,
 )
@@ -68,7 +68,7 @@ def _main(argv: list[str] | None) -> int:
         return run_training(cfg, accelerator, policy, notes, stop)
     finally:
         stop.restore()
-        _end(accelerator)
+        end_accelerator(accelerator)
 
 
 def run_training(
@@ -163,12 +163,6 @@ def train_in_claimed_folders(
             stop.exit_code(signum),
         )
     return 0
-
-
-def _end(accelerator: Accelerator) -> None:
-    # Collect before tearing down: gloo otherwise sometimes aborts at interpreter exit.
-    gc.collect()
-    accelerator.end_training()
 
 
 if __name__ == "__main__":

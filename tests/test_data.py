@@ -106,3 +106,23 @@ def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, capfd):
     err = capfd.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0
     assert err.startswith("error: --model_name_or_path 'nobody-here/no-such-model' cannot be loaded")
+
+
+def test_map_splits_gives_what_map_gives_and_names_each_result_by_split_transform_and_options(review_files):
+    from datasets import DatasetDict, load_dataset
+
+    raw = DatasetDict(load_dataset("csv", data_files={k: str(v) for k, v in review_files.items()}))
+
+    def first_words(limit):
+        return lambda batch: {"head": [" ".join(text.split()[:limit]) for text in batch["text"]]}
+
+    mapped = data.map_splits(raw, first_words(3), batched=True)
+    expected = raw.map(first_words(3), batched=True)
+    fingerprints = {name: split._fingerprint for name, split in mapped.items()}
+    for name in raw:
+        assert mapped[name]["head"] == expected[name]["head"]
+    assert len(set(fingerprints.values())) == 2, "each split its own name"
+    again = data.map_splits(raw, first_words(3), batched=True)
+    assert {name: split._fingerprint for name, split in again.items()} == fingerprints, "the same name every time"
+    for other in (data.map_splits(raw, first_words(4), batched=True), data.map_splits(raw, first_words(3))):
+        assert not set(split._fingerprint for split in other.values()) & set(fingerprints.values())

@@ -18,6 +18,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
+from app.data import map_splits
 from app.errors import UsageError
 from app.tasks import generation, lm_data
 from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
@@ -99,7 +100,9 @@ class CausalLM:
             self.columns.kind, self._encode_documents
         )
         with accelerator.main_process_first():
-            tokenized = raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
+            tokenized = map_splits(
+                raw, encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing"
+            )
         for split in ("train", "validation"):
             for column, what in (("prompt_cut", "prompts were cut from the left"), ("end_cut", "ends were cut")):
                 if column in tokenized[split].column_names:

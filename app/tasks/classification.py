@@ -18,7 +18,7 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
-from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
+from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.errors import UsageError
 from app.reading import check_label_cells
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
@@ -164,7 +164,7 @@ class SequenceClassification:
             return encoded
 
         with accelerator.main_process_first():
-            return raw.map(encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
+            return map_splits(raw, encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
 
     def collator(self, pad_to_multiple_of: int | None):
         return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=pad_to_multiple_of)
