@@ -46,6 +46,39 @@ def exit_code_of(main_body: Callable[[], int]) -> int:
         return halt.exit_code
 
 
+class OutputPastItsReader:
+    """A standard stream that outlives its reader. Once the other end of its pipe is closed (`| head`, a pager quit
+    early), what the process still writes goes to /dev/null and the run carries on, as under nohup. Without it the
+    first print after the reader left raises BrokenPipeError, and a training run dies with a traceback, its last
+    steps unsaved."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._past_the_reader(self._stream.write, text)
+
+    def flush(self) -> None:
+        self._past_the_reader(self._stream.flush)
+
+    def _past_the_reader(self, operation: Callable, *args):
+        try:
+            return operation(*args)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())  # the same descriptor, now with no reader to lose
+            os.close(devnull)
+            return operation(*args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def outlive_readers() -> None:
+    """Stdout and stderr of an entry run as a program (`python app/train.py ... | head`): see OutputPastItsReader."""
+    sys.stdout, sys.stderr = OutputPastItsReader(sys.stdout), OutputPastItsReader(sys.stderr)
+
+
 def exit_process(code: int) -> typing.NoReturn:
     """End the process with `code` once everything it wrote is out, without the interpreter's teardown.
 
@@ -61,6 +94,6 @@ def exit_process(code: int) -> typing.NoReturn:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a reader that went away (`| head`), or a closed stream: nothing to deliver
+        except (OSError, ValueError):  # a closed stream, or a reader gone from a process without outlive_readers()
             pass
     os._exit(code)

@@ -35,7 +35,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
-from app.cli import OneLineParser, exit_code_of, exit_process, flag
+from app.cli import OneLineParser, exit_code_of, exit_process, flag, outlive_readers
 from app.data import read_data_file
 from app.errors import UsageError
 from app.model import load_model_config, load_tokenizer, max_positions
@@ -257,4 +257,5 @@ def _main(argv: list[str] | None) -> int:
 
 
 if __name__ == "__main__":
+    outlive_readers()
     exit_process(main())

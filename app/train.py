@@ -31,7 +31,7 @@ from app import checkpoint, outputs
 from app.amp import fallback
 from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
 from app.best import end_with_best
-from app.cli import exit_code_of, exit_process
+from app.cli import exit_code_of, exit_process, outlive_readers
 from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
 from app.folders import RunFolders, claim_output_dir, claim_run_folders
@@ -166,4 +166,5 @@ def train_in_claimed_folders(
 
 
 if __name__ == "__main__":
+    outlive_readers()
     exit_process(main())

@@ -1,4 +1,5 @@
-"""Signals that land outside the training steps: before training starts, during the final evaluation and save.
+"""Signals that land outside the training steps: before training starts, during the final evaluation and save; and
+a reader of the run's output that goes away.
 
 Each test waits for a line the run prints (never a sleep), and every wait on the child's output has a deadline.
 """
@@ -102,3 +103,24 @@ def test_a_kill_during_the_final_evaluation_loses_no_step(tmp_path, quick_args, 
 def test_without_checkpoints_asked_for_the_run_ends_without_one(tmp_path, quick_args):
     assert run_app([*quick_args, "--max_steps", "2", "--save_steps", "0", "--max_eval_samples", "8"]) == 0
     assert not completed_checkpoints(tmp_path / "out" / "checkpoints")
+
+
+def test_a_reader_that_goes_away_neither_stops_the_run_nor_changes_its_exit_code(tmp_path, quick_args):
+    """`python app/train.py ... 2>&1 | head -1`: the run trains to its end, saves its model and exits 0."""
+    args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--save_steps", "0", "--max_eval_samples", "8"]
+    process = subprocess.Popen(
+        [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
+        env=clean_env(tmp_path),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        first = process.stdout.readline()
+        process.stdout.close()  # the reader leaves after one line, as head -1 does
+        code = process.wait(timeout=240)
+    finally:
+        process.kill()
+    assert first.startswith("precision: "), first
+    assert code == 0, "the run died when its reader left"
+    assert (tmp_path / "out" / "model.safetensors").is_file()
