@@ -165,9 +165,13 @@ def map_splits(raw: DatasetDict, transform: Callable, **options) -> DatasetDict:
     datasets names each split's result, and its cache file, by a fingerprint of the split and of the transform, which
     it takes by pickling the transform with all it holds: with a tokenizer inside, about 0.08 s each time. One hash of
     the transform, combined with each split's own fingerprint and the options, names the results as specifically, so
-    that the ranks of a run and later runs still share the cache.
+    that the ranks of a run and later runs still share the cache. A transform that cannot be pickled (a tokenizer
+    of a model's own code may hold such a thing) goes to datasets' own map, which warns and uses a random name.
     """
-    transform_hash = Hasher.hash(transform)
+    try:
+        transform_hash = Hasher.hash(transform)
+    except Exception:  # whatever pickling raises; datasets' update_fingerprint catches as broadly
+        return raw.map(transform, **options)
     return DatasetDict(
         {
             name: split.map(

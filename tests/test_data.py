@@ -126,3 +126,18 @@ def test_map_splits_gives_what_map_gives_and_names_each_result_by_split_transfor
     assert {name: split._fingerprint for name, split in again.items()} == fingerprints, "the same name every time"
     for other in (data.map_splits(raw, first_words(4), batched=True), data.map_splits(raw, first_words(3))):
         assert not set(split._fingerprint for split in other.values()) & set(fingerprints.values())
+
+
+def test_map_splits_maps_with_a_transform_that_cannot_be_hashed(review_files):
+    import socket
+
+    from datasets import DatasetDict, load_dataset
+
+    raw = DatasetDict(load_dataset("csv", data_files={k: str(v) for k, v in review_files.items()}))
+    with socket.socket() as unpicklable:
+
+        def lengths(batch, held=unpicklable):
+            return {"n": [len(text) for text in batch["text"]]}
+
+        mapped = data.map_splits(raw, lengths, batched=True)
+    assert all(mapped[name]["n"] == [len(text) for text in raw[name]["text"]] for name in raw)
