@@ -39,6 +39,7 @@ class RunInfo:
     state: TrainState = field(default_factory=TrainState)
     fallback: dict | None = None  # {"from": "fp16", "at_step": N} once --on_scale_collapse fallback switched precision
     data: dict | None = None  # the training order and global batch size (sampling.DataPosition); None before both
+    dropout_masks: str = "torch"  # how the run draws its CPU dropout masks (app/dropout.py); "torch" before the choice
 
     @classmethod
     def read(cls, checkpoint: Path) -> RunInfo:
@@ -52,6 +53,7 @@ class RunInfo:
             state,
             saved.get("fallback"),
             saved.get("data"),
+            saved.get("dropout_masks", "torch"),
         )
 
     def write(self, checkpoint: Path) -> None:
@@ -104,6 +106,7 @@ class Checkpoints:
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
         self.last_bytes: int | None = None  # its size: what the next one will need (main process)
         self.data_position = None  # sampling.DataPosition: the data position and order each checkpoint records
+        self.dropout_masks = "torch"  # app/dropout.py: how the run draws its dropout masks, kept across resumes
 
     def remove_staging(self) -> None:
         """Drop what a run killed mid-save left behind. Main process, at start."""
@@ -127,7 +130,7 @@ class Checkpoints:
         data = None
         if self.data_position is not None:
             state.samples_in_epoch, data = self.data_position.samples(state), self.data_position.record()
-        info = RunInfo(self.run_name, self.precision, acc.num_processes, state, self.fallback, data)
+        info = RunInfo(self.run_name, self.precision, acc.num_processes, state, self.fallback, data, self.dropout_masks)
         acc.wait_for_everyone()
 
         def write_state() -> None:

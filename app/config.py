@@ -154,6 +154,11 @@ class TrainConfig:
     torch_compile: bool = flag(
         "Compile the model with torch.compile; autocast and the scaler stay eager.", default=False
     )
+    fast_cpu_dropout: bool = flag(
+        "On a CPU where torch draws dropout masks one element at a time (any but Intel's), draw them from one float32 "
+        "uniform each: the same dropout, a faster training step (app/dropout.py). false: torch's own masks.",
+        default=True,
+    )
     train_sampling_strategy: Literal["group_by_length", "random"] = flag(
         "Training batch order. group_by_length: shuffled batches of examples of similar length, so dynamic padding "
         "pads little (as HF Trainer's group_by_length); random: plain shuffled examples.",

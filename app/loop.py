@@ -193,7 +193,8 @@ def train(run: Run, budget: int | None = None) -> None:
                 # amp/headroom_bits: hooks on a log step's last micro-batch only
                 probe = last and StepDue.logs(cfg, state.opt_step + 1, last_step)
                 with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                    with run.policy.autocast(), telemetry.headroom.armed(model, active=probe):
+                    # run.dropout_masks: faster dropout masks on CPUs where torch draws them serially (dropout.py)
+                    with run.policy.autocast(), run.dropout_masks(), telemetry.headroom.armed(model, active=probe):
                         loss = run.loss(batch)
                     accelerator.backward(run.scaler.scale(loss * weight))
                 state.batches_in_epoch += 1

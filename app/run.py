@@ -12,7 +12,9 @@ train.py, the tests' harness and the scripts all build their runs here, so they 
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +28,7 @@ from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.checkpoint import Checkpoints, ResumePoint, RunInfo
 from app.config import TrainConfig
+from app.dropout import MASKS_SAID, masks_context, masks_of_run
 from app.model import check_max_length, load_model_config, load_tokenizer, refuse_quantized, resolve_model_path
 from app.optim import build_optimizer, build_schedule, total_optimizer_steps
 from app.outputs import RunPaths
@@ -97,6 +100,7 @@ class Run:
     telemetry: Telemetry
     stop: StopRequest
     scaler_state: ScalerCheckpoint  # what Accelerate checkpoints; it holds `scaler`
+    dropout_masks: Callable[[], contextlib.AbstractContextManager]  # what a training forward runs under: dropout.py
 
     def switch_precision(self, policy: PrecisionPolicy, record: dict) -> None:
         """Train on in `policy` (a precision fallback), with a fresh scaler; later checkpoints record the switch."""
@@ -178,12 +182,18 @@ def build_run(
         train_loader, cfg.per_device_train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps
     )
     state = TrainState()
+    checkpoints.dropout_masks = masks_of_run(cfg, accelerator.device, resume.info.dropout_masks if resume else None)
     if resume:
         checkpoints.load(resume.path)
         state = TrainState(**vars(resume.info.state))
         checkpoints.fallback = resume.info.fallback
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.info.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.info)
+        if checkpoints.dropout_masks != masks_of_run(cfg, accelerator.device):
+            notes.append(
+                f"note: dropout masks drawn as when the run started ({MASKS_SAID[checkpoints.dropout_masks]}), so that "
+                "it continues exactly; --fast_cpu_dropout applies to new runs"
+            )
         for line in notes:
             accelerator.print(line)
 
@@ -207,4 +217,5 @@ def build_run(
         telemetry=telemetry,
         stop=stop,
         scaler_state=scaler_state,
+        dropout_masks=masks_context(checkpoints.dropout_masks),
     )

@@ -45,7 +45,9 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
     schedule = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=3, num_training_steps=6)
     torch.set_rng_state(rng)
     for batch in batches:
-        plain(**batch).loss.backward()
+        with run.dropout_masks():  # the same dropout masks (app/dropout.py; tests/test_dropout.py checks them)
+            loss = plain(**batch).loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.05)
         optimizer.step()
         schedule.step()

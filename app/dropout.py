@@ -1,0 +1,109 @@
+"""Dropout masks on CPUs where torch draws them one element at a time.
+
+On a CPU, torch draws a dropout mask with `bernoulli_`. Only on Intel CPUs (and builds with MKL) does that run MKL's
+vectorised, multi-threaded generator; everywhere else (AMD, ARM) it is a serial loop that draws a double-precision
+uniform, two 32-bit Mersenne Twister outputs, per element. In the default job that loop was a fifth of a training
+step (docs/benchmarks.md).
+
+`UniformDropout` keeps torch's dropout and only draws the mask another way: one float32 uniform per element from
+the same default generator (`torch.rand`), kept where it is >= p. Each element is kept with probability 1 - p (to
+2^-24) and the survivors scaled by 1 / (1 - p), as in `torch.nn.functional.dropout`. As the mask comes from torch's
+default CPU generator, `torch.manual_seed` and the RNG state in checkpoints govern it as before.
+
+It covers the two ways models drop out: `F.dropout` (every `nn.Dropout`) and attention dropout inside
+`F.scaled_dot_product_attention`, where torch's CPU kernels fall back to their math path anyway when dropout_p > 0;
+that same math path is called here with the mask (its `dropout_mask` argument), so masking, scaling and precision
+stay torch's own. Anything else passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from app.config import TrainConfig
+
+# The math path asks callers that pass their own mask to be tests; here the mask is a real one, drawn as below. (Set
+# for the process: torch raises the warning only once the outer SDPA call returns, past any local filter.)
+warnings.filterwarnings("ignore", message="Dropout mask should only be used for testing purposes")
+
+
+def intel_cpu() -> bool:
+    """Whether this machine's CPU is Intel's (torch asks cpuinfo the same question before using MKL's Bernoulli)."""
+    try:
+        return "GenuineIntel" in Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:  # not Linux
+        return "intel" in platform.processor().lower()
+
+
+def serial_bernoulli(mkl: bool, intel: bool) -> bool:
+    """Whether torch draws CPU dropout masks in its serial loop: unless it was built with MKL and runs on Intel."""
+    return not (mkl and intel)
+
+
+def keep_mask(shape: tuple[int, ...], p: float) -> torch.Tensor:
+    """True where an element survives dropout with probability p: one float32 uniform each, kept where >= p."""
+    return torch.rand(shape, dtype=torch.float32) >= p
+
+
+def _dropout_args(input, p=0.5, training=True, inplace=False):
+    return input, p, training, inplace
+
+
+def _sdpa_args(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **options):
+    return query, key, value, attn_mask, dropout_p, is_causal, scale, options
+
+
+class UniformDropout(TorchFunctionMode):
+    """While active, CPU dropout draws its masks with `keep_mask` (see the module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.dropout:
+            x, p, training, inplace = _dropout_args(*args, **kwargs)
+            if training and 0 < p < 1 and x.device.type == "cpu":
+                noise = keep_mask(x.shape, p).to(x.dtype).div_(1 - p)
+                return x.mul_(noise) if inplace else x * noise
+        elif func is F.scaled_dot_product_attention:
+            query, key, value, attn_mask, dropout_p, is_causal, scale, options = _sdpa_args(*args, **kwargs)
+            if 0 < dropout_p < 1 and query.device.type == "cpu" and not query.is_nested:
+                if attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does before its math path
+                    attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill_(~attn_mask, float("-inf"))
+                keep = keep_mask((*query.shape[:-1], key.shape[-2]), dropout_p)
+                output, _ = torch.ops.aten._scaled_dot_product_attention_math(
+                    query, key, value, attn_mask, dropout_p, is_causal, keep, scale=scale, **options
+                )
+                return output
+        return func(*args, **kwargs)
+
+
+UNIFORM, TORCH = "uniform", "torch"  # how a run draws its CPU dropout masks; its checkpoints record which
+MASKS_SAID = {UNIFORM: "one float32 uniform per element", TORCH: "torch's own"}
+
+
+def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: str | None = None) -> str:
+    """How this run draws its dropout masks: UNIFORM (`UniformDropout`) or TORCH (torch's own).
+
+    UNIFORM with --fast_cpu_dropout on a CPU where torch's masks come from the serial loop. A resumed run keeps the way
+    it started (`started_with`, from its checkpoint; TORCH for checkpoints from before this choice), so that it
+    draws the masks an uninterrupted run would have drawn. Compiled, or on a GPU: TORCH (a compiled
+    graph and the GPU draw their masks in their own kernels)."""
+    if cfg.torch_compile or device.type != "cpu":
+        return TORCH
+    if started_with is not None:
+        return started_with
+    return (
+        UNIFORM if cfg.fast_cpu_dropout and serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu()) else TORCH
+    )
+
+
+def masks_context(masks: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """What the training forward runs under for `masks`."""
+    return UniformDropout if masks == UNIFORM else contextlib.nullcontext

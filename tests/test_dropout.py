@@ -1,0 +1,246 @@
+"""CPU dropout masks drawn from float32 uniforms (app/dropout.py): the same dropout as torch's, from the same generator.
+
+The references here are written out by hand (a mask drawn with torch.rand after the same seed, attention computed in
+float64), so each test fails if the mode draws, keeps, scales or attends differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import BertConfig, BertForSequenceClassification
+
+import app.dropout
+from app.checkpoint import STATE_FILE
+from app.config import TrainConfig
+from app.dropout import TORCH, UNIFORM, UniformDropout, masks_of_run, serial_bernoulli
+from tests.conftest import run_app
+from tests.harness import build_run, train
+
+P = 0.1
+
+
+class AtenCalls(TorchDispatchMode):
+    """Counts the aten operators that run while it is active, by name ("bernoulli_")."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_dropout_keeps_one_minus_p_of_the_elements_and_scales_them():
+    x = torch.ones(1000, 1000)
+    with UniformDropout():
+        out = F.dropout(x, P, training=True)
+    kept = out != 0
+    assert torch.equal(out[kept], torch.full_like(out[kept], 1 / (1 - P)))
+    # 10^6 Bernoulli(0.9) draws: the kept share is 0.9 to within 5 standard deviations (3e-4 each).
+    assert abs(kept.float().mean().item() - (1 - P)) < 5 * (P * (1 - P) / x.numel()) ** 0.5
+    # not one pattern repeated: rows and columns drop different elements
+    assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[:, 0], kept[:, 1])
+
+
+def test_the_mask_is_a_float32_uniform_per_element_from_torchs_default_generator():
+    x = torch.randn(64, 48)
+    torch.manual_seed(7)
+    with UniformDropout():
+        out = F.dropout(x, p=0.3, training=True)
+    torch.manual_seed(7)
+    expected = x * (torch.rand(64, 48) >= 0.3) / 0.7
+    torch.testing.assert_close(out, expected)
+
+    state = torch.get_rng_state()  # what a checkpoint records, and a resume restores
+    with UniformDropout():
+        first = F.dropout(x, p=0.3, training=True)
+        torch.set_rng_state(state)
+        again = F.dropout(x, p=0.3, training=True)
+        other = F.dropout(x, p=0.3, training=True)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+
+
+def test_dropout_off_or_in_place_behaves_as_torchs():
+    x = torch.randn(32, 32)
+    with UniformDropout():
+        assert torch.equal(F.dropout(x, P, training=False), x)
+        assert torch.equal(F.dropout(x, 0.0, training=True), x)
+        assert torch.equal(F.dropout(x, 1.0, training=True), torch.zeros_like(x))  # torch's own: all dropped
+        y = x.clone()
+        torch.manual_seed(1)
+        returned = F.dropout(y, P, True, True)
+    assert returned is y
+    torch.manual_seed(1)
+    torch.testing.assert_close(y, x * (torch.rand(32, 32) >= P) / (1 - P))
+
+
+def attention_by_hand(q, k, v, keep, p, attn_mask=None, is_causal=False, scale=None):
+    """Softmax attention in float64 with a given keep mask: the reference for the mode's attention dropout."""
+    q, k, v = q.double(), k.double(), v.double()
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: each key/value head serves several query heads
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = q @ k.transpose(-2, -1) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if is_causal:
+        attn_mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    return (scores.softmax(-1) * keep / (1 - p)) @ v
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["no mask", "boolean mask", "additive mask", "causal", "scale", "grouped query"],
+)
+def test_attention_dropout_is_softmax_attention_with_the_drawn_mask(case):
+    torch.manual_seed(0)
+    heads, kv_heads = (4, 2) if case == "grouped query" else (3, 3)
+    q = torch.randn(2, heads, 5, 8, requires_grad=True)
+    k = torch.randn(2, kv_heads, 6 if case != "causal" else 5, 8, requires_grad=True)
+    v = torch.randn_like(k, requires_grad=True)
+    options = {
+        "no mask": {},
+        "boolean mask": {"attn_mask": torch.tensor([True] * 4 + [False] * 2).expand(2, 1, 5, 6)},
+        "additive mask": {"attn_mask": torch.randn(2, 1, 5, 6)},
+        "causal": {"is_causal": True},
+        "scale": {"scale": 0.05},
+        "grouped query": {"enable_gqa": True},
+    }[case]
+    p = 0.4
+    torch.manual_seed(3)
+    with UniformDropout():
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, **options)
+    torch.manual_seed(3)
+    keep = torch.rand(2, heads, 5, k.shape[-2]) >= p
+    options.pop("enable_gqa", None)
+    expected = attention_by_hand(q, k, v, keep, p, **options)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+
+    weights = torch.randn_like(out)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    expected_grads = torch.autograd.grad((expected * weights.double()).sum(), (q, k, v))
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad.double(), expected_grad.double(), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_in_bf16_keeps_torchs_precision():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 16, 8).bfloat16() for _ in range(3))
+    torch.manual_seed(5)
+    with UniformDropout():
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=P)
+    torch.manual_seed(5)
+    expected = attention_by_hand(q, k, v, torch.rand(2, 3, 16, 16) >= P, P)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2)  # one bf16 rounding of the output
+
+
+def tiny_bert(hidden_dropout: float, attention_dropout: float) -> torch.nn.Module:
+    config = BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        hidden_dropout_prob=hidden_dropout,
+        attention_probs_dropout_prob=attention_dropout,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    return BertForSequenceClassification(config).train()
+
+
+def test_a_models_training_forward_draws_no_bernoulli_mask_under_the_mode():
+    model = tiny_bert(P, P)
+    batch = {"input_ids": torch.randint(1, 100, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long)}
+    batch["attention_mask"][0, 8:] = 0
+    for mode, bernoullis in ((contextlib.nullcontext, 8), (UniformDropout, 0)):
+        # 8 of torch's: embeddings, 2 layers x (attention probabilities, attention output, feed-forward output), head
+        with AtenCalls() as seen, mode():
+            model(**batch).logits.sum().backward()
+        assert seen.calls["bernoulli_"] == bernoullis, mode
+
+
+def test_attention_dropout_reaches_the_models_attention():
+    """Only attention dropout on: the training forward under the mode still differs from the evaluation one."""
+    model = tiny_bert(0.0, 0.5)
+    batch = {"input_ids": torch.randint(1, 100, (4, 12))}
+    with torch.no_grad():
+        evaluated = model.eval()(**batch).logits
+        with UniformDropout(), AtenCalls() as seen:
+            trained = model.train()(**batch).logits
+    assert seen.calls["bernoulli_"] == 0
+    assert not torch.allclose(trained, evaluated)
+
+
+def test_torch_draws_its_cpu_masks_serially_except_with_mkl_on_intel():
+    assert not serial_bernoulli(mkl=True, intel=True)
+    assert serial_bernoulli(mkl=True, intel=False)
+    assert serial_bernoulli(mkl=False, intel=True)
+
+
+def test_which_runs_use_the_mode(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: False)
+    assert masks_of_run(TrainConfig(), cpu) == UNIFORM
+    assert masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu) == TORCH
+    assert masks_of_run(TrainConfig(torch_compile=True), cpu) == TORCH
+    assert masks_of_run(TrainConfig(), cuda) == TORCH
+    # a resume keeps the run's own, whatever the flag says now
+    assert masks_of_run(TrainConfig(), cpu, started_with=TORCH) == TORCH
+    assert masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu, started_with=UNIFORM) == UNIFORM
+    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: True)
+    assert masks_of_run(TrainConfig(), cpu) == (TORCH if torch.backends.mkl.is_available() else UNIFORM)
+
+
+def test_the_flag_reaches_the_training_loop(monkeypatch, tiny_model_dir, review_files):
+    """Two runs that differ only in --fast_cpu_dropout train on other masks (and so end with other weights); each
+    forward of the first ran under the mode."""
+    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: False)  # the serial-Bernoulli case, on any host
+    weights = {}
+    for fast in (True, False):
+        run = build_run(tiny_model_dir, review_files, mixed_precision="no", max_steps=2, fast_cpu_dropout=fast)
+        with AtenCalls() as seen:
+            train(run)
+        assert (seen.calls["bernoulli_"] == 0) == fast
+        weights[fast] = run.accelerator.unwrap_model(run.model).classifier.weight.detach().clone()
+    assert not torch.equal(weights[True], weights[False])
+
+
+def test_a_resume_keeps_the_masks_the_run_started_with(tmp_path, monkeypatch, tiny_model_dir, review_files, capsys):
+    """A run started on torch's masks, resumed with the flag on (its default), still ends bitwise where it would have
+    ended uninterrupted: the checkpoint records the masks, and the resume says it keeps them."""
+    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: False)  # where the flag would pick UNIFORM
+    common = [
+        *("--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"]),
+        *("--validation_file", review_files["validation"], "--per_device_train_batch_size", 8, "--max_length", 32),
+        *("--max_steps", 4, "--save_steps", 2, "--mixed_precision", "no", "--disable_tqdm", "--run_name", "r"),
+    ]
+    for name, extra in (("torch", ["--fast_cpu_dropout", "false"]), ("uniform", [])):
+        assert run_app([*common, *extra, "--output_dir", tmp_path / name, "--logdir", tmp_path / f"runs_{name}"]) == 0
+        recorded = json.loads((tmp_path / name / "checkpoints" / "step-2" / STATE_FILE).read_text())
+        assert recorded["dropout_masks"] == name
+    uninterrupted = load_file(tmp_path / "torch" / "model.safetensors")
+    assert not torch.equal(
+        uninterrupted["classifier.weight"], load_file(tmp_path / "uniform" / "model.safetensors")["classifier.weight"]
+    )
+
+    shutil.rmtree(tmp_path / "torch" / "checkpoints" / "step-4")
+    (tmp_path / "torch" / "model.safetensors").unlink()
+    capsys.readouterr()
+    resumed = [*common, "--output_dir", tmp_path / "torch", "--logdir", tmp_path / "runs_again"]
+    assert run_app([*resumed, "--resume_from_checkpoint", "latest", "--overwrite_output_dir"]) == 0
+    assert "dropout masks drawn as when the run started (torch's own)" in capsys.readouterr().out
+    again = load_file(tmp_path / "torch" / "model.safetensors")
+    for name, value in uninterrupted.items():
+        assert torch.equal(again[name], value), name
