@@ -33,8 +33,10 @@ from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_de
 from app.best import end_with_best
 from app.cli import exit_code_of, exit_process, outlive_readers
 from app.config import TrainConfig, parse_config
+from app.dropout import UNIFORM
 from app.errors import TrainingHalted, UsageError
 from app.folders import RunFolders, claim_output_dir, claim_run_folders
+from app.host_memory import keep_freed_memory
 from app.loop import train
 from app.model_card import write_model_card
 from app.preemption import StopRequest
@@ -128,6 +130,11 @@ def train_in_claimed_folders(
         f"run {paths.run_name}: {run.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
         f"model: {paths.output_dir}"
     )
+    if run.checkpoints.dropout_masks == UNIFORM:
+        accelerator.print(
+            "dropout: masks from one float32 uniform per element, faster than torch's serial draw on this CPU "
+            "(--fast_cpu_dropout false: torch's own)"
+        )
 
     # ---- train, then save ---------------------------------------------------------------------------------------
     try:
@@ -167,4 +174,5 @@ def train_in_claimed_folders(
 
 if __name__ == "__main__":
     outlive_readers()
+    keep_freed_memory()  # the process's malloc, so here and not in main(): tests call main() in their own process
     exit_process(main())

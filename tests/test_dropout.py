@@ -228,6 +228,7 @@ def test_a_resume_keeps_the_masks_the_run_started_with(tmp_path, monkeypatch, ti
     ]
     for name, extra in (("torch", ["--fast_cpu_dropout", "false"]), ("uniform", [])):
         assert run_app([*common, *extra, "--output_dir", tmp_path / name, "--logdir", tmp_path / f"runs_{name}"]) == 0
+        assert ("dropout: masks from one float32 uniform per element" in capsys.readouterr().out) == (name == UNIFORM)
         recorded = json.loads((tmp_path / name / "checkpoints" / "step-2" / STATE_FILE).read_text())
         assert recorded["dropout_masks"] == name
     uninterrupted = load_file(tmp_path / "torch" / "model.safetensors")
