@@ -99,9 +99,10 @@ def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: str | Non
         return TORCH
     if started_with is not None:
         return started_with
-    return (
-        UNIFORM if cfg.fast_cpu_dropout and serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu()) else TORCH
-    )
+    # The math path that takes a mask is a private operator of torch's: a torch without it keeps its own masks.
+    serial = serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu())
+    has_math_path = hasattr(torch.ops.aten, "_scaled_dot_product_attention_math")
+    return UNIFORM if cfg.fast_cpu_dropout and serial and has_math_path else TORCH
 
 
 def masks_context(masks: str) -> Callable[[], contextlib.AbstractContextManager]:
