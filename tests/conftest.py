@@ -58,22 +58,29 @@ def force_bf16_probe(monkeypatch, native: bool) -> None:
     monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: native)
 
 
-def save_tiny_bert(path: Path, dropout: float) -> Path:
-    from transformers import AutoTokenizer, BertConfig, BertModel
+def tiny_bert_config(vocab_size: int, hidden_dropout: float, attention_dropout: float, **options):
+    """The suite's tiny BERT: 2 layers of width 32."""
+    from transformers import BertConfig
 
-    from app.model import embedded_model_dir
-
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
+    return BertConfig(
+        vocab_size=vocab_size,
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
-        max_position_embeddings=128,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
+        hidden_dropout_prob=hidden_dropout,
+        attention_probs_dropout_prob=attention_dropout,
+        **options,
     )
+
+
+def save_tiny_bert(path: Path, dropout: float) -> Path:
+    from transformers import AutoTokenizer, BertModel
+
+    from app.model import embedded_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    config = tiny_bert_config(tokenizer.vocab_size, dropout, dropout, max_position_embeddings=128)
     torch.manual_seed(0)
     BertModel(config).save_pretrained(path)  # a base model, like the default: the classification head is new
     tokenizer.save_pretrained(path)

@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertForSequenceClassification
 
 import app.dropout
 from app.checkpoint import STATE_FILE
 from app.config import TrainConfig
 from app.dropout import TORCH, UNIFORM, UniformDropout, masks_of_run, serial_bernoulli
-from tests.conftest import run_app
+from tests.conftest import run_app, tiny_bert_config
 from tests.harness import build_run, train
 
 P = 0.1
@@ -146,16 +146,7 @@ def test_attention_in_bf16_keeps_torchs_precision():
 
 
 def tiny_bert(hidden_dropout: float, attention_dropout: float) -> torch.nn.Module:
-    config = BertConfig(
-        vocab_size=100,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        hidden_dropout_prob=hidden_dropout,
-        attention_probs_dropout_prob=attention_dropout,
-        attn_implementation="sdpa",
-    )
+    config = tiny_bert_config(100, hidden_dropout, attention_dropout, attn_implementation="sdpa")
     torch.manual_seed(0)
     return BertForSequenceClassification(config).train()
 
