@@ -19,11 +19,19 @@ from typing import Literal, Optional
 
 import yaml
 
-from app.best import check_best_model_flags
 from app.cli import OneLineParser, flag
 from app.errors import UsageError
+from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
 DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# What --metric_for_best_model may name: every task's metrics (each task says which of them it computes).
+METRICS = {
+    "loss": EVAL_LOSS,
+    "accuracy": EVAL_ACCURACY,
+    "f1": EVAL_F1,
+    "perplexity": EVAL_PERPLEXITY,
+    "exact_match": EVAL_EXACT_MATCH,
+}
 
 
 @dataclass
@@ -156,7 +164,7 @@ class TrainConfig:
     )
     fast_cpu_dropout: bool = flag(
         "On a CPU where torch draws dropout masks one element at a time (any but Intel's), draw them from one float32 "
-        "uniform each: the same dropout, a faster training step (app/dropout.py). false: torch's own masks.",
+        "uniform each: the same dropout, a faster training step (app/host/dropout.py). false: torch's own masks.",
         default=True,
     )
     train_sampling_strategy: Literal["group_by_length", "random"] = flag(
@@ -258,7 +266,20 @@ class TrainConfig:
             path = getattr(self, name)
             if path is not None and Path(path).suffix.lower() not in DATA_FILE_TYPES:
                 raise UsageError(f"--{name} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
-        check_best_model_flags(self)
+        self._check_best_model_flags()
+
+    def _check_best_model_flags(self) -> None:
+        metric_tag(self.metric_for_best_model)
+        if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
+            raise UsageError(f"--early_stopping_patience must be 1 or more, got {self.early_stopping_patience}")
+        if self.early_stopping_threshold < 0:
+            raise UsageError(f"--early_stopping_threshold must be 0 or more, got {self.early_stopping_threshold}")
+        for flag_name, on in (
+            ("--load_best_model_at_end", self.load_best_model_at_end),
+            ("--early_stopping_patience", self.early_stopping_patience is not None),
+        ):
+            if on and self.eval_steps < 1:
+                raise UsageError(f"{flag_name} needs evaluations during training: pass --eval_steps N (N >= 1)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -266,6 +287,16 @@ class TrainConfig:
     def to_yaml(self) -> str:
         """The config as `--config` reads it back: every flag's name and value."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+def metric_tag(name: str | None) -> str:
+    """The eval tag that --metric_for_best_model names: "eval/loss", "eval_loss" and "loss" are all eval/loss."""
+    bare = (name or "loss").removeprefix("eval/").removeprefix("eval_")
+    if bare not in METRICS:
+        raise UsageError(
+            f"--metric_for_best_model {name!r} is not an evaluation metric; use one of {', '.join(METRICS.values())}"
+        )
+    return METRICS[bare]
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

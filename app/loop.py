@@ -40,9 +40,9 @@ from app.amp.watches import LossWatch, ScaleWatch
 from app.best import BestModel
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.evaluation import evaluates_during_training
-from app.run import Run
-from app.runtime import HostCollective
+from app.host.runtime import HostCollective
 from app.telemetry.tags import TRAIN_STOPPED_EARLY
+from app.wiring import Training
 
 
 class StepLedger:
@@ -53,10 +53,10 @@ class StepLedger:
     settles the current step at once: the one host sync of those steps.
     """
 
-    def __init__(self, run: Run):
-        self.state, self.schedule, self.scaler = run.state, run.schedule, run.scaler
-        self.scale_watch = ScaleWatch(run.cfg.min_loss_scale, run.cfg.max_consecutive_skips)
-        self.overflow = OverflowFlag(run.scaler, run.accelerator.device)
+    def __init__(self, training: Training):
+        self.state, self.schedule, self.scaler = training.state, training.schedule, training.scaler
+        self.scale_watch = ScaleWatch(training.cfg.min_loss_scale, training.cfg.max_consecutive_skips)
+        self.overflow = OverflowFlag(training.scaler, training.accelerator.device)
         self.alarm: str | None = None  # the loss-scale alarm's diagnostic, once it fires
 
     def settle(self) -> None:
@@ -81,6 +81,21 @@ def by_optimizer_step(batches: Iterable[dict], micro_batches: int) -> Iterator[l
         yield group
 
 
+def optimizer_steps(training: Training) -> Iterator[list[dict]]:
+    """The micro-batches of each optimizer step, epoch after epoch, from where `training.state` stands.
+
+    The one place an epoch ends: its counters move on when the next step is asked for. On a resume, what the epoch
+    already consumed is skipped: the seedable sampler replays the same order.
+    """
+    state, loader = training.state, training.train_loader
+    while True:
+        loader.set_epoch(state.epoch)
+        batches = skip_first_batches(loader, state.batches_in_epoch) if state.batches_in_epoch else loader
+        yield from by_optimizer_step(batches, training.cfg.gradient_accumulation_steps)
+        state.epoch += 1
+        state.batches_in_epoch = 0
+
+
 def step_weights(items: list[int], host: HostCollective, num_processes: int) -> list[float]:
     """What each micro-batch's mean loss is multiplied by, so that the step's gradient is that of the mean over all its
     items (examples, label tokens) on every rank, as HF Trainer weighs them: the same loss whatever the accumulation
@@ -90,18 +105,20 @@ def step_weights(items: list[int], host: HostCollective, num_processes: int) -> 
     return [count * num_processes / max(total, 1) for count in items]
 
 
-def optimizer_step(run: Run, ledger: StepLedger) -> torch.Tensor:
+def optimizer_step(training: Training, ledger: StepLedger) -> torch.Tensor:
     """Unscale, clip, step, update, zero the gradients. Returns the unscaled gradient norm (inf/NaN on overflow)."""
     # The raw optimizer: the scaler hands a fused one the overflow flag, which Accelerate's wrapper would not pass on.
-    optimizer = run.optimizer.optimizer
-    run.scaler.unscale_(optimizer)
+    optimizer = training.optimizer.optimizer
+    training.scaler.unscale_(optimizer)
     # With clipping off, the norm is still computed (for telemetry); an infinite bound leaves the gradients as they are.
-    grad_norm = run.accelerator.clip_grad_norm_(run.model.parameters(), run.cfg.max_grad_norm or float("inf"))
+    grad_norm = training.accelerator.clip_grad_norm_(
+        training.model.parameters(), training.cfg.max_grad_norm or float("inf")
+    )
     ledger.settle()  # the previous step, whose flag landed long ago: sets the LR this update uses
     ledger.overflow.capture(optimizer)
-    run.scaler.step(optimizer)
-    run.scaler.update()
-    run.optimizer.zero_grad(set_to_none=True)
+    training.scaler.step(optimizer)
+    training.scaler.update()
+    training.optimizer.zero_grad(set_to_none=True)
     return grad_norm
 
 
@@ -120,132 +137,127 @@ class StepDue:
         return step % cfg.logging_steps == 0 or step >= last_step  # a short run still shows its curves
 
     @classmethod
-    def after(cls, run: Run, step: int, last_step: int) -> StepDue:
-        cfg = run.cfg
-        evaluate_now = evaluates_during_training(cfg.eval_steps, step, run.total_steps)
+    def after(cls, training: Training, step: int, last_step: int) -> StepDue:
+        cfg = training.cfg
+        evaluate_now = evaluates_during_training(cfg.eval_steps, step, training.total_steps)
         return cls(
             log=cls.logs(cfg, step, last_step),
             evaluate=evaluate_now,
             # The best model is loaded from a checkpoint at the end, so each evaluation gets one.
             save=bool(cfg.save_steps and step % cfg.save_steps == 0) or (evaluate_now and cfg.load_best_model_at_end),
-            signum=run.stop.agreed(),  # collective
+            signum=training.stop.agreed(),  # collective
             last=step >= last_step,
         )
 
 
-def on_alarm(run: Run, ledger: StepLedger, batch: dict, step: int) -> bool:
+def on_alarm(training: Training, ledger: StepLedger, batch: dict, step: int) -> bool:
     """Report the loss-scale alarm, then stop, warn or fall back as --on_scale_collapse says.
 
     Returns:
         True when the run fell back to its last checkpoint in another precision: the loop carries on from there.
     """
-    run.accelerator.print(ledger.alarm)
-    diagnose.report_overflow(run, batch, step)  # `batch`: this step's last micro-batch, still on the device
-    if run.cfg.on_scale_collapse == "stop":
-        with run.telemetry.paused():
-            path = run.checkpoints.save(run.state)
+    training.accelerator.print(ledger.alarm)
+    training.report_overflow(batch, step)  # `batch`: this step's last micro-batch, still on the device
+    if training.cfg.on_scale_collapse == "stop":
+        with training.telemetry.paused():
+            path = training.checkpoints.save(training.state)
         raise TrainingHalted(
             f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE
         )
     ledger.alarm = None  # warned; the watch fires again only after a new run of skips
-    if run.cfg.on_scale_collapse == "fallback":
-        fallback.fall_back(run, step)
+    if training.cfg.on_scale_collapse == "fallback":
+        plan = fallback.fall_back(training.policy, training.checkpoints.last_saved, step)
+        training.accelerator.print(training.fall_back(plan))
         return True
     return False
 
 
-def train(run: Run, budget: int | None = None) -> None:
-    """Train until `run.total_steps` optimizer steps, or `budget` more of them (a benchmark's segment).
+def train(training: Training, budget: int | None = None) -> None:
+    """Train until `training.total_steps` optimizer steps, or `budget` more of them (a benchmark's segment).
 
-    `run.state` is updated in place.
+    `training.state` is updated in place.
 
     Raises:
         TrainingHalted: on a loss-scale alarm (after checkpointing), a numeric fault, or an agreed stop signal.
     """
-    cfg, accelerator, state, telemetry, model = run.cfg, run.accelerator, run.state, run.telemetry, run.model
-    last_step = run.total_steps if budget is None else min(run.total_steps, state.opt_step + budget)
-    ledger, loss_watch = StepLedger(run), LossWatch(accelerator)
+    cfg, accelerator, state, telemetry = training.cfg, training.accelerator, training.state, training.telemetry
+    model = training.model
+    last_step = training.total_steps if budget is None else min(training.total_steps, state.opt_step + budget)
+    ledger, loss_watch = StepLedger(training), LossWatch(accelerator)
     best = BestModel(cfg, state)
     if best.out_of_patience():  # resumed from the checkpoint of the evaluation that stopped the run
         last_step = state.opt_step
-    batches_per_epoch = len(run.train_loader)
+    batches_per_epoch = len(training.train_loader)
     first_step = state.opt_step + 1  # of this call: after a resume, warm-up happens again
     if state.opt_step == 0 and not cfg.skip_amp_preflight:
-        diagnose.preflight(run)
+        training.preflight()
     if state.opt_step == 0 and cfg.eval_on_start:  # the starting point; its loader draws no random number of training's
         with diagnose.rng_untouched():
-            telemetry.log_eval(0, run.evaluate())
-    fallback.keep_start_point(run)
+            telemetry.log_eval(0, training.evaluate())
+    if cfg.on_scale_collapse == "fallback" and training.checkpoints.last_saved is None:
+        training.checkpoints.save(state)  # the start: where a fallback comes back to (amp/fallback.py)
     model.train()
+    steps = optimizer_steps(training)
     while state.opt_step < last_step:
-        run.train_loader.set_epoch(state.epoch)
-        # On resume, skip what this epoch already consumed: the seedable sampler replays the same order.
-        batches = (
-            skip_first_batches(run.train_loader, state.batches_in_epoch) if state.batches_in_epoch else run.train_loader
-        )
-        for micro_batches in by_optimizer_step(batches, cfg.gradient_accumulation_steps):
-            # ---- the micro-batches of one optimizer step ---------------------------------------------------------
-            items = [run.inputs.task.items(batch) for batch in micro_batches]  # host values: no sync
-            weights = step_weights(items, run.stop.host, accelerator.num_processes)
-            for i, (batch, count, weight) in enumerate(zip(micro_batches, items, weights)):
-                # Gradients are reduced over the ranks once per optimizer step, on its last micro-batch.
-                last = i == len(micro_batches) - 1
-                # amp/headroom_bits: hooks on a log step's last micro-batch only
-                probe = last and StepDue.logs(cfg, state.opt_step + 1, last_step)
-                with contextlib.nullcontext() if last else accelerator.no_sync(model):
-                    # run.dropout_masks: faster dropout masks on CPUs where torch draws them serially (dropout.py)
-                    with run.policy.autocast(), run.dropout_masks(), telemetry.headroom.armed(model, active=probe):
-                        loss = run.loss(batch)
-                    accelerator.backward(run.scaler.scale(loss * weight))
-                state.batches_in_epoch += 1
-                telemetry.add_micro_batch(loss, count, batch)
+        # ---- the micro-batches of one optimizer step -----------------------------------------------------------------
+        micro_batches = next(steps)
+        items = [training.inputs.task.items(batch) for batch in micro_batches]  # host values: no sync
+        weights = step_weights(items, training.host, accelerator.num_processes)
+        for i, (batch, count, weight) in enumerate(zip(micro_batches, items, weights)):
+            # Gradients are reduced over the ranks once per optimizer step, on its last micro-batch.
+            last = i == len(micro_batches) - 1
+            # amp/headroom_bits: hooks on a log step's last micro-batch only
+            probe = last and StepDue.logs(cfg, state.opt_step + 1, last_step)
+            with contextlib.nullcontext() if last else accelerator.no_sync(model):
+                # dropout_masks: faster dropout masks on CPUs where torch draws them serially (host/dropout.py)
+                with training.policy.autocast(), training.dropout_masks(), telemetry.headroom.armed(model, probe):
+                    loss = training.loss(batch)
+                accelerator.backward(training.scaler.scale(loss * weight))
+            state.batches_in_epoch += 1
+            telemetry.add_micro_batch(loss, count, batch)
 
-            # ---- the optimizer step --------------------------------------------------------------------------------
-            grad_norm = optimizer_step(run, ledger)
-            state.opt_step += 1
-            step = state.opt_step
-            loss_watch.after_step(telemetry.step_loss, ledger.overflow.on_device)
-            telemetry.add_optimizer_step(grad_norm)
-            if step == first_step:
-                telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
+        # ---- the optimizer step --------------------------------------------------------------------------------------
+        grad_norm = optimizer_step(training, ledger)
+        state.opt_step += 1
+        step = state.opt_step
+        loss_watch.after_step(telemetry.step_loss, ledger.overflow.on_device)
+        telemetry.add_optimizer_step(grad_norm)
+        if step == first_step:
+            telemetry.restart_clock()  # the first step warms up (allocations, compilation): not throughput
 
-            # ---- what the step must do besides the update ------------------------------------------------------
-            due = StepDue.after(run, step, last_step)
-            if due.log or due.save or due.signum or due.last or ledger.alarm:
-                ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
-                try:
-                    loss_watch.check(step, run.checkpoints.last_saved)  # never log or save past a non-finite loss
-                except TrainingHalted:
-                    diagnose.report_overflow(run, batch, step)
-                    raise
-            if due.log or ledger.alarm:
-                lr, epoch = run.schedule.get_last_lr()[0], state.epoch + state.batches_in_epoch / batches_per_epoch
-                telemetry.log(step, state, lr, loss_scale(run.scaler), epoch)
-            if ledger.alarm and on_alarm(run, ledger, batch, step):
-                ledger, loss_watch = StepLedger(run), LossWatch(accelerator)  # for the new scaler
-                first_step = state.opt_step + 1
-                break  # the epoch starts over from the checkpoint's data position
-            if due.evaluate:
-                with telemetry.paused():
-                    metrics = run.evaluate()
-                    telemetry.log_eval(step, metrics)
-                stopped_early = best.after_eval(step, metrics)
-                if stopped_early:
-                    ledger.settle()  # the run ends here: this step's outcome is its last
-                    telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
-                    accelerator.print(stopped_early)
-                    last_step = step
-            if due.save:
-                with telemetry.paused():
-                    run.checkpoints.save(state)
-            if due.signum:
-                path = run.checkpoints.save(state)
-                raise TrainingHalted(
-                    f"stopped by signal {due.signum} at optimizer step {step}; resume from {path}",
-                    run.stop.exit_code(due.signum),
-                )
-            if step >= last_step:
-                break
-        else:
-            state.epoch += 1
-            state.batches_in_epoch = 0
+        # ---- what the step must do besides the update ------------------------------------------------------------
+        due = StepDue.after(training, step, last_step)
+        if due.log or due.save or due.signum or due.last or ledger.alarm:
+            ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
+            try:
+                loss_watch.check(step, training.checkpoints.last_saved)  # never log or save past a non-finite loss
+            except TrainingHalted:
+                training.report_overflow(batch, step)
+                raise
+        if due.log or ledger.alarm:
+            lr, epoch = training.schedule.get_last_lr()[0], state.epoch + state.batches_in_epoch / batches_per_epoch
+            telemetry.log(step, state, lr, loss_scale(training.scaler), epoch)
+        if ledger.alarm and on_alarm(training, ledger, batch, step):
+            ledger, loss_watch = StepLedger(training), LossWatch(accelerator)  # for the new scaler
+            first_step = state.opt_step + 1
+            steps = optimizer_steps(training)  # on from the checkpoint's data position
+            continue
+        if due.evaluate:
+            with telemetry.paused():
+                metrics = training.evaluate()
+                telemetry.log_eval(step, metrics)
+            stopped_early = best.after_eval(step, metrics)
+            if stopped_early:
+                ledger.settle()  # the run ends here: this step's outcome is its last
+                telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
+                accelerator.print(stopped_early)
+                last_step = step
+        if due.save:
+            with telemetry.paused():
+                training.checkpoints.save(state)
+        if due.signum:
+            path = training.checkpoints.save(state)
+            raise TrainingHalted(
+                f"stopped by signal {due.signum} at optimizer step {step}; resume from {path}",
+                training.stop.exit_code(due.signum),
+            )

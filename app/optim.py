@@ -12,7 +12,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from app.config import TrainConfig
-from app.runtime import device_type
+from app.host.runtime import device_type
 
 FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
 

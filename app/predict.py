@@ -36,15 +36,15 @@ from tqdm.auto import tqdm
 
 from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
 from app.cli import OneLineParser, exit_code_of, exit_process, flag, outlive_readers
-from app.data import read_data_file
 from app.errors import UsageError
-from app.model import load_model_config, load_tokenizer, max_positions
-from app.outputs import CONFIG_FILE
-from app.reading import stdin_lines
-from app.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
-from app.tasks import resolve_task
+from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
+from app.inputs.data import read_data_file
+from app.inputs.model import load_model_config, load_tokenizer, max_positions
+from app.inputs.reading import stdin_lines
+from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
+from app.tasks.task import resolve_task
 
 OUTPUT_TYPES = (".csv", ".jsonl")
 
@@ -182,7 +182,9 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
     os.replace(tmp, path)
 
 
-def run(cfg: PredictConfig, texts: list[str], accelerator, policy: PrecisionPolicy, notes: list[str]) -> int:
+def predict_and_write(
+    cfg: PredictConfig, texts: list[str], accelerator, policy: PrecisionPolicy, notes: list[str]
+) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if accelerator.is_main_process else (lambda line: None)
     # ---- every check of the input, before any weights load or any line is printed ---------------------------------
     model_config = load_model_config(cfg.model_name_or_path)
@@ -251,7 +253,7 @@ def _main(argv: list[str] | None) -> int:
     policy, notes = resolve_precision(False, cfg.mixed_precision, device_type(), launcher_choice())
     accelerator = connect_accelerator()
     try:
-        return run(cfg, texts, accelerator, policy, notes)
+        return predict_and_write(cfg, texts, accelerator, policy, notes)
     finally:
         end_accelerator(accelerator)
 

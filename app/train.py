@@ -27,21 +27,15 @@ import time
 
 from accelerate import Accelerator
 
-from app import checkpoint, outputs
 from app.amp import fallback
 from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
-from app.best import end_with_best
 from app.cli import exit_code_of, exit_process, outlive_readers
 from app.config import TrainConfig, parse_config
-from app.dropout import UNIFORM
-from app.errors import TrainingHalted, UsageError
-from app.folders import RunFolders, claim_output_dir, claim_run_folders
-from app.host_memory import keep_freed_memory
-from app.loop import train
-from app.model_card import write_model_card
-from app.preemption import StopRequest
-from app.run import build_run, load_inputs
-from app.runtime import (
+from app.errors import TrainingHalted
+from app.host.dropout import DropoutMasks
+from app.host.memory import keep_freed_memory
+from app.host.preemption import StopRequest
+from app.host.runtime import (
     HostCollective,
     build_accelerator,
     compile_notes,
@@ -51,8 +45,14 @@ from app.runtime import (
     on_main_process,
     requested_backend,
 )
+from app.loop import train
+from app.storage import folders
+from app.storage.checkpoints import find_resume_point
+from app.storage.final_model import save_final_model
+from app.storage.folders import FolderClaims, claim_output_dir, claim_run_folders
 from app.telemetry import report, tags
 from app.telemetry.writer import open_writer
+from app.wiring import build_training, load_inputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,39 +67,26 @@ def _main(argv: list[str] | None) -> int:
     accelerator = build_accelerator(cfg)
     stop = StopRequest(HostCollective(accelerator.num_processes))
     try:
-        return run_training(cfg, accelerator, policy, notes, stop)
+        with FolderClaims() as claims:  # the main process's claims on the run's folders; bad input removes them
+            return fine_tune(cfg, accelerator, policy, notes, stop, claims)
     finally:
         stop.restore()
         end_accelerator(accelerator)
 
 
-def run_training(
-    cfg: TrainConfig, accelerator: Accelerator, policy: PrecisionPolicy, notes: list[str], stop: StopRequest
-) -> int:
-    folders = RunFolders()  # the main process's claims on this run's folders
-    try:
-        return train_in_claimed_folders(cfg, accelerator, policy, notes, stop, folders)
-    except UsageError:
-        folders.remove_created()  # bad input leaves nothing behind
-        raise
-    finally:
-        folders.release()
-
-
-def train_in_claimed_folders(
+def fine_tune(
     cfg: TrainConfig,
     accelerator: Accelerator,
     policy: PrecisionPolicy,
     notes: list[str],
     stop: StopRequest,
-    folders: RunFolders,
+    claims: FolderClaims,
 ) -> int:
     started = time.perf_counter()
     # ---- folders: claimed first (one run per folder), then the checkpoint to resume from, checked ------------------
-    on_main_process(accelerator, lambda: claim_output_dir(cfg, folders))
+    on_main_process(accelerator, lambda: claim_output_dir(cfg, claims))
     resume = on_main_process(
-        accelerator,
-        lambda: checkpoint.find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir, accelerator.num_processes),
+        accelerator, lambda: find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir, accelerator.num_processes)
     )
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
@@ -113,24 +100,24 @@ def train_in_claimed_folders(
         *(resume.notes if resume else ()),
     ):
         accelerator.print(line)
-    paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, folders))
+    paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))
     cfg = dataclasses.replace(cfg, run_name=paths.run_name, output_dir=str(paths.output_dir))  # as resolved
 
     # ---- every input check, before any weights load; then the folders -------------------------------------------
     inputs = load_inputs(cfg, accelerator)
     if accelerator.is_main_process:
-        outputs.prepare(paths, cfg, overwrite_checkpoints=cfg.overwrite_output_dir and resume is None)
-    purge_step = resume.info.state.opt_step + 1 if resume else None
+        folders.prepare(paths, cfg, overwrite_checkpoints=cfg.overwrite_output_dir and resume is None)
+    purge_step = resume.record.state.opt_step + 1 if resume else None
     writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)
     report.write_start_texts(writer, cfg, accelerator, policy, notes)
 
     # ---- model, optimizer, schedule, scaler, checkpoints and telemetry, resumed if asked ---------------------------
-    run = build_run(cfg, accelerator, policy, inputs, paths=paths, resume=resume, writer=writer, stop=stop)
+    training = build_training(cfg, accelerator, policy, inputs, paths=paths, resume=resume, writer=writer, stop=stop)
     accelerator.print(
-        f"run {paths.run_name}: {run.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
+        f"run {paths.run_name}: {training.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
         f"model: {paths.output_dir}"
     )
-    if run.checkpoints.dropout_masks == UNIFORM:
+    if training.masks == DropoutMasks.UNIFORM:
         accelerator.print(
             "dropout: masks from one float32 uniform per element, faster than torch's serial draw on this CPU "
             "(--fast_cpu_dropout false: torch's own)"
@@ -139,28 +126,30 @@ def train_in_claimed_folders(
     # ---- train, then save ---------------------------------------------------------------------------------------
     try:
         if signum := stop.agreed():  # it came while loading or tokenizing: nothing trained yet, a checkpoint to resume
-            path = run.checkpoints.save(run.state)
+            path = training.checkpoints.save(training.state)
             raise TrainingHalted(
                 f"stopped by signal {signum} before training started; resume from {path}", stop.exit_code(signum)
             )
         # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
         accelerator.print("training: SIGTERM or Ctrl-C saves a checkpoint, then stops")
-        train(run)
+        train(training)
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
-            with run.telemetry.paused():
-                run.checkpoints.save(run.state)
+            with training.telemetry.paused():
+                training.checkpoints.save(training.state)
         accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
-        final = run.evaluate()
-        run.telemetry.log_eval(run.state.opt_step, final)
-        final = end_with_best(run, final)
-        outputs.save_final_model(accelerator, run.model, inputs.tokenizer, paths.output_dir, run.checkpoints.last_saved)
+        final = training.evaluate()
+        training.telemetry.log_eval(training.state.opt_step, final)
+        final = training.end_with_best(final)
+        save_final_model(
+            accelerator, training.model, inputs.tokenizer, paths.output_dir, training.checkpoints.last_saved
+        )
         if accelerator.is_main_process:
-            write_model_card(run, paths.run_name, paths.output_dir, final)
-        writer.hparams(report.hparams(cfg, run.policy, accelerator), tags.HPARAM_METRICS)
+            training.write_model_card(paths.run_name, paths.output_dir, final)
+        writer.hparams(report.hparams(cfg, training.policy, accelerator), tags.HPARAM_METRICS)
         signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     finally:
-        run.close()
-    accelerator.print(report.summary_table(time.perf_counter() - started, run.telemetry, run.state, final))
+        training.close()
+    accelerator.print(report.summary_table(time.perf_counter() - started, training.telemetry, training.state, final))
     accelerator.print(f"model saved to {paths.output_dir}")
     signum = signum or stop.signum  # one that came after the ranks agreed, while closing, is this rank's alone
     if signum:  # never exit 0 on a signal: a scheduler must see that the job was stopped

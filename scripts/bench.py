@@ -44,12 +44,12 @@ from transformers import (  # noqa: E402
 
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
+from app.host.runtime import build_accelerator, device_type  # noqa: E402
+from app.inputs.model import embedded_model_dir, load_tokenizer  # noqa: E402
 from app.loop import train  # noqa: E402
-from app.model import embedded_model_dir, load_tokenizer  # noqa: E402
-from app.outputs import RunPaths  # noqa: E402
-from app.run import build_run, load_inputs  # noqa: E402
-from app.runtime import build_accelerator, device_type  # noqa: E402
+from app.storage.folders import RunPaths  # noqa: E402
 from app.telemetry.writer import TensorBoardWriter  # noqa: E402
+from app.wiring import build_training, load_inputs  # noqa: E402
 
 GIB = 2**30
 
@@ -144,7 +144,7 @@ def main() -> int:
 
     # ---- (a) the app: the same wiring as app/train.py, --save_steps 0 (only a signal would save) -------------------
     paths = RunPaths("bench", workdir / "app", workdir / "runs")
-    run = build_run(
+    run = build_training(
         cfg, accelerator, policy, inputs, paths=paths, writer=TensorBoardWriter(paths.log_dir), model=fresh_model()
     )
 

@@ -34,13 +34,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from app.amp.headroom import HeadroomProbe  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
+from app.host.runtime import build_accelerator, device_name, device_type  # noqa: E402
+from app.inputs.model import resolve_model_path  # noqa: E402
 from app.loop import train  # noqa: E402
-from app.model import resolve_model_path  # noqa: E402
-from app.outputs import RunPaths  # noqa: E402
-from app.run import build_run  # noqa: E402
-from app.runtime import build_accelerator, device_name, device_type  # noqa: E402
+from app.storage.folders import RunPaths  # noqa: E402
 from app.telemetry.tags import AMP_HEADROOM_BITS  # noqa: E402
 from app.telemetry.writer import TensorBoardWriter  # noqa: E402
+from app.wiring import build_training  # noqa: E402
 
 
 def main() -> int:
@@ -73,7 +73,7 @@ def main() -> int:
     policy, _ = resolve_precision(False, "fp16", device_type(), launcher=None)
     accelerator = build_accelerator(cfg)
     paths = RunPaths("bench", workdir / "app", workdir / "runs")
-    run = build_run(cfg, accelerator, policy, paths=paths, writer=TensorBoardWriter(paths.log_dir))
+    run = build_training(cfg, accelerator, policy, paths=paths, writer=TensorBoardWriter(paths.log_dir))
     probe = run.telemetry.headroom
     stamps, armed, inside = [], [], []  # per step: start, armed or not, seconds inside the probe's hooks and read
     synchronize = torch.cuda.synchronize if accelerator.device.type == "cuda" else (lambda: None)

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return hf_worker(args)
 
     from app.amp.policy import resolve_precision
-    from app.runtime import device_type
+    from app.host.runtime import device_type
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-job-"))
     if args.tiny:
@@ -176,9 +176,9 @@ def hf_worker(args) -> int:
         TrainingArguments,
     )
 
-    from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, load_raw
-    from app.model import embedded_model_dir
-    from app.runtime import device_type
+    from app.host.runtime import device_type
+    from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, load_raw
+    from app.inputs.model import embedded_model_dir
 
     defaults = TrainConfig()
     raw = load_raw(replace(defaults, max_train_samples=args.max_train_samples, max_eval_samples=args.max_eval_samples))

@@ -39,7 +39,7 @@ TRAIN_SAMPLES = 480  # fewer than make train-lm's, so that the four runs take ab
 def main(args) -> int:
     from app.amp.policy import resolve_precision
     from app.config import parse_config
-    from app.runtime import device_type
+    from app.host.runtime import device_type
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-lm-job-"))
     model, model_flags = None, []
@@ -97,11 +97,11 @@ def main(args) -> int:
 
 
 def _converted_model() -> Path:
-    from app import gguf_convert
+    from app.inputs import gguf
 
-    folder, file = gguf_convert.embedded_lm()
-    target = gguf_convert.converted_folder(folder, file)
-    return gguf_convert.convert(folder, file, target, print)
+    folder, file = gguf.embedded_lm()
+    target = gguf.converted_folder(folder, file)
+    return gguf.convert(folder, file, target, print)
 
 
 def hf_worker(args) -> int:
@@ -111,8 +111,8 @@ def hf_worker(args) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
     from app.config import parse_config
-    from app.data import load_raw
-    from app.runtime import device_type
+    from app.host.runtime import device_type
+    from app.inputs.data import load_raw
     from app.tasks.causal_lm import CausalLM
 
     cfg = parse_config(["--config", str(CONFIG), "--model_name_or_path", args.model])

@@ -45,7 +45,7 @@ LABELS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
 def amp_padding() -> int:
     """What an AMP run pads to on its own on this device (PrecisionPolicy.pad_to_multiple_of); 1 for none."""
     from app.amp.policy import resolve_precision
-    from app.runtime import device_type
+    from app.host.runtime import device_type
 
     return resolve_precision(True, None, device_type(), None)[0].pad_to_multiple_of or 1
 

@@ -15,6 +15,7 @@ import argparse
 import collections
 import json
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -28,12 +29,13 @@ from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
+from app.host.runtime import build_accelerator, device_name  # noqa: E402
+from app.inputs.model import embedded_model_dir, load_tokenizer  # noqa: E402
 from app.loop import train  # noqa: E402
-from app.model import embedded_model_dir, load_tokenizer  # noqa: E402
-from app.run import Inputs, build_run  # noqa: E402
-from app.runtime import build_accelerator, device_name  # noqa: E402
+from app.storage.folders import RunPaths  # noqa: E402
 from app.tasks.classification import Columns, LabelSpace, SequenceClassification  # noqa: E402
 from app.telemetry.flops import flops_per_token, peak_flops  # noqa: E402
+from app.wiring import Inputs, build_training  # noqa: E402
 
 GIB = 2**30
 
@@ -91,12 +93,14 @@ def main() -> int:
     accelerator = build_accelerator(cfg)
     device = accelerator.device
     results: dict[str, dict] = {}
+    workdir = tempfile.mkdtemp(prefix="gpu-check-")  # save_steps=0: only the folders, nothing in them
     syncs: dict[str, dict] = {}
 
     for mode in ("no", "fp16"):
         policy, _ = resolve_precision(False, mode, device.type, launcher=None)
         torch.manual_seed(0)
-        run = build_run(cfg, accelerator, policy, inputs, model=BertForSequenceClassification(config))
+        paths = RunPaths(mode, Path(workdir) / mode / "out", Path(workdir) / mode / "runs")  # checkpoints: none
+        run = build_training(cfg, accelerator, policy, inputs, paths=paths, model=BertForSequenceClassification(config))
         train(run, budget=args.warmup)
         if device.type == "cuda":
             torch.cuda.synchronize()

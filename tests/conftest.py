@@ -77,7 +77,7 @@ def tiny_bert_config(vocab_size: int, hidden_dropout: float, attention_dropout: 
 def save_tiny_bert(path: Path, dropout: float) -> Path:
     from transformers import AutoTokenizer, BertModel
 
-    from app.model import embedded_model_dir
+    from app.inputs.model import embedded_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
     config = tiny_bert_config(tokenizer.vocab_size, dropout, dropout, max_position_embeddings=128)
@@ -102,7 +102,7 @@ def tiny_model_no_dropout(tmp_path_factory) -> Path:
 def review_files(tmp_path_factory) -> dict[str, Path]:
     """96 training and 48 validation reviews as CSV, with the user-data default columns "text" and "label"."""
     from app.config import TrainConfig
-    from app.data import load_raw
+    from app.inputs.data import load_raw
 
     raw = load_raw(TrainConfig()).rename_columns({"review": "text", "score": "label"})
     folder = tmp_path_factory.mktemp("reviews")

@@ -1,25 +1,27 @@
-"""Build one run in this process through the app's own wiring (app/run.py), so a test can hook into its parts.
+"""Build one training in this process through the app's own wiring (app/wiring.py), so a test can hook into its parts.
 
-The run keeps its checkpoints in a temporary folder and writes no TensorBoard files.
+The training keeps its checkpoints in a temporary folder and writes no TensorBoard files.
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 from app import loop
 from app.amp.policy import resolve_precision
 from app.config import TrainConfig
-from app.run import Run
-from app.run import build_run as build_app_run
-from app.runtime import build_accelerator
+from app.host.runtime import build_accelerator
+from app.storage.folders import RunPaths
+from app.wiring import Training
+from app.wiring import build_training as build_app_training
 
 # What a harness run uses unless the test says otherwise.
 DEFAULTS = dict(per_device_train_batch_size=8, max_length=64, eval_steps=0, save_steps=0, disable_tqdm=True)
 
 
-def build_run(model_dir: Path, files: dict[str, Path], **overrides) -> Run:
+def build_training(model_dir: Path, files: dict[str, Path], **overrides) -> Training:
     cfg = replace(
         TrainConfig(),
         model_name_or_path=str(model_dir),
@@ -30,10 +32,11 @@ def build_run(model_dir: Path, files: dict[str, Path], **overrides) -> Run:
     cfg.validate()
     accelerator = build_accelerator(cfg)
     policy, _ = resolve_precision(cfg.amp, cfg.mixed_precision, accelerator.device.type, launcher=None)
-    return build_app_run(cfg, accelerator, policy)
+    paths = RunPaths("run", Path(tempfile.mkdtemp(prefix="run-")), Path(tempfile.mkdtemp(prefix="runs-")))
+    return build_app_training(cfg, accelerator, policy, paths=paths)
 
 
-def train(run: Run) -> None:
+def train(run: Training) -> None:
     """The app's loop over the whole run, then the run closed (its signal handlers put back)."""
     try:
         loop.train(run)

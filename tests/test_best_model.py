@@ -21,7 +21,7 @@ from tests.conftest import ROOT, clean_env, data_flags, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 BOUNCY = ["--learning_rate", "1e-2", "--warmup_ratio", "0", "--max_steps", "16", "--eval_steps", "2"]
-# torch's own dropout masks, on which BOUNCY was chosen to stop early (app/dropout.py's draw other masks)
+# torch's own dropout masks, on which BOUNCY was chosen to stop early (app/host/dropout.py's draw other masks)
 TORCH_MASKS = ["--fast_cpu_dropout", "false"]
 
 

@@ -197,7 +197,7 @@ def test_token_mean_loss_is_the_same_with_accumulation(tiny_llama_dir, uneven_re
     )
     runs = {}
     for accumulation, batch_size in ((1, 8), (2, 4)):
-        run = harness.build_run(
+        run = harness.build_training(
             tiny_llama_dir,
             review_files,
             per_device_train_batch_size=batch_size,

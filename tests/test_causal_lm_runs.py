@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, get_linear_schedule_with_warmup
 
 import app.amp.policy
-from app.checkpoint import completed_checkpoints
+from app.storage.checkpoints import completed_checkpoints
 from app.tasks.causal_lm import token_mean_loss
 from app.telemetry import tags
 from tests import harness, tb
@@ -34,7 +34,7 @@ def lm_run_options(**extra) -> dict:
 
 
 def test_amp_off_is_bitwise_a_plain_fp32_loop_with_the_same_loss(tiny_llama_dir, uneven_responses):
-    run = harness.build_run(
+    run = harness.build_training(
         tiny_llama_dir,
         uneven_responses,
         mixed_precision="no",
@@ -131,7 +131,7 @@ def test_kill_9_then_resume_is_bitwise_for_a_decoder_in_fp16(tmp_path, tiny_gpt2
 def test_gradient_checkpointing_trains_the_same_weights(tiny_llama_dir, review_files):
     final = {}
     for checkpointing in (False, True):
-        run = harness.build_run(
+        run = harness.build_training(
             tiny_llama_dir,
             review_files,
             mixed_precision="no",

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app.checkpoint import completed_checkpoints, find_checkpoint
+from app.storage.checkpoints import completed_checkpoints, find_checkpoint
 from app.telemetry import tags
 from tests import tb
 from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, free_port, run_app

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from app.claim import STALE_AFTER, Held, Holder, Lease
+from app.storage.lease import STALE_AFTER, Held, Holder, Lease
 from tests.conftest import TRAIN_SCRIPT, clean_env, free_port
 from tests.workers import lease_racer
 
@@ -171,12 +171,12 @@ def test_two_runs_started_in_the_same_second_get_their_own_default_names(tmp_pat
 
 def test_a_default_name_taken_in_the_same_second_gets_the_next_suffix(tmp_path, monkeypatch):
     from app.config import TrainConfig
-    from app.folders import RunFolders, claim_run_folders
+    from app.storage.folders import FolderClaims, claim_run_folders
 
     monkeypatch.chdir(tmp_path)  # the default output folder is outputs/<run name>
     cfg = TrainConfig(logdir=str(tmp_path / "tb"))
     for _ in range(5):  # until both claims land in the same second, as two runs started together often do
-        runs = [RunFolders(), RunFolders()]
+        runs = [FolderClaims(), FolderClaims()]
         first, second = (claim_run_folders(cfg, "fp32", None, folders) for folders in runs)
         if first.run_name[:15] == second.run_name[:15]:
             break

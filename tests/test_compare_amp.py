@@ -87,12 +87,12 @@ def test_every_precision_sees_the_same_batch_shapes(tiny_model_dir, review_files
     # 24, not 8: the harness truncates to 64 tokens, a multiple of 8, so padding to 8 would change no shape here.
     shapes = {}
     for precision in ("no", "fp16", "bf16"):
-        run = harness.build_run(tiny_model_dir, review_files, mixed_precision=precision, pad_to_multiple_of=24)
+        run = harness.build_training(tiny_model_dir, review_files, mixed_precision=precision, pad_to_multiple_of=24)
         shapes[precision] = [tuple(batch["input_ids"].shape) for batch in run.train_loader]
         run.close()
     assert shapes["no"] == shapes["fp16"] == shapes["bf16"]
     assert all(length % 24 == 0 for _, length in shapes["no"])
-    unpadded = harness.build_run(tiny_model_dir, review_files, mixed_precision="no")
+    unpadded = harness.build_training(tiny_model_dir, review_files, mixed_precision="no")
     assert [tuple(batch["input_ids"].shape) for batch in unpadded.train_loader] != shapes["no"]  # the flag acts
     unpadded.close()
 

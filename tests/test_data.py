@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 from transformers import AutoConfig
 
-from app import data
 from app.config import TrainConfig
 from app.errors import UsageError
+from app.inputs import data
 from app.tasks import classification
 from tests.conftest import run_app
 

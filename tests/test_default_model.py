@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from app.model import embedded_model_dir
+from app.inputs.model import embedded_model_dir
 from tests.conftest import run_app
 
 

@@ -109,7 +109,7 @@ def test_headroom_falls_to_zero_before_the_loss_scale_alarm(quick_args, warming_
 def test_healthy_preflight_says_one_clean_line_and_leaves_no_trace(tiny_model_dir, review_files, capsys):
     final = {}
     for skip in (False, True):
-        run = harness.build_run(tiny_model_dir, review_files, amp=True, max_steps=3, skip_amp_preflight=skip)
+        run = harness.build_training(tiny_model_dir, review_files, amp=True, max_steps=3, skip_amp_preflight=skip)
         harness.train(run)
         final[skip] = {k: v.clone() for k, v in run.model.state_dict().items()}
         lines = [line for line in capsys.readouterr().out.splitlines() if "pre-flight" in line]
@@ -134,11 +134,11 @@ def test_preflight_warns_about_a_model_stored_in_bf16(quick_args, bf16_config_mo
 
 
 def test_overflow_replay_leaves_weights_grads_and_rng_unchanged(overflow_model_dir, review_files):
-    run = harness.build_run(overflow_model_dir, review_files, amp=True, max_steps=2, skip_amp_preflight=True)
+    run = harness.build_training(overflow_model_dir, review_files, amp=True, max_steps=2, skip_amp_preflight=True)
     loop.train(run)
     model = run.model
     model.train()  # replayed as in training: dropout draws from the global RNG
-    batch = diagnose.first_training_batch(run)
+    batch = diagnose.first_training_batch(run.train_loader, run.accelerator.device)
     for p in model.parameters():
         p.grad = torch.full_like(p, 0.5)  # gradients of a step in progress must survive the replay
     weights = {k: v.clone() for k, v in model.state_dict().items()}
@@ -146,7 +146,7 @@ def test_overflow_replay_leaves_weights_grads_and_rng_unchanged(overflow_model_d
     rng = torch.get_rng_state()
     optimizer_state = {k: {n: t.clone() for n, t in s.items()} for k, s in run.optimizer.optimizer.state.items()}
 
-    line = diagnose.overflow_report(run, batch)
+    line = run.overflow_report(batch)
     run.close()
 
     assert line == f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
@@ -197,25 +197,25 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
 
 
 def test_a_second_alarm_after_the_fallback_stops_with_exit_3(overflow_model_dir, review_files):
-    run = harness.build_run(overflow_model_dir, review_files, amp=True, max_steps=1, skip_amp_preflight=True)
+    run = harness.build_training(overflow_model_dir, review_files, amp=True, max_steps=1, skip_amp_preflight=True)
     run.policy = replace(run.policy, mode="bf16", source=fallback.SOURCE)
     with pytest.raises(TrainingHalted) as halted:
-        fallback.fall_back(run, 7)
+        fallback.fall_back(run.policy, run.checkpoints.last_saved, 7)
     run.close()
     assert halted.value.exit_code == 3 and "after the fallback to bf16" in str(halted.value)
 
 
 def test_overflow_report_names_the_first_gradient_to_overflow(tiny_model_dir, review_files):
     # A healthy forward pass, but a loss scale no fp16 gradient survives: the backward pass overflows first at the end.
-    run = harness.build_run(tiny_model_dir, review_files, amp=True, init_loss_scale=1e30, max_steps=1)
-    line = diagnose.overflow_report(run, diagnose.first_training_batch(run))
+    run = harness.build_training(tiny_model_dir, review_files, amp=True, init_loss_scale=1e30, max_steps=1)
+    line = run.overflow_report(diagnose.first_training_batch(run.train_loader, run.accelerator.device))
     run.close()
     assert line == "first overflow: classifier (gradient, max |x| = inf in float16)"
 
 
 def test_the_preflight_checks_the_loops_first_batch(tiny_model_dir, review_files):
-    run = harness.build_run(tiny_model_dir, review_files, amp=True, max_steps=1)
-    checked = diagnose.first_training_batch(run)
+    run = harness.build_training(tiny_model_dir, review_files, amp=True, max_steps=1)
+    checked = diagnose.first_training_batch(run.train_loader, run.accelerator.device)
     run.train_loader.set_epoch(0)  # as the loop starts its first epoch
     trained = next(iter(run.train_loader))
     run.close()
@@ -233,9 +233,9 @@ def test_preflight_flags_a_nan_output(tmp_path, review_files, capsys):
     with torch.no_grad():
         model.get_submodule(OVERFLOWING).weight[0, 0] = float("nan")
     model.save_pretrained(path)
-    run = harness.build_run(path, review_files, amp=True, max_steps=1)
+    run = harness.build_training(path, review_files, amp=True, max_steps=1)
     capsys.readouterr()
-    diagnose.preflight(run)
+    run.preflight()
     run.close()
     line = capsys.readouterr().out.strip()
     assert f"first in execution order: bert.{OVERFLOWING} (max |x| = nan)" in line, line

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from app.checkpoint import completed_checkpoints
-from app.integrity import damage
+from app.storage.checkpoints import completed_checkpoints
+from app.storage.integrity import damage
 from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_app
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.

@@ -1,4 +1,4 @@
-"""CPU dropout masks drawn from float32 uniforms (app/dropout.py): the same dropout as torch's, from the same generator.
+"""CPU dropout masks drawn from float32 uniforms (app/host/dropout.py): torch's dropout, from the same generator.
 
 The references here are written out by hand (a mask drawn with torch.rand after the same seed, attention computed in
 float64), so each test fails if the mode draws, keeps, scales or attends differently.
@@ -18,12 +18,12 @@ from safetensors.torch import load_file
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertForSequenceClassification
 
-import app.dropout
-from app.checkpoint import STATE_FILE
+import app.host.dropout
 from app.config import TrainConfig
-from app.dropout import TORCH, UNIFORM, UniformDropout, masks_of_run, serial_bernoulli
+from app.host.dropout import DropoutMasks, UniformDropout, masks_of_run, serial_bernoulli
+from app.storage.checkpoints import STATE_FILE
 from tests.conftest import run_app, tiny_bert_config
-from tests.harness import build_run, train
+from tests.harness import build_training, train
 
 P = 0.1
 
@@ -182,25 +182,30 @@ def test_torch_draws_its_cpu_masks_serially_except_with_mkl_on_intel():
 
 def test_which_runs_use_the_mode(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: False)
-    assert masks_of_run(TrainConfig(), cpu) == UNIFORM
-    assert masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu) == TORCH
-    assert masks_of_run(TrainConfig(torch_compile=True), cpu) == TORCH
-    assert masks_of_run(TrainConfig(), cuda) == TORCH
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)
+    assert masks_of_run(TrainConfig(), cpu) == DropoutMasks.UNIFORM
+    assert masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu) == DropoutMasks.TORCH
+    assert masks_of_run(TrainConfig(torch_compile=True), cpu) == DropoutMasks.TORCH
+    assert masks_of_run(TrainConfig(), cuda) == DropoutMasks.TORCH
     # a resume keeps the run's own, whatever the flag says now
-    assert masks_of_run(TrainConfig(), cpu, started_with=TORCH) == TORCH
-    assert masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu, started_with=UNIFORM) == UNIFORM
-    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: True)
-    assert masks_of_run(TrainConfig(), cpu) == (TORCH if torch.backends.mkl.is_available() else UNIFORM)
+    assert masks_of_run(TrainConfig(), cpu, started_with=DropoutMasks.TORCH) == DropoutMasks.TORCH
+    assert (
+        masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu, started_with=DropoutMasks.UNIFORM)
+        == DropoutMasks.UNIFORM
+    )
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: True)
+    assert masks_of_run(TrainConfig(), cpu) == (
+        DropoutMasks.TORCH if torch.backends.mkl.is_available() else DropoutMasks.UNIFORM
+    )
 
 
 def test_the_flag_reaches_the_training_loop(monkeypatch, tiny_model_dir, review_files):
     """Two runs that differ only in --fast_cpu_dropout train on other masks (and so end with other weights); each
     forward of the first ran under the mode."""
-    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: False)  # the serial-Bernoulli case, on any host
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # the serial-Bernoulli case, on any host
     weights = {}
     for fast in (True, False):
-        run = build_run(tiny_model_dir, review_files, mixed_precision="no", max_steps=2, fast_cpu_dropout=fast)
+        run = build_training(tiny_model_dir, review_files, mixed_precision="no", max_steps=2, fast_cpu_dropout=fast)
         with AtenCalls() as seen:
             train(run)
         assert (seen.calls["bernoulli_"] == 0) == fast
@@ -211,7 +216,7 @@ def test_the_flag_reaches_the_training_loop(monkeypatch, tiny_model_dir, review_
 def test_a_resume_keeps_the_masks_the_run_started_with(tmp_path, monkeypatch, tiny_model_dir, review_files, capsys):
     """A run started on torch's masks, resumed with the flag on (its default), still ends bitwise where it would have
     ended uninterrupted: the checkpoint records the masks, and the resume says it keeps them."""
-    monkeypatch.setattr(app.dropout, "intel_cpu", lambda: False)  # where the flag would pick UNIFORM
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the flag would pick the uniform masks
     common = [
         *("--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"]),
         *("--validation_file", review_files["validation"], "--per_device_train_batch_size", 8, "--max_length", 32),
@@ -219,7 +224,9 @@ def test_a_resume_keeps_the_masks_the_run_started_with(tmp_path, monkeypatch, ti
     ]
     for name, extra in (("torch", ["--fast_cpu_dropout", "false"]), ("uniform", [])):
         assert run_app([*common, *extra, "--output_dir", tmp_path / name, "--logdir", tmp_path / f"runs_{name}"]) == 0
-        assert ("dropout: masks from one float32 uniform per element" in capsys.readouterr().out) == (name == UNIFORM)
+        assert ("dropout: masks from one float32 uniform per element" in capsys.readouterr().out) == (
+            name == DropoutMasks.UNIFORM
+        )
         recorded = json.loads((tmp_path / name / "checkpoints" / "step-2" / STATE_FILE).read_text())
         assert recorded["dropout_masks"] == name
     uninterrupted = load_file(tmp_path / "torch" / "model.safetensors")

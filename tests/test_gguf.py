@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from app import gguf_convert
+from app.inputs import gguf
 from tests.conftest import ROOT, clean_env, run_app
 from tests.lm_models import save_tiny_gguf
 
@@ -24,10 +24,10 @@ def tiny_gguf(tmp_path, review_texts, monkeypatch):
 
 def test_the_conversion_is_the_files_model_and_is_made_once(tiny_gguf, tmp_path):
     folder, name = str(tiny_gguf.parent), tiny_gguf.name
-    target = gguf_convert.converted_folder(folder, name)
+    target = gguf.converted_folder(folder, name)
     assert target.parent == tmp_path / "cache" / "amp-trainer" / "gguf"
     said = []
-    assert gguf_convert.convert(folder, name, target, said.append) == target
+    assert gguf.convert(folder, name, target, said.append) == target
     assert len(said) == 1 and said[0].startswith(f"converting {name} to a model folder in {target}")
     config = json.loads((target / "config.json").read_text())
     assert "quantization_config" not in config
@@ -40,20 +40,20 @@ def test_the_conversion_is_the_files_model_and_is_made_once(tiny_gguf, tmp_path)
     with torch.no_grad():
         assert torch.equal(from_file(ids).logits, converted(ids).logits)
 
-    assert gguf_convert.convert(folder, name, target, said.append) == target
+    assert gguf.convert(folder, name, target, said.append) == target
     assert len(said) == 1, "the second run loads the cache"
     changed = tiny_gguf.read_bytes() + b"\0"
     tiny_gguf.write_bytes(changed)
-    assert gguf_convert.converted_folder(folder, name) != target, "another file's bytes, another cache entry"
+    assert gguf.converted_folder(folder, name) != target, "another file's bytes, another cache entry"
 
 
 @pytest.mark.slow
 def test_two_runs_converting_at_once_leave_one_complete_folder(tiny_gguf):
     folder, name = str(tiny_gguf.parent), tiny_gguf.name
-    target = gguf_convert.converted_folder(folder, name)
+    target = gguf.converted_folder(folder, name)
     script = (
-        "import sys; from app import gguf_convert; from pathlib import Path; "
-        f"print(gguf_convert.convert({folder!r}, {name!r}, Path({str(target)!r}), print))"
+        "import sys; from app.inputs import gguf; from pathlib import Path; "
+        f"print(gguf.convert({folder!r}, {name!r}, Path({str(target)!r}), print))"
     )
     env = clean_env(tiny_gguf.parent, XDG_CACHE_HOME=str(target.parents[2]), PYTHONPATH=str(ROOT))
     racers = [

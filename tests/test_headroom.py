@@ -109,7 +109,7 @@ def test_a_nan_output_is_worse_than_any_finite_one():
 
 def test_the_loop_arms_the_probe_on_the_last_micro_batch_of_log_steps_only(tiny_model_dir, review_files):
     # 2 micro-batches per step, logging every 2 steps, 3 steps: log steps 2 and 3 end on micro-batches 4 and 6.
-    run = harness.build_run(
+    run = harness.build_training(
         tiny_model_dir, review_files, amp=True, gradient_accumulation_steps=2, logging_steps=2, max_steps=3
     )
     micro_batch, armed = {"now": 0}, set()
@@ -128,7 +128,7 @@ def test_the_loop_arms_the_probe_on_the_last_micro_batch_of_log_steps_only(tiny_
 
 def test_under_torch_compile_the_probe_is_off_and_a_note_says_so(tiny_model_dir, review_files, capsys):
     # Hooks added to a compiled model at each log step would recompile it: the run skips the probe, in one line.
-    run = harness.build_run(tiny_model_dir, review_files, amp=True, torch_compile=True, max_steps=1)
+    run = harness.build_training(tiny_model_dir, review_files, amp=True, torch_compile=True, max_steps=1)
     run.close()
     notes = [line for line in capsys.readouterr().out.splitlines() if "amp/headroom_bits" in line]
     assert not run.telemetry.headroom.enabled

@@ -1,4 +1,4 @@
-"""Large freed blocks stay with the process (app/host_memory.py): a step's reallocation faults no page in again."""
+"""Large freed blocks stay with the process (app/host/memory.py): a step's reallocation faults no page in again."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from app.host_memory import keep_freed_memory
+from app.host.memory import keep_freed_memory
 from tests.conftest import ROOT
 
 # 64 MiB, above glibc's largest automatic mmap threshold (32 MiB): 16,384 pages of 4 KiB to fault in on each new map.
 FAULTS_PER_BLOCK = """
 import resource, sys, torch
-from app.host_memory import keep_freed_memory
+from app.host.memory import keep_freed_memory
 
 def faults_per_block():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.harness import build_run, train
+from tests.harness import build_training, train
 from tests.test_loop import inject_inf_at
 
 METHODS = ("item", "tolist", "__bool__", "__float__", "__int__", "cpu", "numpy", "nonzero")
@@ -47,7 +47,7 @@ def spy_on_reads(monkeypatch, step: dict) -> Counter:
     def record(name: str) -> None:
         caller = sys._getframe(2).f_code
         if caller.co_name == "__torch_function__":
-            return  # a torch function mode (app/dropout.py) passing the call on: recorded at its own caller already
+            return  # a torch function mode (app/host/dropout.py) passing the call on: recorded at its own caller
         site = (Path(caller.co_filename).name, caller.co_name)
         if site not in ALLOWED:
             reads[(step["now"], f"{site[0]}:{site[1]}.{name}")] += 1
@@ -80,7 +80,7 @@ def spy_on_reads(monkeypatch, step: dict) -> Counter:
     "precision, overflows", [("no", set()), ("fp16", set()), ("fp16", {3})], ids=["fp32", "fp16", "fp16-overflow"]
 )
 def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeypatch, precision, overflows):
-    run = build_run(tiny_model_dir, review_files, mixed_precision=precision, max_steps=10, logging_steps=5)
+    run = build_training(tiny_model_dir, review_files, mixed_precision=precision, max_steps=10, logging_steps=5)
     step, probed = {"now": 0}, set()
 
     def count(module, args):
@@ -109,7 +109,7 @@ def test_no_tensor_reads_between_log_steps(tiny_model_dir, review_files, monkeyp
 def test_the_causal_lm_task_adds_no_reads_between_log_steps(tiny_llama_dir, review_files, monkeypatch):
     """Its batches carry their label counts as host values, and its LM head positions as a tensor that the model
     indexes on the device: the loop weighs micro-batches and the loss is taken without reading anything back."""
-    run = build_run(
+    run = build_training(
         tiny_llama_dir,
         review_files,
         mixed_precision="fp16",

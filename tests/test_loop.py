@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from tests.harness import build_run, train
+from tests.harness import build_training, train
 
 
 def record_batches(model: torch.nn.Module) -> list[dict]:
@@ -24,7 +24,7 @@ def record_batches(model: torch.nn.Module) -> list[dict]:
 
 
 def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
-    run = build_run(
+    run = build_training(
         tiny_model_dir,
         review_files,
         mixed_precision="no",
@@ -45,7 +45,7 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
     schedule = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=3, num_training_steps=6)
     torch.set_rng_state(rng)
     for batch in batches:
-        with run.dropout_masks():  # the same dropout masks (app/dropout.py; tests/test_dropout.py checks them)
+        with run.dropout_masks():  # the same dropout masks (app/host/dropout.py; tests/test_dropout.py checks them)
             loss = plain(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.05)
@@ -62,7 +62,7 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
 
 @pytest.mark.parametrize("mode, expected", [("fp16", torch.float16), ("bf16", torch.bfloat16), ("no", torch.float32)])
 def test_linear_layers_compute_in_the_policy_dtype(tiny_model_dir, review_files, mode, expected):
-    run = build_run(tiny_model_dir, review_files, mixed_precision=mode, max_steps=2)
+    run = build_training(tiny_model_dir, review_files, mixed_precision=mode, max_steps=2)
     dtypes = set()
     for module in run.model.modules():
         if isinstance(module, torch.nn.Linear):
@@ -104,7 +104,7 @@ def test_loss_scale_follows_torch_schedule_and_skips_injected_infs(tiny_model_di
     # 10 steps, growth every 3 clean steps, inf at steps 2 and 7:
     # ok, SKIP, ok, ok, ok(grow), ok, SKIP, ok, ok, ok(grow) -> 2 growths, 2 skips.
     init = 2.0**10
-    run = build_run(
+    run = build_training(
         tiny_model_dir,
         review_files,
         amp=True,
@@ -131,7 +131,7 @@ def test_loss_scale_follows_torch_schedule_and_skips_injected_infs(tiny_model_di
 
 
 def test_skipped_step_holds_the_learning_rate(tiny_model_dir, review_files):
-    run = build_run(tiny_model_dir, review_files, amp=True, max_steps=4, warmup_ratio=0.5)
+    run = build_training(tiny_model_dir, review_files, amp=True, max_steps=4, warmup_ratio=0.5)
     # The LR each optimizer.step call sees; the fused optimizer is called on skipped steps too, and skips inside.
     lrs = []
     run.optimizer.optimizer.register_step_pre_hook(lambda opt, args, kwargs: lrs.append(opt.param_groups[0]["lr"]))

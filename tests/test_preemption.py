@@ -13,7 +13,7 @@ import sys
 import pytest
 from transformers import AutoModelForSequenceClassification
 
-from app.checkpoint import completed_checkpoints
+from app.storage.checkpoints import completed_checkpoints
 from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"

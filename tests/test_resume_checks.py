@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from app.checkpoint import completed_checkpoints
-from app.integrity import RECORD
+from app.storage.checkpoints import completed_checkpoints
+from app.storage.integrity import RECORD
 from tests.conftest import data_flags, run_app
 
 

@@ -11,9 +11,9 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from app.amp.policy import resolve_precision
 from app.amp.scaler import make_scaler
 from app.config import TrainConfig
-from app.runtime import backend_name, build_accelerator, device_type
+from app.host.runtime import backend_name, build_accelerator, device_type
 from tests.conftest import clean_env
-from tests.harness import build_run, train
+from tests.harness import build_training, train
 
 
 @pytest.mark.parametrize("launcher", ["bf16", "fp16"])
@@ -24,7 +24,7 @@ def test_a_launcher_precision_never_reaches_accelerate(tiny_model_dir, review_fi
     mixed_precision="no" would read it and wrap the prepared model's forward in its own (real, on CPU) bf16 autocast.
     """
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
-    run = build_run(tiny_model_dir, review_files, mixed_precision="no", max_steps=2)
+    run = build_training(tiny_model_dir, review_files, mixed_precision="no", max_steps=2)
     dtypes = set()
     for module in run.model.modules():
         if isinstance(module, torch.nn.Linear):

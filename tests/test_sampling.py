@@ -12,12 +12,12 @@ from datasets import Dataset, DatasetDict
 from torch.utils.data import DataLoader
 from transformers import AutoTokenizer, DataCollatorWithPadding
 
-from app.checkpoint import RunInfo
 from app.config import TrainConfig
-from app.data import make_loaders
-from app.sampling import DataPosition, LengthGroupedSampler, length_order, token_counts
+from app.inputs.data import make_loaders
+from app.inputs.sampling import DataPosition, LengthGroupedSampler, length_order, token_counts
 from app.state import TrainState
-from tests.harness import build_run
+from app.storage.checkpoints import CheckpointRecord
+from tests.harness import build_training
 
 SEED, BATCH = 5, 16
 
@@ -115,7 +115,9 @@ def resumed(tokenizer, lengths, strategy, state: TrainState, processes: int, sav
     """A new process's loader, from the same config, set where the checkpoint says (DataPosition.resume)."""
     loader = loader_for(tokenizer, lengths, strategy, processes)
     position = DataPosition(loader, BATCH, processes, accumulation=1)
-    assert position.resume(state, RunInfo("r", "no", saved_by, state, data=saved)), "a change of process count is said"
+    assert position.resume(state, CheckpointRecord("r", "no", saved_by, state, data=saved)), (
+        "a change of process count is said"
+    )
     return loader
 
 
@@ -167,14 +169,14 @@ def test_grouped_batches_pad_little_on_mixed_lengths(tokenizer):
 
 
 def test_evaluation_goes_longest_first(tiny_model_dir, review_files):
-    run = build_run(tiny_model_dir, review_files, per_device_eval_batch_size=8)
+    run = build_training(tiny_model_dir, review_files, per_device_eval_batch_size=8)
     run.close()
     lengths = [len(batch["input_ids"][0]) for batch in run.eval_loader]
     assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
 
 
 def test_sorted_evaluation_gives_the_metrics_of_unsorted_evaluation(tiny_model_dir, review_files):
-    run = build_run(tiny_model_dir, review_files, per_device_eval_batch_size=8)
+    run = build_training(tiny_model_dir, review_files, per_device_eval_batch_size=8)
     run.close()
     validation = run.inputs.tokenized["validation"]
     collate = DataCollatorWithPadding(run.inputs.tokenizer)

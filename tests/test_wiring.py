@@ -1,4 +1,4 @@
-"""What app/run.py wires from the precision policy and the config into the parts: padding and the optimizer."""
+"""What app/wiring.py wires from the precision policy and the config into the parts: padding and the optimizer."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.optim import build_optimizer
 from app.tasks.classification import Columns, LabelSpace, SequenceClassification
-from tests.harness import build_run, train
+from tests.harness import build_training, train
 
 
 @pytest.mark.parametrize("precision, pad_flag", [("bf16", None), ("no", None), ("bf16", 8)])
 def test_on_a_cpu_batches_are_padded_only_when_asked(tiny_model_dir, review_files, precision, pad_flag):
     # Batches of 2 up to the tiny model's 128 positions: most end at a length of their own, so padding shows.
-    run = build_run(
+    run = build_training(
         tiny_model_dir,
         review_files,
         mixed_precision=precision,

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 from accelerate.utils import send_to_device
 
-from app.amp.policy import bf16_available
-from app.runtime import backend_name
-from app.telemetry import tags
+from app.amp.policy import PrecisionPolicy, bf16_available
 
-if TYPE_CHECKING:
-    from app.run import Run
+# The task's loss of a batch: `loss(model, batch)`, a mean over the batch's items.
+LossOf = Callable[[torch.nn.Module, dict], torch.Tensor]
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
 PREFLIGHT_LIMIT = FP16_MAX / 2  # above half the range, the next layer's sum or a larger batch may overflow
@@ -122,9 +119,8 @@ def _shown(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
-def first_training_batch(run: Run) -> dict:
+def first_training_batch(loader, device: torch.device) -> dict:
     """This rank's first batch of the run's first epoch, built from the dataset: the loader's own state is untouched."""
-    loader = run.train_loader
     sampler = loader.get_sampler()
     generator = getattr(sampler, "generator", None)
     saved = generator.get_state() if generator is not None else None
@@ -132,7 +128,7 @@ def first_training_batch(run: Run) -> dict:
     if generator is not None:
         generator.set_state(saved)
     batch = loader.collate_fn([loader.dataset[i] for i in indices])
-    return send_to_device(dict(batch), run.accelerator.device)
+    return send_to_device(dict(batch), device)
 
 
 def stored_in_bf16(config) -> bool:
@@ -140,18 +136,16 @@ def stored_in_bf16(config) -> bool:
     return str(stored).removeprefix("torch.") == "bfloat16"
 
 
-def preflight(run: Run) -> None:
-    """Before the first fp16 step: warn if the model was stored in bf16, and run one hooked forward pass of the first
-    batch that names the first modules whose output exceeds half of fp16's range. Main process; fp16 only."""
-    policy, accelerator = run.policy, run.accelerator
-    if policy.mode != "fp16" or not accelerator.is_main_process:
-        return
-    if backend_name(accelerator).startswith("FSDP"):  # a sharded forward on one rank would wait for the others
-        accelerator.print("amp pre-flight: skipped under FSDP (each rank holds a shard of the weights)")
-        return
+def preflight(policy: PrecisionPolicy, model: torch.nn.Module, loss: LossOf, batch: dict, model_config) -> list[str]:
+    """Before the first fp16 step: a warning if the model was stored in bf16, and one hooked forward pass of `batch`
+    that names the first modules whose output exceeds half of fp16's range. Returns the lines to say.
+
+    Args:
+        model: the raw model (no DDP wrapper: this pass is this rank's alone).
+    """
     started = time.perf_counter()
     lines = []
-    if stored_in_bf16(run.inputs.model_config):
+    if stored_in_bf16(model_config):
         offer = (
             "this device has bf16: try --mixed_precision bf16"
             if bf16_available(policy.device_type)
@@ -161,13 +155,12 @@ def preflight(run: Run) -> None:
             f"warning: the model config says its weights were stored in bfloat16; activations trained in bf16 often "
             f"exceed fp16's range (max {FP16_MAX:g}); {offer}"
         )
-    model = accelerator.unwrap_model(run.model)  # no DDP hooks: this pass is this rank's alone
     was_training = model.training
     watch = ModuleWatch(model)
     try:
         with rng_untouched(), torch.no_grad(), policy.autocast():
             model.eval()  # no dropout: the check sees the weights, not a random mask
-            run.inputs.task.loss(model, first_training_batch(run))
+            loss(model, batch)
     finally:
         watch.remove()
         model.train(was_training)
@@ -193,27 +186,35 @@ def preflight(run: Run) -> None:
             f"note: {len(kept_wide)} module output(s) beyond fp16's range are kept in fp32 by autocast, so they cannot "
             f"overflow it (largest: {name}, max |x| = {value:.4g})"
         )
-    for line in lines:
-        accelerator.print(line)
-    run.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
+    return lines
 
 
-def overflow_report(run: Run, batch: dict | None) -> str:
-    """Replay `batch` forward and backward under the run's autocast and loss scale; name the first module whose output
-    or gradient is not finite or beyond fp16's range. Weights, gradients and RNG streams are left as they were."""
+def overflow_report(
+    policy: PrecisionPolicy,
+    model: torch.nn.Module,
+    loss: LossOf,
+    batch: dict | None,
+    scale: float,
+    no_sync: Callable[[], contextlib.AbstractContextManager],
+) -> str:
+    """Replay `batch` forward and backward under the run's autocast and loss `scale`; name the first module whose
+    output or gradient is not finite or beyond fp16's range. Weights, gradients and RNG streams are left as they were.
+
+    Args:
+        model: the raw model; `no_sync` keeps the wrapper's gradient reduction out of this rank's replay.
+    """
     if batch is None:
         return "overflow report: no batch to replay"
-    model = run.accelerator.unwrap_model(run.model)
     params = [p for p in model.parameters() if p.requires_grad]
     saved_grads = [p.grad for p in params]
     for p in params:
         p.grad = None
     watch = ModuleWatch(model, gradients=True)
     try:
-        with rng_untouched(), run.accelerator.no_sync(run.model):
-            with run.policy.autocast():
-                loss = run.inputs.task.loss(model, batch)
-            (loss.float() * run.scaler.get_scale()).backward()  # the scale the failing step used: same gradients
+        with rng_untouched(), no_sync():
+            with policy.autocast():
+                replayed = loss(model, batch)
+            (replayed.float() * scale).backward()  # the scale the failing step used: same gradients
     finally:
         watch.remove()
         for p, grad in zip(params, saved_grads):
@@ -225,11 +226,3 @@ def overflow_report(run: Run, batch: dict | None) -> str:
                 dtype = "float16" if hit[1] else str(watch.other_dtypes.get(name)).removeprefix("torch.")
                 return f"first overflow: {name} ({kind}, max |x| = {_shown(hit[0])} in {dtype})"
     return "overflow report: the replayed batch stays within fp16's range (the overflow came from another batch)"
-
-
-def report_overflow(run: Run, batch: dict | None, step: int) -> None:
-    """The overflow report, on stderr and as TensorBoard text. Every rank replays its own batch; the main one says."""
-    line = overflow_report(run, batch)
-    if run.accelerator.is_main_process:
-        print(line, file=sys.stderr, flush=True)
-    run.telemetry.writer.text(tags.AMP_OVERFLOW_REPORT, line, step)

@@ -3,7 +3,7 @@
 The loop then calls `policy.autocast()` and the loss scaler the same way whatever was chosen: with AMP off,
 `torch.autocast(enabled=False)` and `GradScaler(enabled=False)` are exact no-ops, so the loop has no `if amp:`.
 
-Accelerate is always built with `mixed_precision="no"` (see runtime.py): if it autocast or scaled as well, its
+Accelerate is always built with `mixed_precision="no"` (see host/runtime.py): if it autocast or scaled as well, its
 autocast would override ours and the loss would be scaled twice.
 """
 

@@ -1,95 +1,11 @@
 """Tasks: what differs between training a sequence classifier and a causal language model.
 
+    task.py             the `Task` protocol that everything else sees; which task a model config is, with its reason
     classification.py   a text (or pair) -> a label: columns, labels, the classifier, accuracy and macro-F1
     causal_lm.py        prompts and responses, conversations or plain text -> next tokens: the loss where labels are,
                         perplexity, exact match
     lm_data.py          the causal-LM formats: chat template, label masks, packing, the batch collator
     generation.py       greedy generation for many prompts (exact match, predict.py)
 
-Everything else (the loop, the precision policy, telemetry, checkpoints) sees only the `Task` protocol below.
+Everything else (the loop, the precision policy, telemetry, checkpoints) sees only the `Task` protocol of task.py.
 """
-
-from __future__ import annotations
-
-from typing import Callable, Protocol
-
-import torch
-from accelerate import Accelerator
-from datasets import DatasetDict
-from transformers import PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-from app.amp.policy import PrecisionPolicy
-from app.best import metric_tag
-from app.config import TrainConfig
-from app.errors import UsageError
-
-TASKS = ("sequence_classification", "causal_lm")
-LM_HEADS = ("ForCausalLM", "LMHeadModel")
-
-
-class Task(Protocol):
-    name: str
-    pipeline_tag: str  # the model card's Hugging Face pipeline
-    summary: str  # what the trained model is, for the model card
-    metrics: tuple[str, ...]  # the eval tags that evaluate() returns
-    notes: list[str]  # what preparing the data had to change (cut examples), printed at start
-
-    def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
-        """Token ids and labels, the "train" and "validation" splits."""
-
-    def collator(self, pad_to_multiple_of: int | None) -> Callable[[list[dict]], dict]:
-        """Pads a list of tokenized examples into a batch (on the host)."""
-
-    def load_model(self, model_path: str) -> torch.nn.Module:
-        """The model, in fp32."""
-
-    def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
-        """The mean loss over the batch's items."""
-
-    def items(self, batch: dict) -> int:
-        """How many items (examples, label tokens) the batch's loss is a mean over: known on the host, no sync."""
-
-    def evaluate(
-        self, accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module, loader
-    ) -> dict[str, float]:
-        """The metrics over the whole validation set, gathered from every rank without duplicates."""
-
-    def card(self) -> dict[str, str]:
-        """Lines for the model card."""
-
-
-def resolve_task(requested: str | None, model_config: PretrainedConfig) -> tuple[str, str]:
-    """The task, and why: --task, or what the model config says it is."""
-    if requested:
-        return requested, "asked for with --task"
-    architectures = model_config.architectures or []
-    for architecture in architectures:
-        if architecture.endswith(LM_HEADS):
-            return "causal_lm", f"the model config's architecture is {architecture}"
-        if architecture.endswith("ForSequenceClassification"):
-            return "sequence_classification", f"the model config's architecture is {architecture}"
-    kind = model_config.model_type
-    decoder = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
-        kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_config.is_decoder
-    )
-    if decoder and not model_config.is_encoder_decoder:
-        return "causal_lm", f"model type {kind} is a decoder, which transformers loads as a causal LM"
-    return "sequence_classification", f"model type {kind} is not a decoder, so it gets a classification head"
-
-
-def build_task(name: str, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig) -> Task:
-    """The task for this data: its columns and labels checked (UsageError if they don't fit)."""
-    from app.tasks.causal_lm import CausalLM
-    from app.tasks.classification import SequenceClassification
-
-    task = {"causal_lm": CausalLM, "sequence_classification": SequenceClassification}[name].from_data(
-        cfg, raw, tokenizer, model_config
-    )
-    tag = metric_tag(cfg.metric_for_best_model)
-    if tag not in task.metrics:
-        raise UsageError(
-            f"--metric_for_best_model {tag} is not computed for --task {name} on this data; use one of "
-            f"{', '.join(task.metrics)}"
-        )
-    return task

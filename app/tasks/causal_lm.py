@@ -18,8 +18,8 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.data import map_splits
 from app.errors import UsageError
+from app.inputs.data import map_splits
 from app.tasks import generation, lm_data
 from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
 from app.telemetry.tags import EVAL_EXACT_MATCH, EVAL_LOSS, EVAL_PERPLEXITY

@@ -18,9 +18,9 @@ from transformers import AutoModelForSequenceClassification, DataCollatorWithPad
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
-from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.errors import UsageError
-from app.reading import check_label_cells
+from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
+from app.inputs.reading import check_label_cells
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"

@@ -23,8 +23,8 @@ import torch
 from datasets import DatasetDict
 
 from app.config import TrainConfig, refuse_flags_of_other_tasks
-from app.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
 from app.errors import UsageError
+from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
 
 IGNORE = -100  # the label of a position that the loss skips (PyTorch's and HF's convention)
 

@@ -8,7 +8,7 @@ import transformers
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.runtime import backend_name, device_name
+from app.host.runtime import backend_name, device_name
 from app.telemetry import tags
 from app.telemetry.meters import Telemetry
 

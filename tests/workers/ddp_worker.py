@@ -13,10 +13,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import torch  # noqa: E402
 
-from tests.harness import build_run, train  # noqa: E402
+from tests.harness import build_training, train  # noqa: E402
 
 out, model_dir, train_csv, val_csv = map(Path, sys.argv[1:5])
-run = build_run(model_dir, {"train": train_csv, "validation": val_csv}, mixed_precision="no", max_steps=4)
+run = build_training(model_dir, {"train": train_csv, "validation": val_csv}, mixed_precision="no", max_steps=4)
 rows = []
 
 

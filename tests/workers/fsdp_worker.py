@@ -31,8 +31,8 @@ from transformers import (  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.amp.scaler import OverflowFlag, make_scaler  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
-from app.outputs import save_final_model  # noqa: E402
-from app.runtime import build_accelerator  # noqa: E402
+from app.host.runtime import build_accelerator  # noqa: E402
+from app.storage.final_model import save_final_model  # noqa: E402
 from app.tasks.causal_lm import token_mean_loss  # noqa: E402
 from app.tasks.lm_data import IGNORE, CausalLMCollator  # noqa: E402
 

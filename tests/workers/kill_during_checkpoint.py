@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import transformers.modeling_utils  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
-from app import checkpoint  # noqa: E402
 from app.cli import exit_process  # noqa: E402
+from app.storage import checkpoints as checkpoint  # noqa: E402
 from app.train import main  # noqa: E402
 
 

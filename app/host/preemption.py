@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import signal
 
-from app.runtime import HostCollective
+from app.host.runtime import HostCollective
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 

@@ -1,10 +1,10 @@
-"""The run's folders: its name, its claim on them (one run per folder), the checks that keep earlier work safe, and
-giving them back.
+"""The run's folders: its name, its claim on them (one run per folder), the checks that keep earlier work safe, the
+config recorded in them, and giving them back.
 
 Every claim and check happens on the main process, at the very start, before any tokenizing or loading; the other
-ranks learn the outcome (runtime.on_main_process). A folder is claimed first and checked second, so that no other run
-can fill it in between. Bad input later on (exit code 2) gives the claims back and removes every folder this run
-created, so it leaves nothing behind; however else the run ends, the claims are given back and its files stay.
+ranks learn the outcome (host/runtime.on_main_process). A folder is claimed first and checked second, so that no
+other run can fill it in between. Bad input later on (exit code 2) gives the claims back and removes every folder this
+run created, so it leaves nothing behind; however else the run ends, the claims are given back and its files stay.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
-from app.checkpoint import ResumePoint, completed_checkpoints, find_checkpoint, output_dir_of
-from app.claim import Held, Lease, Refresher, is_lease_file
 from app.config import TrainConfig
 from app.errors import UsageError
-from app.outputs import CONFIG_FILE, RunPaths
+from app.storage.checkpoints import ResumePoint, completed_checkpoints, find_checkpoint, output_dir_of
+from app.storage.lease import Held, Lease, Refresher, is_lease_file
+
+CONFIG_FILE = "training_args.yaml"
 
 # What a start that failed before its first checkpoint leaves: nothing worth keeping, nothing to resume.
 _LEFT_BY_A_FAILED_START = {CONFIG_FILE, "checkpoints"}
@@ -28,12 +30,31 @@ class Taken(UsageError):
     """The folder is held by a live run, or holds another run's work."""
 
 
-class RunFolders:
-    """The folders this run claimed (main process), the ones it created, and how to give them back."""
+@dataclass(frozen=True)
+class RunPaths:
+    run_name: str
+    output_dir: Path
+    log_dir: Path  # <logdir>/<run_name>: this run's TensorBoard folder
+
+
+class FolderClaims:
+    """The folders this run claimed (main process), the ones it created, and how to give them back.
+
+    As a context manager: every claim is given back at the end, and after bad input (UsageError) the folders this run
+    created are removed as well.
+    """
 
     def __init__(self) -> None:
         self.claims: list[tuple[Lease, list[Path]]] = []  # a lease, and the folders its claim created, outermost first
         self.refresher: Refresher | None = None
+
+    def __enter__(self) -> FolderClaims:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if isinstance(error, UsageError):
+            self.remove_created()  # bad input leaves nothing behind
+        self.release()
 
     def claim(self, folder: Path, what: str, instead: str) -> None:
         """Create `folder` if needed and take its lease. Taken if a live run holds it; UsageError if it cannot be.
@@ -95,18 +116,18 @@ def _give_back(lease: Lease, created: list[Path], remove: bool) -> None:
         _remove_empty(created)
 
 
-def claim_output_dir(cfg: TrainConfig, folders: RunFolders) -> None:
+def claim_output_dir(cfg: TrainConfig, claims: FolderClaims) -> None:
     """Claim --output_dir (or, resuming from a checkpoint path without it, that checkpoint's run folder) before
     anything reads it. A fresh run with the default folder claims it with its name (claim_run_folders)."""
     if cfg.output_dir:
-        folders.claim(Path(cfg.output_dir), "--output_dir", "choose another --output_dir")
+        claims.claim(Path(cfg.output_dir), "--output_dir", "choose another --output_dir")
     elif cfg.resume_from_checkpoint:  # it exists (or this raises), so its run folder is a real one
         run_folder = output_dir_of(find_checkpoint(cfg.resume_from_checkpoint, None))
-        folders.claim(run_folder, "--output_dir", "pass another --output_dir")
+        claims.claim(run_folder, "--output_dir", "pass another --output_dir")
 
 
 def claim_run_folders(
-    cfg: TrainConfig, precision_label: str, resume: ResumePoint | None, folders: RunFolders
+    cfg: TrainConfig, precision_label: str, resume: ResumePoint | None, claims: FolderClaims
 ) -> RunPaths:
     """Name the run, claim its TensorBoard folder (and its default output folder), and check both. Main process.
 
@@ -114,32 +135,32 @@ def claim_run_folders(
     precision; a run started in the same second as another one takes the next free suffix (-2, -3, ...).
     """
     output_dir = Path(cfg.output_dir) if cfg.output_dir else resume.output_dir if resume else None
-    name = cfg.run_name or (resume.info.run_name if resume else None)
+    name = cfg.run_name or (resume.record.run_name if resume else None)
     if name:
-        return _claim(cfg, name, output_dir, resume, folders)
+        return _claim(cfg, name, output_dir, resume, claims)
     base = f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{precision_label}"
     for suffix in range(1, 100):
         try:
-            return _claim(cfg, base if suffix == 1 else f"{base}-{suffix}", output_dir, resume, folders)
+            return _claim(cfg, base if suffix == 1 else f"{base}-{suffix}", output_dir, resume, claims)
         except Taken:
             continue
     raise UsageError(f"no free default run name {base}-N in --logdir {cfg.logdir}; pass --run_name")
 
 
-def _claim(cfg, name: str, output_dir: Path | None, resume, folders: RunFolders) -> RunPaths:
+def _claim(cfg, name: str, output_dir: Path | None, resume, claims: FolderClaims) -> RunPaths:
     paths = RunPaths(name, output_dir or Path("outputs") / name, Path(cfg.logdir) / name)
     claimed = []
     try:
         if output_dir is None:  # the default output folder, named after the run; else claimed already
-            folders.claim(paths.output_dir, "--output_dir", "pass another --run_name or an --output_dir")
+            claims.claim(paths.output_dir, "--output_dir", "pass another --run_name or an --output_dir")
             claimed.append(paths.output_dir)
-        folders.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
+        claims.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
         claimed.append(paths.log_dir)
         check_output_dir(paths, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
         check_log_dir(paths, resuming=resume is not None)
     except Taken:
         for folder in claimed:
-            folders.give_back(folder)
+            claims.give_back(folder)
         raise
     return paths
 
@@ -209,3 +230,19 @@ def _remove_empty(created: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             return
+
+
+def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> None:
+    """Create the folders and record the resolved config in both. Main process, after every input check; with
+    `--overwrite_output_dir` only, the old checkpoints are deleted here."""
+    if overwrite_checkpoints:
+        shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
+    for folder in (paths.output_dir, paths.log_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+        write_config(cfg, folder)
+
+
+def write_config(cfg: TrainConfig, folder: Path) -> None:
+    """The resolved config as `training_args.yaml`, the name HF Trainer users know (its `training_args.bin`, in YAML
+    that `--config` reads back). The one config file of an output folder; predict.py reads `max_length` from it."""
+    (folder / CONFIG_FILE).write_text(cfg.to_yaml())

@@ -142,14 +142,14 @@ class DataPosition:
     def record(self) -> dict:
         return {"order": self.sampler.spec(), "global_batch_size": self.global_batch_size}
 
-    def resume(self, state, info) -> list[str]:
+    def resume(self, state, record) -> list[str]:
         """Continue at the checkpoint's example: set `state.batches_in_epoch` and the sampler. Returns notes.
 
-        `info` (checkpoint.RunInfo) has the process count of the run that wrote the checkpoint and what it recorded
-        (record()); checkpoints written before that was recorded grouped their order by batch size x processes, and
-        their position is derived from their batch count, with this run's batch size.
+        `record` (storage/checkpoints.CheckpointRecord) has the process count of the run that wrote the checkpoint and
+        what it recorded (record()); checkpoints written before that was recorded grouped their order by batch size x
+        processes, and their position is derived from their batch count, with this run's batch size.
         """
-        saved_by_processes, saved = info.num_processes, info.data
+        saved_by_processes, saved = record.num_processes, record.data
         legacy = {
             "strategy": self.sampler.spec()["strategy"],
             "group_size": self.batch_size * saved_by_processes,

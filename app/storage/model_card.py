@@ -9,45 +9,55 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.model import EMBEDDED_MODEL_PACKAGE
-from app.outputs import CONFIG_FILE
+from app.inputs.model import EMBEDDED_MODEL_PACKAGE
+from app.state import TrainState
+from app.storage.folders import CONFIG_FILE
+from app.tasks.task import Task
 
-if TYPE_CHECKING:
-    from app.run import Run
 
-
-def write_model_card(run: Run, run_name: str, output_dir: Path, final: dict[str, float]) -> None:
+def write_model_card(
+    output_dir: Path,
+    final: dict[str, float],
+    *,
+    run_name: str,
+    cfg: TrainConfig,
+    task: Task,
+    policy: PrecisionPolicy,
+    ended_in: str,
+    state: TrainState,
+    total_steps: int,
+    processes: int,
+    examples: tuple[int, int],
+) -> None:
     """README.md in `output_dir`. Main process.
 
     Args:
         final: the evaluation of the saved model (the best one's with --load_best_model_at_end).
+        policy: the precision the run started in; `ended_in` the mode it ended in (they differ after a fallback).
+        examples: the training and validation examples.
     """
-    cfg, state, policy = run.cfg, run.state, run.policy
-    precision = run.checkpoints.precision  # what the run ended in, should it have changed from the policy's mode
-    if precision != policy.mode:
-        precision_line = f"{precision} (fell back from {policy.label}; started as: {policy.describe()})"
+    if ended_in != policy.mode:
+        precision_line = f"{ended_in} (fell back from {policy.label}; started as: {policy.describe()})"
     else:
         precision_line = policy.describe().removeprefix("precision: ")
-    train_size, eval_size = len(run.inputs.tokenized["train"]), len(run.inputs.tokenized["validation"])
     saved_from = (
         f"step {state.best_step}, the best {cfg.metric_for_best_model or 'eval/loss'}"
         if cfg.load_best_model_at_end and state.best_step is not None
         else "the last step"
     )
-    stopped = state.opt_step < run.total_steps
-    task = run.inputs.task
+    stopped = state.opt_step < total_steps
     facts = {
         "base model": cfg.model_name_or_path
         or f"all-MiniLM-L6-v2 (embedded, from the {EMBEDDED_MODEL_PACKAGE} package)",
         "data": _data(cfg),
-        "examples": f"{train_size} training, {eval_size} validation",
+        "examples": f"{examples[0]} training, {examples[1]} validation",
         **task.card(),
         "precision": precision_line,
-        "processes": run.accelerator.num_processes,
-        "optimizer steps": f"{state.opt_step} of {run.total_steps} ({state.applied_updates} applied, "
+        "processes": processes,
+        "optimizer steps": f"{state.opt_step} of {total_steps} ({state.applied_updates} applied, "
         f"{state.skipped_steps} skipped for fp16 overflow)" + (" - stopped early" if stopped else ""),
         "weights saved from": f"{saved_from}; stored in float32",
     }

@@ -23,9 +23,9 @@ from torch.utils.data import DataLoader
 
 from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
-from app.reading import read_error
-from app.runtime import pinned_batches
-from app.sampling import length_order, token_counts, train_sampler
+from app.host.runtime import pinned_batches
+from app.inputs.reading import read_error
+from app.inputs.sampling import length_order, token_counts, train_sampler
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
 

