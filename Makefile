@@ -1,12 +1,14 @@
 # The two commands of a fresh machine; both set up .venv on first use.
 #   make train   fine-tune the embedded default (MiniLM on fine-food reviews) offline, fast precision for this device
 #   make test    check the style (ruff: lint and format, settings in pyproject.toml), then run the test suite
-# And a third, for language models:
-#   make train-lm  fine-tune the embedded SmolLM2-135M-Instruct on the reviews as prompt/response (configs/smollm2.yaml)
+# And two for language models:
+#   make train-lm       fine-tune the embedded SmolLM2-135M-Instruct on the reviews as prompt/response
+#                       (configs/smollm2.yaml)
+#   make train-lm-lora  the same job with LoRA adapters on a frozen base (configs/smollm2-lora.yaml)
 VENV := .venv
 THREADS := $(shell nproc 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null || echo 1)
 
-.PHONY: setup setup-lm train train-lm test lint
+.PHONY: setup setup-lm train train-lm train-lm-lora test lint
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh $(VENV)
@@ -28,6 +30,9 @@ train: setup
 
 train-lm: setup-lm
 	$(VENV)/bin/accelerate launch $(LAUNCH_FLAGS) app/train.py --config configs/smollm2.yaml --mixed_precision auto
+
+train-lm-lora: setup-lm
+	$(VENV)/bin/accelerate launch $(LAUNCH_FLAGS) app/train.py --config configs/smollm2-lora.yaml --mixed_precision auto
 
 lint: setup
 	$(VENV)/bin/ruff check .

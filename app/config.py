@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
 DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+ALL_LINEAR = "all-linear"  # --lora_target_modules: every linear layer of the base but its output head
+# Flags that only --use_peft reads: given without it, they would be ignored silently.
+PEFT_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save", "use_rslora")
 # What --metric_for_best_model may name: every task's metrics (each task says which of them it computes).
 METRICS = {
     "loss": EVAL_LOSS,
@@ -173,6 +177,38 @@ class TrainConfig:
         default="group_by_length",
     )
 
+    # ---- LoRA adapters on a frozen base (trl's ModelConfig names and defaults) -------------------------------------
+    use_peft: bool = flag(
+        "Train LoRA adapters (peft) on a frozen base instead of every weight. The adapters and everything else that "
+        "trains are float32 whatever --dtype says; checkpoints and the output folder hold the adapters, not the base.",
+        default=False,
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = flag(
+        "Storage dtype of the frozen base (trl's name). auto: float16 under fp16 AMP, bfloat16 under bf16, float32 "
+        "otherwise, and float32 for a full fine-tune, where nothing is frozen. A half-precision base needs autocast in "
+        "its own dtype.",
+        default="auto",
+    )
+    lora_r: int = flag("--use_peft: the rank of each adapter.", default=16)
+    lora_alpha: int = flag(
+        "--use_peft: the adapters' output is scaled by alpha / r (alpha / sqrt(r) with --use_rslora).", default=32
+    )
+    lora_dropout: float = flag("--use_peft: dropout on each adapter's input.", default=0.05)
+    lora_target_modules: list[str] = flag(
+        "--use_peft: the layers that get adapters: module names (a layer matches when its name ends with one), or "
+        "all-linear: every linear layer of the base but its output head. A new classification head is never a "
+        "target: it trains in full, and so does a new pooler; a pretrained pooler is a linear layer of the base.",
+        default_factory=lambda: [ALL_LINEAR],
+    )
+    lora_modules_to_save: Optional[list[str]] = flag(
+        "--use_peft: modules trained in full besides the adapters (a classification head always is).", default=None
+    )
+    use_rslora: bool = flag("--use_peft: rank-stabilised LoRA, which scales by alpha / sqrt(r).", default=False)
+    save_merged_model: bool = flag(
+        "--use_peft: also write the base with the adapters merged into it, in float32, to <output_dir>/merged.",
+        default=False,
+    )
+
     # ---- logging, evaluation and outputs --------------------------------------------------------------------------
     logging_steps: int = flag(
         "Log to TensorBoard every N optimizer steps; values are read from the device only then.", default=10
@@ -267,6 +303,7 @@ class TrainConfig:
             if path is not None and Path(path).suffix.lower() not in DATA_FILE_TYPES:
                 raise UsageError(f"--{name} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
         self._check_best_model_flags()
+        self._check_peft_flags()
 
     def _check_best_model_flags(self) -> None:
         metric_tag(self.metric_for_best_model)
@@ -280,6 +317,30 @@ class TrainConfig:
         ):
             if on and self.eval_steps < 1:
                 raise UsageError(f"{flag_name} needs evaluations during training: pass --eval_steps N (N >= 1)")
+
+    def _check_peft_flags(self) -> None:
+        if not self.use_peft:
+            defaults = TrainConfig()
+            for name in (*PEFT_FLAGS, "save_merged_model"):
+                if getattr(self, name) != getattr(defaults, name):
+                    raise UsageError(f"--{name} applies to adapters only; add --use_peft, or drop --{name}")
+            if self.dtype in ("float16", "bfloat16"):
+                raise UsageError(
+                    f"--dtype {self.dtype} without --use_peft: a full fine-tune trains every weight, and trains them "
+                    "in float32; add --use_peft to train adapters on a half-precision base, or drop --dtype"
+                )
+            return
+        if self.lora_r < 1:
+            raise UsageError(f"--lora_r must be 1 or more, got {self.lora_r}")
+        if self.lora_alpha < 1:
+            raise UsageError(f"--lora_alpha must be 1 or more, got {self.lora_alpha}")
+        if not 0 <= self.lora_dropout < 1:
+            raise UsageError(f"--lora_dropout must be in [0, 1), got {self.lora_dropout}")
+        targets = self.lora_target_modules
+        if not targets or ALL_LINEAR in targets and len(targets) > 1:
+            raise UsageError(
+                f"--lora_target_modules takes module names or {ALL_LINEAR} alone, got {' '.join(targets) or 'nothing'}"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -311,6 +372,14 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         raise UsageError(f"unknown flag {unknown[0]!r}; see python app/train.py --help for the flags")
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+    given = [
+        arg.partition("=")[0].removeprefix("--")
+        for arg in (sys.argv[1:] if argv is None else argv)
+        if arg.startswith("--")
+    ]
+    if not cfg.use_peft and (named := [name for name in given if name in PEFT_FLAGS]):
+        # At its default value a flag changes nothing, but on the command line it shows what the user meant.
+        raise UsageError(f"--{named[0]} applies to adapters only; add --use_peft, or drop --{named[0]}")
     cfg.validate()
     return cfg
 
@@ -365,6 +434,12 @@ def _check_type(path: Path, key: str, value, hint):
         return value
     elif hint in (bool, str) and isinstance(value, hint):
         return value
+    elif typing.get_origin(hint) is list:
+        if isinstance(value, str):
+            return [value]  # one name, as `--flag name` on the command line
+        if isinstance(value, list) and value and all(isinstance(item, str) for item in value):
+            return value
+        expected = "a list of names"
     else:
         expected = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}[hint]
     raise UsageError(f"--config {path}: {key} must be {expected}, got {value!r}")

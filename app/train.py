@@ -27,6 +27,7 @@ import time
 
 from accelerate import Accelerator
 
+from app.adapters.base import base_dtype, refuse_mixed_dtypes_under_fsdp1
 from app.amp import fallback
 from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
 from app.cli import exit_code_of, exit_process, outlive_readers
@@ -45,10 +46,11 @@ from app.host.runtime import (
     on_main_process,
     requested_backend,
 )
+from app.inputs.model import portable_name
 from app.loop import train
 from app.storage import folders
 from app.storage.checkpoints import find_resume_point
-from app.storage.final_model import save_final_model
+from app.storage.final_model import save_final_model, save_merged_model
 from app.storage.folders import FolderClaims, claim_output_dir, claim_run_folders
 from app.telemetry import report, tags
 from app.telemetry.writer import open_writer
@@ -64,6 +66,7 @@ def _main(argv: list[str] | None) -> int:
     # One precision decision, before any heavy work; Accelerate never sees it.
     policy, notes = resolve_precision(cfg.amp, cfg.mixed_precision, device_type(), launcher_choice())
     refuse_amp_under_deepspeed(policy, requested_backend())
+    refuse_mixed_dtypes_under_fsdp1(base_dtype(cfg.dtype, policy, cfg.use_peft)[0], requested_backend())
     accelerator = build_accelerator(cfg)
     stop = StopRequest(HostCollective(accelerator.num_processes))
     try:
@@ -104,7 +107,7 @@ def fine_tune(
     cfg = dataclasses.replace(cfg, run_name=paths.run_name, output_dir=str(paths.output_dir))  # as resolved
 
     # ---- every input check, before any weights load; then the folders -------------------------------------------
-    inputs = load_inputs(cfg, accelerator)
+    inputs = load_inputs(cfg, accelerator, policy, resume)
     if accelerator.is_main_process:
         folders.prepare(paths, cfg, overwrite_checkpoints=cfg.overwrite_output_dir and resume is None)
     purge_step = resume.record.state.opt_step + 1 if resume else None
@@ -140,16 +143,20 @@ def fine_tune(
         final = training.evaluate()
         training.telemetry.log_eval(training.state.opt_step, final)
         final = training.end_with_best(final)
-        save_final_model(
-            accelerator, training.model, inputs.tokenizer, paths.output_dir, training.checkpoints.last_saved
-        )
+        base_name = portable_name(cfg) if cfg.use_peft else None
+        last_saved = training.checkpoints.last_saved
+        save_final_model(accelerator, training.model, inputs.tokenizer, paths.output_dir, last_saved, base_name)
         if accelerator.is_main_process:
             training.write_model_card(paths.run_name, paths.output_dir, final)
+        if cfg.save_merged_model:  # last: it merges the adapters into the model in place
+            merged = save_merged_model(accelerator, training.model, inputs.tokenizer, paths.output_dir)
+            accelerator.print(f"merged model, float32: {merged}")
         writer.hparams(report.hparams(cfg, training.policy, accelerator), tags.HPARAM_METRICS)
         signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     finally:
         training.close()
-    accelerator.print(report.summary_table(time.perf_counter() - started, training.telemetry, training.state, final))
+    wall = time.perf_counter() - started
+    accelerator.print(report.summary_table(wall, training.telemetry, training.state, final, inputs.plan.footprint))
     accelerator.print(f"model saved to {paths.output_dir}")
     signum = signum or stop.signum  # one that came after the ranks agreed, while closing, is this rank's alone
     if signum:  # never exit 0 on a signal: a scheduler must see that the job was stopped

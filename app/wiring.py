@@ -15,6 +15,7 @@ diagnostics, the model card); every part below it is given what it needs, never 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from accelerate import Accelerator
 from datasets import DatasetDict
 from transformers import PretrainedConfig
 
+from app.adapters.base import base_dtype_after_fallback, dtype_name
+from app.adapters.lora import keep_trainable_weights, trainable_names
+from app.adapters.plan import ModelPlan, check_resume, describe_trainable, load_model, plan_model, reload_base
 from app.amp import diagnose
 from app.amp.fallback import Fallback
 from app.amp.policy import PrecisionPolicy
@@ -44,6 +48,7 @@ from app.storage.model_card import write_model_card
 from app.tasks.task import Task, build_task, resolve_task
 from app.telemetry import tags
 from app.telemetry.meters import Telemetry
+from app.telemetry.tags import MEMORY_ESTIMATE_GIB, MODEL_TRAINABLE_PARAMS
 from app.telemetry.writer import NullWriter, TensorBoardWriter
 
 
@@ -52,15 +57,18 @@ class Inputs:
     """The checked, tokenized data, the task that tokenized it, and what it takes to load the model."""
 
     model_path: str
-    model_config: PretrainedConfig  # as stored, before the weights load in fp32
+    model_config: PretrainedConfig  # as stored, before any weight loads
     tokenizer: object
     task: Task
     tokenized: DatasetDict  # "train" and "validation"
+    plan: ModelPlan  # what trains (every weight, or adapters on a frozen base) and in which dtype
 
 
-def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
-    """Check every input (model config, task, tokenizer, length, columns, labels) before any weights load, then
-    tokenize."""
+def load_inputs(
+    cfg: TrainConfig, accelerator: Accelerator, policy: PrecisionPolicy, resume: ResumePoint | None = None
+) -> Inputs:
+    """Check every input (model config, task, tokenizer, length, columns, labels, adapters, the checkpoint to resume
+    from) before any weights load, then tokenize."""
     model_path, gguf_file = resolve_model_path(cfg)
     if gguf_file:  # a converted copy loads like any model folder; else config and tokenizer come from the file
         gguf.check_gguf(model_path, gguf_file)
@@ -77,10 +85,13 @@ def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
     if gguf_file:  # every input is checked: now the heavy conversion, by the main process first
         with accelerator.main_process_first():
             model_path = str(gguf.convert(model_path, gguf_file, converted, accelerator.print))
+    plan = plan_model(cfg, policy, task, model_config, model_path)  # reads the base's files, loads no weight
+    if resume:
+        check_resume(resume.record.adapters, plan, resume.path)
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
         accelerator.print(note)
-    return Inputs(model_path=model_path, model_config=model_config, tokenizer=tokenizer, task=task, tokenized=tokenized)
+    return Inputs(model_path, model_config, tokenizer, task, tokenized, plan)
 
 
 @dataclass
@@ -121,15 +132,23 @@ class Training:
 
     # ---- a precision fallback: switch, then rewind ------------------------------------------------------------------
     def fall_back(self, fallback: Fallback) -> str:
-        """Train on in the fallback's precision from its checkpoint, with a fresh scaler. Returns the note to say."""
-        old = self.policy
+        """Train on in the fallback's precision from its checkpoint, with a fresh scaler (and a frozen base loaded
+        again in a dtype the new precision computes with). Returns the note to say."""
+        old, plan = self.policy, self.inputs.plan
         self.policy = fallback.policy
+        reloaded = ""
+        if plan.adapters and (dtype := base_dtype_after_fallback(self.cfg.dtype, fallback.policy)) != plan.dtype:
+            raw = self.accelerator.unwrap_model(self.model)
+            reload_base(raw, self.inputs.task, self.inputs.model_path, dtype)
+            self.inputs.plan = dataclasses.replace(plan, dtype=dtype, why=f"reloaded for {fallback.policy.label}")
+            held = sorted({dtype_name(p.dtype) for p in raw.parameters() if not p.requires_grad})
+            reloaded = f"; the frozen base reloaded in {', '.join(held)}"
         self.scaler = make_scaler(fallback.policy, self.cfg.init_loss_scale, self.cfg.loss_scale_growth_interval, "")
         self.scaler_state.scaler = self.scaler  # Accelerate knows the checkpointed object by position: keep it
         self.checkpoints.switch_precision(fallback.policy.mode, fallback.record)
         self.rewind_to(fallback.checkpoint)  # the saved scaler state was fp16's: ScalerCheckpoint keeps the fresh one
         at_step = fallback.record["at_step"]
-        note = fallback.note(self.state.opt_step)
+        note = fallback.note(self.state.opt_step) + reloaded
         self.telemetry.writer.text(tags.AMP_FALLBACK, note, at_step)
         self.telemetry.writer.text(tags.RUN_PRECISION, fallback.precision_text(old, at_step), at_step)
         return note
@@ -204,6 +223,8 @@ class Training:
             total_steps=self.total_steps,
             processes=self.accelerator.num_processes,
             examples=(len(self.inputs.tokenized["train"]), len(self.inputs.tokenized["validation"])),
+            adapters=self.inputs.plan.adapters.describe() if self.inputs.plan.adapters else None,
+            base_dtype=dtype_name(self.inputs.plan.dtype),
         )
 
     def close(self) -> None:
@@ -232,12 +253,18 @@ def build_training(
         stop: the signal handler, installed by the caller before any heavy work; a new one if not given.
         model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.
     """
-    inputs = inputs or load_inputs(cfg, accelerator)
+    inputs = inputs or load_inputs(cfg, accelerator, policy, resume)
     stop = stop or StopRequest(HostCollective(accelerator.num_processes))
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
-    model = model or inputs.task.load_model(inputs.model_path)
+    plan = inputs.plan
+    accelerator.print(plan.footprint.line())
+    model = model or load_model(inputs.task, inputs.model_path, plan)
+    for line in describe_trainable(model, plan):
+        accelerator.print(line)
+    if plan.adapters:  # checkpoints hold what trains, not the frozen base
+        accelerator.register_save_state_pre_hook(keep_trainable_weights)
     if cfg.gradient_checkpointing:
         # Non-reentrant: works under DDP and with inputs that need no gradient (token ids). Newer transformers 5.x
         # renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
@@ -268,8 +295,10 @@ def build_training(
         accelerator.num_processes,
         fallback=resume.record.fallback if resume else None,
         dropout_masks=masks,
+        adapters=plan.record(),
     )
-    checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position)
+    trainable = trainable_names(accelerator.unwrap_model(model)) if plan.adapters else None
+    checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)
     checkpoints.remove_staging()
     state = TrainState()
     if resume:
@@ -288,6 +317,10 @@ def build_training(
     telemetry = Telemetry(
         accelerator, writer or NullWriter(), model, policy, total_steps, state, cfg.disable_tqdm, not cfg.torch_compile
     )
+    if not resume:  # step 0's values: a resume would write them a second time
+        trains = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        estimate = plan.footprint.total_bytes / 2**30
+        telemetry.writer.log({MODEL_TRAINABLE_PARAMS: trains, MEMORY_ESTIMATE_GIB: estimate}, 0)
     return Training(
         cfg=cfg,
         accelerator=accelerator,

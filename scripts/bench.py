@@ -135,7 +135,7 @@ def main() -> int:
     accelerator = build_accelerator(cfg)
     device = accelerator.device
 
-    inputs = load_inputs(cfg, accelerator)
+    inputs = load_inputs(cfg, accelerator, policy)
     tokenized, pad_to = inputs.tokenized, policy.pad_to_multiple_of
 
     def fresh_model():

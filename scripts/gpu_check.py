@@ -27,6 +27,7 @@ import torch  # noqa: E402
 from datasets import Dataset, DatasetDict  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
+from app.adapters.plan import plan_model  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.host.runtime import build_accelerator, device_name  # noqa: E402
@@ -75,9 +76,6 @@ def main() -> int:
     tokens = synthetic_tokens(config.vocab_size, args.batch_size * (args.warmup + 2 * args.steps + 4), args.seq_len)
     columns = Columns("text", None, "label")
     task = SequenceClassification(columns, LabelSpace(("0", "1"), string_labels=False), tokenizer, args.seq_len)
-    inputs = Inputs(
-        model_path="bert-base (from config)", model_config=config, tokenizer=tokenizer, task=task, tokenized=tokens
-    )
     total = 4 * (args.warmup + 2 * args.steps)
     cfg = replace(
         TrainConfig(),
@@ -90,6 +88,8 @@ def main() -> int:
         save_steps=0,
         disable_tqdm=True,
     )
+    full_fine_tune = plan_model(cfg, resolve_precision(False, "no", args.device, launcher=None)[0], task, config, "")
+    inputs = Inputs("bert-base (from config)", config, tokenizer, task, tokens, full_fine_tune)
     accelerator = build_accelerator(cfg)
     device = accelerator.device
     results: dict[str, dict] = {}

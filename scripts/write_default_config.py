@@ -33,12 +33,12 @@ def main() -> None:
     source = (ROOT / "app" / "config.py").read_text()
     # The section rulers of the dataclass ("# ---- precision ----"), by the first field under each.
     sections = {m.group(2): m.group(1).strip() for m in re.finditer(r"# ---- ([^-]+?) -+\n\s+(\w+):", source)}
-    lines = [HEADER]
+    lines, defaults = [HEADER], TrainConfig()
     for field in dataclasses.fields(TrainConfig):
         if field.name in sections:
             lines.append(f"# ---- {sections[field.name]} " + "-" * (100 - len(sections[field.name])))
         lines += ["# " + line for line in textwrap.wrap(field.metadata["help"].replace("%%", "%"), 116)]
-        lines += [yaml.safe_dump({field.name: field.default}).strip(), ""]
+        lines += [yaml.safe_dump({field.name: getattr(defaults, field.name)}).strip(), ""]
     (ROOT / "configs" / "default.yaml").write_text("\n".join(lines).rstrip() + "\n")
 
 

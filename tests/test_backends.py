@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
@@ -52,6 +53,13 @@ def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, ti
         assert rank0[name]["scale"] == rank1[name]["scale"] == 512.0, name
     # The control: the plain scaler under FSDP1 sees only local shards, so the ranks disagree and would diverge.
     assert (rank0["fsdp1_plain"]["skipped"], rank1["fsdp1_plain"]["skipped"]) == (False, True)
+    # LoRA on a float16 base: one FSDP2 shard group holds float16 base weights and float32 adapters, the ranks agree on
+    # the overflow, and the adapters are gathered and saved as peft's files.
+    lora = rank0["fsdp2_lora"]
+    assert lora["dtypes"] == ["False:torch.float16", "True:torch.float32"], lora
+    assert lora["skipped"] and rank1["fsdp2_lora"]["skipped"] and lora["scale"] == rank1["fsdp2_lora"]["scale"] == 512.0
+    with safe_open(tmp_path / "fsdp2_lora" / "adapter_model.safetensors", "pt") as adapters:
+        assert any("lora_A" in name for name in adapters.keys())
 
     loader = AutoModelForCausalLM if model == "llama" else AutoModelForSequenceClassification
     saved = loader.from_pretrained(tmp_path / "fsdp2_model")  # gathered from 2 shards

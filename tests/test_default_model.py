@@ -39,3 +39,23 @@ def test_a_few_steps_of_the_real_default(tmp_path, capfd):
     assert (
         AutoTokenizer.from_pretrained(out).vocab_size == AutoTokenizer.from_pretrained(embedded_model_dir()).vocab_size
     )
+
+
+@pytest.mark.slow
+def test_adapters_on_the_real_default_name_their_base_portably_and_predict_finds_it(tmp_path, capfd):
+    import json
+
+    from app.inputs.model import EMBEDDED_MODEL_NAME
+    from app.predict import main as predict
+
+    out = tmp_path / "out"
+    args = ["--use_peft", "--max_steps", "2", "--max_train_samples", "32", "--max_eval_samples", "16"]
+    assert run_app([*args, "--output_dir", out, "--logdir", tmp_path / "runs", "--disable_tqdm"]) == 0
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == EMBEDDED_MODEL_NAME  # not this machine's site-packages path
+    capfd.readouterr()
+    assert predict(["Great coffee.", "--model_name_or_path", str(out)]) == 0
+    first = capfd.readouterr().out
+    (out / "training_args.yaml").unlink()  # a folder copied without it: the hub name alone finds the embedded base
+    assert predict(["Great coffee.", "--model_name_or_path", str(out)]) == 0
+    assert capfd.readouterr().out == first and first.startswith("text,predicted_label,probability\n")

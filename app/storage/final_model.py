@@ -1,5 +1,6 @@
 """The final model: `save_pretrained` of the whole model (gathered from shards where there are any) and the tokenizer,
-written atomically into the output folder."""
+written atomically into the output folder. With adapters: peft's adapter files, the config the base is loaded with,
+and, if asked, the base with the adapters merged into it in a subfolder."""
 
 from __future__ import annotations
 
@@ -12,16 +13,31 @@ from accelerate import Accelerator
 
 from app.storage import disk
 
+MERGED_FOLDER = "merged"
+
 
 def save_final_model(
-    accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: Path, last_checkpoint: Path | None = None
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    tokenizer,
+    output_dir: Path,
+    last_checkpoint: Path | None = None,
+    base_name: str | None = None,
 ) -> None:
     """`save_pretrained` of the full model (gathered from shards where there are any) and the tokenizer. Collective.
 
     Everything is written into `.staging-model` first and then moved into `output_dir` file by file with os.replace,
     which is atomic: a run killed mid-save leaves no half-written model.safetensors, only the staging folder. A full
     disk stops every rank with exit code 4 and names `last_checkpoint`, which is intact.
+
+    Args:
+        base_name: for a model with adapters (a peft model), the name its adapter_config.json gives the base: a hub
+            id or the user's folder, never this machine's site-packages or cache path. Its config (with a
+            classifier's labels) is written beside the adapters, so that predict.py can load the base the same way.
     """
+    raw = accelerator.unwrap_model(model)
+    for adapter in getattr(raw, "peft_config", {}).values() if base_name else ():
+        adapter.base_model_name_or_path = base_name
     state_dict = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
     staging = output_dir / ".staging-model"
     if accelerator.is_main_process:
@@ -29,10 +45,20 @@ def save_final_model(
     accelerator.wait_for_everyone()
 
     def write() -> None:
-        accelerator.unwrap_model(model).save_pretrained(
-            staging, state_dict=state_dict, is_main_process=accelerator.is_main_process, save_function=accelerator.save
-        )
+        # peft's save_pretrained picks the adapters out of the state dict before it asks which rank it runs on, and
+        # other ranks hold no gathered state dict under FSDP: the main process alone writes adapters.
+        if accelerator.is_main_process or not base_name:
+            raw.save_pretrained(
+                staging,
+                state_dict=state_dict,
+                is_main_process=accelerator.is_main_process,
+                save_function=accelerator.save,
+            )
         if accelerator.is_main_process:
+            if base_name:  # the class the adapters sit on, with its head's labels: how predict.py rebuilds it
+                base = raw.get_base_model()
+                base.config.architectures = [type(base).__name__]
+                base.config.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
             disk.share_as_umask_allows(staging)  # safetensors writes model.safetensors 0600, whoever calls it
 
@@ -51,6 +77,36 @@ def save_final_model(
             os.replace(file, output_dir / file.name)
         shutil.rmtree(staging)
     accelerator.wait_for_everyone()
+
+
+def save_merged_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: Path) -> Path:
+    """The base with the adapters merged into its weights, in float32, to `<output_dir>/merged`: a plain transformers
+    model, loadable without peft. Done last: it merges in place. Collective; the main process writes."""
+    target = output_dir / MERGED_FOLDER
+    staging = output_dir / f".staging-{MERGED_FOLDER}"
+
+    def write() -> None:
+        if accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+            merged = accelerator.unwrap_model(model).float().merge_and_unload()  # float32 first: no half rounding
+            merged.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            disk.share_as_umask_allows(staging)
+
+    disk.write_on_every_rank(
+        accelerator,
+        write,
+        output_dir,
+        "the merged model",
+        None,
+        "the adapters in the output folder are complete",
+        clean_up=lambda: shutil.rmtree(staging, ignore_errors=True),
+    )
+    if accelerator.is_main_process:
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(staging, target)
+    accelerator.wait_for_everyone()
+    return target
 
 
 def is_sharded(model: torch.nn.Module) -> bool:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.inputs.model import EMBEDDED_MODEL_PACKAGE
+from app.inputs.model import portable_name
 from app.state import TrainState
 from app.storage.folders import CONFIG_FILE
 from app.tasks.task import Task
@@ -31,6 +31,8 @@ def write_model_card(
     total_steps: int,
     processes: int,
     examples: tuple[int, int],
+    adapters: str | None = None,
+    base_dtype: str = "float32",
 ) -> None:
     """README.md in `output_dir`. Main process.
 
@@ -38,6 +40,8 @@ def write_model_card(
         final: the evaluation of the saved model (the best one's with --load_best_model_at_end).
         policy: the precision the run started in; `ended_in` the mode it ended in (they differ after a fallback).
         examples: the training and validation examples.
+        adapters: what the LoRA adapters are (adapters/lora.AdapterPlan.describe), None for a full fine-tune;
+            `base_dtype` the dtype their frozen base was stored in.
     """
     if ended_in != policy.mode:
         precision_line = f"{ended_in} (fell back from {policy.label}; started as: {policy.describe()})"
@@ -49,9 +53,13 @@ def write_model_card(
         else "the last step"
     )
     stopped = state.opt_step < total_steps
+    base = portable_name(cfg)
+    saved = "stored in float32"
+    if adapters:
+        saved = f"LoRA adapters and the modules trained in full, in float32; the base is not in this folder ({base})"
     facts = {
-        "base model": cfg.model_name_or_path
-        or f"all-MiniLM-L6-v2 (embedded, from the {EMBEDDED_MODEL_PACKAGE} package)",
+        "base model": base + ("" if cfg.model_name_or_path else " (embedded, loaded offline)"),
+        **({"adapters": f"{adapters.removeprefix('adapters: ')}; base frozen in {base_dtype}"} if adapters else {}),
         "data": _data(cfg),
         "examples": f"{examples[0]} training, {examples[1]} validation",
         **task.card(),
@@ -59,11 +67,11 @@ def write_model_card(
         "processes": processes,
         "optimizer steps": f"{state.opt_step} of {total_steps} ({state.applied_updates} applied, "
         f"{state.skipped_steps} skipped for fp16 overflow)" + (" - stopped early" if stopped else ""),
-        "weights saved from": f"{saved_from}; stored in float32",
+        "weights saved from": f"{saved_from}; {saved}",
     }
     lines = [
         "---",
-        "library_name: transformers",
+        *(["library_name: peft", f"base_model: {base}"] if adapters else ["library_name: transformers"]),
         f"pipeline_tag: {task.pipeline_tag}",
         f"tags: [{task.pipeline_tag}, amp-trainer]",
         "---",

@@ -16,6 +16,7 @@ from datasets import DatasetDict
 from transformers import AutoModelForCausalLM, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
+from app.adapters.trained import load_trained
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
@@ -149,9 +150,14 @@ class CausalLM:
         return CausalLMCollator(self.tokenizer.pad_token_id, pad_to_multiple_of)
 
     # ---- model and loss -----------------------------------------------------------------------------------------
-    def load_model(self, model_path: str) -> torch.nn.Module:
-        """The causal LM in fp32 (the master weights that autocast computes from)."""
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    def empty_model(self, model_config: PretrainedConfig) -> torch.nn.Module:
+        """The causal LM on the meta device: its layers and sizes, no memory (for the estimate and the adapters)."""
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(model_config)
+
+    def load_model(self, model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        """The causal LM with its weights in `dtype` (float32 master weights unless a frozen base asks for less)."""
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
         model.config.pad_token_id = self.tokenizer.pad_token_id
         return model
 
@@ -233,7 +239,7 @@ class TextGenerator:
     ):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = load_trained(model_path, AutoModelForCausalLM)  # full, or a base with adapters
         self.model.to(device).eval()
         self.tokenizer, self.renderer = tokenizer, Renderer(tokenizer, max_length)
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens

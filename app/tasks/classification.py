@@ -7,6 +7,7 @@ the metrics (loss, accuracy, macro-F1).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -14,8 +15,9 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from datasets import DatasetDict
-from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
+from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
 
+from app.adapters.trained import load_trained
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
@@ -169,19 +171,28 @@ class SequenceClassification:
     def collator(self, pad_to_multiple_of: int | None):
         return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
-    def load_model(self, model_path: str) -> torch.nn.Module:
-        """The classifier in fp32; a new head if the checkpoint has none."""
+    def _head_config(self, model_config: PretrainedConfig) -> PretrainedConfig:
+        config = copy.deepcopy(model_config)
         id2label = self.labels.id2label
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_path,
-            num_labels=len(id2label),
-            id2label=id2label,
-            label2id={label: i for i, label in id2label.items()},
-            dtype=torch.float32,
-        )
+        config.num_labels, config.id2label = len(id2label), id2label
+        config.label2id = {label: i for i, label in id2label.items()}
         # Fixed up front so that torch.compile does not recompile when the loss first sets it.
-        model.config.problem_type = "single_label_classification"
-        return model
+        config.problem_type = "single_label_classification"
+        return config
+
+    def empty_model(self, model_config: PretrainedConfig) -> torch.nn.Module:
+        """The classifier on the meta device: its layers and sizes, no memory (the memory estimate, the adapters'
+        plan)."""
+        with torch.device("meta"):
+            return AutoModelForSequenceClassification.from_config(self._head_config(model_config))
+
+    def load_model(self, model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+        """The classifier with its weights in `dtype` (float32 master weights unless a frozen base asks for less); a
+        new head if the checkpoint has none."""
+        config = AutoConfig.from_pretrained(model_path)
+        return AutoModelForSequenceClassification.from_pretrained(
+            model_path, config=self._head_config(config), dtype=dtype
+        )
 
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         """The model's own loss: the mean over the batch's examples."""
@@ -234,7 +245,7 @@ class LabelPredictor:
     columns = ("predicted_label", "probability")
 
     def __init__(self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device):
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
+        self.model = load_trained(model_path, AutoModelForSequenceClassification)  # full, or a base with adapters
         self.model.to(device).eval()
         self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size
 

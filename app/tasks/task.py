@@ -37,8 +37,11 @@ class Task(Protocol):
     def collator(self, pad_to_multiple_of: int | None) -> Callable[[list[dict]], dict]:
         """Pads a list of tokenized examples into a batch (on the host)."""
 
-    def load_model(self, model_path: str) -> torch.nn.Module:
-        """The model, in fp32."""
+    def empty_model(self, model_config: PretrainedConfig) -> torch.nn.Module:
+        """The model on the meta device: its layers and sizes without memory."""
+
+    def load_model(self, model_path: str, dtype: torch.dtype) -> torch.nn.Module:
+        """The model with its weights in `dtype`: float32, or a frozen base's half precision."""
 
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         """The mean loss over the batch's items."""

@@ -10,6 +10,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.host.runtime import backend_name, device_name
 from app.telemetry import tags
+from app.telemetry.footprint import Footprint, size
 from app.telemetry.meters import Telemetry
 
 
@@ -61,7 +62,9 @@ def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator) -> dict:
     }
 
 
-def summary_table(wall_seconds: float, telemetry: Telemetry, state, final: dict[str, float]) -> str:
+def summary_table(
+    wall_seconds: float, telemetry: Telemetry, state, final: dict[str, float], estimate: Footprint | None = None
+) -> str:
     # The first step of a run is warm-up, left out of throughput: a run of one step has nothing to measure.
     samples_per_sec = (
         f"{telemetry.run_samples / telemetry.run_seconds:.1f} (all ranks, warm-up and evaluation excluded)"
@@ -73,6 +76,8 @@ def summary_table(wall_seconds: float, telemetry: Telemetry, state, final: dict[
         if telemetry.peak_memory_gib > 0
         else "n/a (no step was logged)"
     )
+    if estimate:
+        peak_memory += f"; estimated at start: {size(estimate.total_bytes)} for weights, gradients and AdamW state"
     steps = (
         f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"
         if telemetry.loss_scaling_logged

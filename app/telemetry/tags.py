@@ -25,6 +25,8 @@ MEMORY_PEAK_ALLOCATED_GIB = "memory/peak_allocated_gib"  # GPU, since the previo
 MEMORY_PEAK_ALLOCATED_PCT = "memory/device_pct/peak_allocated"
 MEMORY_PEAK_RESERVED_PCT = "memory/device_pct/peak_reserved"
 MEMORY_ALLOC_RETRIES, MEMORY_OOMS = "memory/alloc_retries", "memory/ooms"  # GPU, cumulative counts of the allocator
+# At step 0, before any weight loads: weights, gradients and AdamW state (telemetry/footprint.py); what trains
+MEMORY_ESTIMATE_GIB, MODEL_TRAINABLE_PARAMS = "memory/estimate_gib", "model/trainable_params"
 EVAL_LOSS, EVAL_ACCURACY, EVAL_F1 = "eval/loss", "eval/accuracy", "eval/f1"  # f1: macro-averaged
 EVAL_PERPLEXITY = "eval/perplexity"  # exp(eval/loss): causal_lm, whose eval/loss is the mean over label tokens
 EVAL_EXACT_MATCH = "eval/exact_match"  # causal_lm with prompts: share of greedy responses equal to the reference

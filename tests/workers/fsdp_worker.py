@@ -6,7 +6,9 @@ skipped the step and its loss scale afterwards.
         [bert|llama]
 
 Scenarios: the scaler the app's precision module picks for FSDP1 and for FSDP2, and the plain GradScaler under
-FSDP1 (which should let the ranks disagree). The FSDP2 model is then saved through the app's save_final_model.
+FSDP1 (which should let the ranks disagree). The FSDP2 model is then saved through the app's save_final_model. Last,
+LoRA adapters (app/adapters) on a float16 base under FSDP2: float32 adapters and float16 base weights in one shard
+group, the app's scaler, and the adapters saved through save_final_model.
 """
 
 import gc
@@ -28,6 +30,7 @@ from transformers import (  # noqa: E402
     LlamaForCausalLM,
 )
 
+from app.adapters.lora import add_adapters, plan_adapters  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.amp.scaler import OverflowFlag, make_scaler  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
@@ -71,8 +74,14 @@ if decoder:  # prompt/response rows of different lengths, the prompt's labels ma
     )
 
 
-def build() -> torch.nn.Module:
-    return LlamaForCausalLM(config) if decoder else BertForSequenceClassification(config)
+def build(adapters: bool = False) -> torch.nn.Module:
+    model = LlamaForCausalLM(config) if decoder else BertForSequenceClassification(config)
+    if not adapters:
+        return model
+    task = "causal_lm" if decoder else "sequence_classification"
+    lora = replace(TrainConfig(), use_peft=True, lora_dropout=0.0)
+    plan = plan_adapters(lora, model, [], classifier=not decoder)
+    return add_adapters(model.to(torch.float16), plan, task)
 
 
 def loss_of(model: torch.nn.Module) -> torch.Tensor:
@@ -82,7 +91,8 @@ def loss_of(model: torch.nn.Module) -> torch.Tensor:
 def shard(model: torch.nn.Module, version: str) -> torch.nn.Module:
     if version == "FSDP1":
         return FullyShardedDataParallel(model, use_orig_params=True, device_id=torch.device("cpu"))
-    for layer in model.model.layers if decoder else model.bert.encoder.layer:
+    inner = getattr(model, "base_model", model).model if hasattr(model, "peft_config") else model
+    for layer in inner.model.layers if decoder else inner.bert.encoder.layer:
         fully_shard(layer)
     return fully_shard(model)
 
@@ -92,10 +102,11 @@ for name, version, scaler_kind in (
     ("fsdp1", "FSDP1", "app"),
     ("fsdp2", "FSDP2", "app"),
     ("fsdp1_plain", "FSDP1", "plain"),
+    ("fsdp2_lora", "FSDP2", "app"),
 ):
     torch.manual_seed(0)
-    model = shard(build(), version)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = shard(build(adapters=name.endswith("lora")), version)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     scaler = (
         make_scaler(policy, 1024.0, 2000, backend=version)
         if scaler_kind == "app"
@@ -114,6 +125,10 @@ for name, version, scaler_kind in (
     scaler.update()
     skipped = overflow.read()
     results[name] = {"scaler": type(scaler).__name__, "skipped": skipped, "scale": scaler.get_scale()}
+    if name == "fsdp2_lora":
+        results[name]["dtypes"] = sorted({f"{p.requires_grad}:{p.dtype}" for p in model.parameters()})
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        save_final_model(accelerator, model, tokenizer, out / "fsdp2_lora", base_name="tiny")
     if name == "fsdp2":
         save_final_model(accelerator, model, AutoTokenizer.from_pretrained(tokenizer_dir), out / "fsdp2_model")
         results[name]["first_param_sum"] = sum(

@@ -1,0 +1,188 @@
+"""LoRA adapters (peft) on a frozen base, with trl's flag names: which layers get adapters, which modules train in
+full, and the one rule that makes the classic fp16 failure impossible: everything that trains is float32.
+
+The classic failure ("ValueError: Attempting to unscale FP16 gradients", peft #341 and its kin): the base is loaded in
+float16, peft copies a module to train in full (`modules_to_save`, such as a classifier head) in float16 too, and the
+GradScaler refuses its fp16 gradients. Here every trainable parameter is cast to float32 once the adapters are on,
+whatever the base is stored in; autocast computes with them in the run's half precision and their gradients are fp32.
+
+What trains is decided from the model built on the meta device, before any weight loads (`plan_adapters`), so that a
+bad target is one line and exit 2, and the memory estimate can be printed first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.pytorch_utils import Conv1D
+
+from app.config import ALL_LINEAR, TrainConfig
+from app.errors import UsageError
+
+# peft trains a classification head in full under the SEQ_CLS task type, found by these names.
+HEAD_NAMES = ("classifier", "score")
+ADAPTABLE = (torch.nn.Linear, Conv1D, torch.nn.Embedding)  # layers peft's LoRA wraps
+LINEAR = (torch.nn.Linear, Conv1D)
+TASK_TYPES = {"sequence_classification": "SEQ_CLS", "causal_lm": "CAUSAL_LM"}
+
+
+@dataclass(frozen=True)
+class AdapterPlan:
+    """What --use_peft builds on a model: the layers that get adapters and the modules trained in full (full module
+    names of the model before peft wraps it), and the adapters' shape."""
+
+    targets: tuple[str, ...]
+    trained_in_full: tuple[str, ...]
+    r: int
+    alpha: int
+    dropout: float
+    rslora: bool
+    asked: tuple[str, ...]  # --lora_target_modules as given: (all-linear,) or names
+
+    def record(self, base: str) -> dict:
+        """What every checkpoint records of the adapters; a resume must match it (storage/checkpoints.py)."""
+        return {
+            "base": base,
+            "r": self.r,
+            "alpha": self.alpha,
+            "use_rslora": self.rslora,
+            "target_modules": list(self.targets),
+            "modules_to_save": list(self.trained_in_full),
+        }
+
+    def lora_config(self, task: str):
+        from peft import LoraConfig
+
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            use_rslora=self.rslora,
+            target_modules=list(self.targets),
+            modules_to_save=list(self.trained_in_full) or None,
+            task_type=TASK_TYPES[task],
+        )
+
+    def describe(self) -> str:
+        kinds = sorted({name.rsplit(".", 1)[-1] for name in self.targets})
+        what = f"{ALL_LINEAR}: " if self.asked == (ALL_LINEAR,) else ""
+        full = f"; trained in full: {', '.join(self.trained_in_full)}" if self.trained_in_full else ""
+        scale = (
+            f"alpha/sqrt(r) = {self.alpha / self.r**0.5:.3g}" if self.rslora else f"alpha/r = {self.alpha / self.r:g}"
+        )
+        return (
+            f"adapters: LoRA r={self.r}, {scale}, dropout {self.dropout:g} on {len(self.targets)} layers "
+            f"({what}{', '.join(kinds)}){full}"
+        )
+
+
+def new_modules(model: torch.nn.Module, stored: set[str] | None) -> list[str]:
+    """The modules whose weights the checkpoint does not hold, which loading initialises at random (a classifier's
+    head, a pooler the checkpoint lacks): outermost names only. `stored`: the checkpoint's tensor names, or None when
+    they cannot be read without loading (then: what lies outside the base model, e.g. `classifier`)."""
+    prefix = getattr(model, "base_model_prefix", "")
+    missing = []
+    for name, _ in model.named_parameters():  # tied weights are named once, where they are stored
+        bare = name.removeprefix(f"{prefix}.")
+        present = name in stored or bare in stored if stored is not None else bare != name
+        if not present:
+            missing.append(name.rsplit(".", 1)[0])
+    outermost = []
+    for module in sorted(set(missing), key=len):
+        if not any(module.startswith(f"{outer}.") for outer in outermost):
+            outermost.append(module)
+    return sorted(outermost)
+
+
+def _matches(name: str, wanted: str) -> bool:
+    return name == wanted or name.endswith(f".{wanted}")  # peft's rule for a name in target_modules
+
+
+def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], classifier: bool) -> AdapterPlan:
+    """The adapters --lora_* ask for on `model` (built on the meta device). UsageError for names that match nothing,
+    or that name a module which trains in full."""
+    modules = dict(model.named_modules())
+    heads = [name for name in HEAD_NAMES if classifier and name in modules]
+    full = list(dict.fromkeys([*new, *heads]))
+    for wanted in cfg.lora_modules_to_save or ():
+        found = [name for name in modules if name and _matches(name, wanted)]
+        if not found:
+            raise UsageError(f"--lora_modules_to_save {wanted!r} matches no module of the model")
+        full += [name for name in found if name not in full]
+    in_full = lambda name: any(name == f or name.startswith(f"{f}.") for f in full)  # noqa: E731
+    adaptable = {name: m for name, m in modules.items() if isinstance(m, ADAPTABLE)}
+    if cfg.lora_target_modules == [ALL_LINEAR]:
+        output = model.get_output_embeddings()
+        targets = [
+            name for name, m in adaptable.items() if isinstance(m, LINEAR) and m is not output and not in_full(name)
+        ]
+    else:
+        targets = []
+        for wanted in cfg.lora_target_modules:
+            found = [name for name in adaptable if _matches(name, wanted)]
+            if not found:
+                known = sorted({name.rsplit(".", 1)[-1] for name in adaptable})
+                raise UsageError(
+                    f"--lora_target_modules {wanted!r} matches no layer that LoRA can adapt; the model's are named "
+                    f"{', '.join(known[:12])}{', ...' if len(known) > 12 else ''} (or pass {ALL_LINEAR})"
+                )
+            if taken := [name for name in found if in_full(name)]:
+                raise UsageError(
+                    f"--lora_target_modules {wanted!r} names {taken[0]}, which trains in full (a new or "
+                    "classification head, or --lora_modules_to_save): drop it from the targets"
+                )
+            targets += [name for name in found if name not in targets]
+    if not targets:
+        raise UsageError("--lora_target_modules: the model has no linear layer to adapt; name its layers instead")
+    return AdapterPlan(
+        tuple(targets),
+        tuple(full),
+        cfg.lora_r,
+        cfg.lora_alpha,
+        cfg.lora_dropout,
+        cfg.use_rslora,
+        tuple(cfg.lora_target_modules),
+    )
+
+
+def adapter_parameters(model: torch.nn.Module, plan: AdapterPlan) -> int:
+    """How many parameters the adapters of `plan` add to `model` (built on the meta device): r x (in + out) each."""
+    modules = dict(model.named_modules())
+    total = 0
+    for name in plan.targets:
+        layer = modules[name]
+        if isinstance(layer, torch.nn.Linear):
+            total += plan.r * (layer.in_features + layer.out_features)
+        elif isinstance(layer, Conv1D):
+            total += plan.r * sum(layer.weight.shape)
+        else:  # an embedding
+            total += plan.r * (layer.num_embeddings + layer.embedding_dim)
+    return total
+
+
+def add_adapters(model: torch.nn.Module, plan: AdapterPlan, task: str) -> torch.nn.Module:
+    """The model with peft's adapters on, every trainable parameter in float32 (see the module docstring)."""
+    from peft import get_peft_model
+
+    wrapped = get_peft_model(model, plan.lora_config(task))
+    keep_trainable_in_fp32(wrapped)
+    return wrapped
+
+
+def keep_trainable_in_fp32(model: torch.nn.Module) -> None:
+    for param in model.parameters():
+        if param.requires_grad and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
+def trainable_names(model: torch.nn.Module) -> set[str]:
+    return {name for name, param in model.named_parameters() if param.requires_grad}
+
+
+def keep_trainable_weights(models: list, weights: list, output_dir: str) -> None:
+    """Accelerate's save-state hook: a checkpoint holds what trains (adapters, modules trained in full), not the
+    frozen base, which every run loads from its own files."""
+    for i, model in enumerate(models):
+        keep = trainable_names(model)
+        weights[i] = {name: tensor for name, tensor in weights[i].items() if name in keep}

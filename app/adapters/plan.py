@@ -1,0 +1,137 @@
+"""What trains and what stays frozen, decided before any weight loads: a full fine-tune (every weight, in float32) or
+LoRA adapters on a frozen base in its storage dtype. Then the loading itself, and the lines that say what happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig
+
+from app.adapters import base as base_model
+from app.adapters.lora import AdapterPlan, adapter_parameters, add_adapters, new_modules, plan_adapters
+from app.amp.policy import PrecisionPolicy
+from app.config import TrainConfig
+from app.errors import UsageError
+from app.tasks.task import Task
+from app.telemetry.footprint import Footprint
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    dtype: torch.dtype  # the base's storage dtype: float32 for a full fine-tune
+    why: str  # why that dtype, in words
+    adapters: AdapterPlan | None  # None: every weight trains
+    base: str | None  # the base's fingerprint (adapters only): checkpoints record it, a resume must match it
+    footprint: Footprint
+
+    def record(self) -> dict | None:
+        """What checkpoints record of the adapters (None for a full fine-tune)."""
+        return self.adapters.record(self.base) if self.adapters else None
+
+
+def plan_model(
+    cfg: TrainConfig, policy: PrecisionPolicy, task: Task, model_config: PretrainedConfig, model_path: str
+) -> ModelPlan:
+    """The plan for this run, from the model built on the meta device and the base's files. UsageError for adapters
+    that name no layer, a base dtype autocast cannot compute with, or float16 weights beyond fp16's range."""
+    dtype, why = base_model.base_dtype(cfg.dtype, policy, cfg.use_peft)
+    empty = task.empty_model(model_config)
+    if not cfg.use_peft:
+        return ModelPlan(dtype, why, None, None, Footprint(0, dtype, sum(p.numel() for p in empty.parameters())))
+    new = new_modules(empty, base_model.stored_keys(model_path))
+    adapters = plan_adapters(cfg, empty, new, classifier=task.name == "sequence_classification")
+    if dtype == torch.float16:
+        base_model.check_fp16_range(model_path)
+    modules = dict(empty.named_modules())
+    copied = sum(p.numel() for name in adapters.trained_in_full for p in modules[name].parameters())
+    parameters = sum(p.numel() for p in empty.parameters())
+    trainable = adapter_parameters(empty, adapters) + copied
+    return ModelPlan(dtype, why, adapters, base_model.fingerprint(model_path), Footprint(parameters, dtype, trainable))
+
+
+def load_model(task: Task, model_path: str, plan: ModelPlan) -> torch.nn.Module:
+    """The model as the plan says: every weight in float32, or the base in its dtype with float32 adapters on."""
+    model = task.load_model(model_path, plan.dtype)
+    return add_adapters(model, plan.adapters, task.name) if plan.adapters else model
+
+
+def reload_base(model: torch.nn.Module, task: Task, model_path: str, dtype: torch.dtype) -> None:
+    """The frozen base's weights loaded again from its files in `dtype` (a precision fallback from fp16 to bf16 or
+    fp32): what trains stays as it is. `model`: the model with adapters, unwrapped."""
+    fresh = dict(task.load_model(model_path, dtype).named_parameters())
+    for name, param in model.named_parameters():
+        if not param.requires_grad:  # peft's names of a base weight: under base_layer, or a module's original_module
+            stored = (
+                name.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".original_module.", ".")
+            )
+            param.data = fresh[stored].data
+
+
+def describe_trainable(model: torch.nn.Module, plan: ModelPlan) -> list[str]:
+    """What is frozen in which dtype and what trains in float32, counted on the loaded model."""
+    frozen: dict[torch.dtype, int] = {}
+    trained = 0
+    for param in model.parameters():
+        if param.requires_grad:
+            trained += param.numel()
+        else:
+            frozen[param.dtype] = frozen.get(param.dtype, 0) + param.numel()
+    trains = f"trained in float32: {_count(trained)} parameters ({_mib(trained * 4)})"
+    if not plan.adapters:
+        return [f"{trains}: every weight (a full fine-tune; --use_peft trains adapters instead)"]
+    held = ", ".join(
+        f"{_count(n)} in {base_model.dtype_name(d)} ({_mib(n * d.itemsize)})"
+        for d, n in sorted(frozen.items(), key=str)
+    )
+    return [plan.adapters.describe(), f"frozen base ({plan.why}): {held}; {trains}"]
+
+
+def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path) -> None:
+    """A checkpoint continues only the run that wrote it: the same kind (full or adapters), base and adapters."""
+    now = plan.record()
+    where = f"--resume_from_checkpoint {checkpoint}"
+    if saved is None and now is None:
+        return
+    if saved is None:
+        raise UsageError(
+            f"{where} holds a full fine-tune, not adapters: resume it without --use_peft, or start the adapters in "
+            "another --output_dir"
+        )
+    if now is None:
+        raise UsageError(
+            f"{where} holds LoRA adapters: resume with --use_peft and the --lora_* flags it was saved with"
+        )
+    if saved["base"] != now["base"]:
+        raise UsageError(
+            f"{where} holds adapters of another base model (fingerprint {saved['base']}, this one {now['base']}): "
+            "resume with the --model_name_or_path they were trained on"
+        )
+    differ = [key for key in _SHAPE_FLAGS if saved[key] != now[key]]
+    if differ:
+        flags = ", ".join(_SHAPE_FLAGS[key] for key in differ)
+        was = ", ".join(f"{_SHAPE_FLAGS[key]} {_shown(saved[key])}" for key in differ)
+        raise UsageError(f"{where} holds adapters of another shape ({was}): resume with the same {flags}")
+
+
+_SHAPE_FLAGS = {
+    "r": "--lora_r",
+    "alpha": "--lora_alpha",
+    "use_rslora": "--use_rslora",
+    "target_modules": "--lora_target_modules",
+    "modules_to_save": "--lora_modules_to_save",
+}
+
+
+def _shown(value) -> str:
+    return f"on {len(value)} modules" if isinstance(value, list) else str(value)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K" if n >= 1e3 else str(n)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"

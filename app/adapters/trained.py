@@ -1,0 +1,65 @@
+"""A trained output folder that holds adapters, loaded for prediction: its base found as training found it, the
+adapters merged into it (one plain model, as fast as a full one).
+
+The base is found from the folder's training_args.yaml (the flags the run was given: the embedded model, a hub id, a
+folder, a GGUF file converted once into the cache), else from adapter_config.json's base_model_name_or_path, where
+the embedded models stand under their hub names.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import AutoConfig
+
+from app.config import TrainConfig
+from app.errors import UsageError, first_line
+from app.inputs import gguf
+from app.inputs.model import embedded_source, resolve_model_path
+from app.storage.folders import CONFIG_FILE
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def holds_adapters(folder: str) -> bool:
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
+
+
+def base_folder(folder: str, say) -> str:
+    """The local folder of the base the adapters in `folder` were trained on. `say` reports a GGUF conversion."""
+    args = Path(folder) / CONFIG_FILE
+    saved = yaml.safe_load(args.read_text()) if args.is_file() else None
+    if isinstance(saved, dict):
+        keys = ("model_name_or_path", "gguf_file", "task")
+        cfg = TrainConfig(**{key: saved.get(key) for key in keys})
+    else:
+        name = json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+        cfg = embedded_source(name) or TrainConfig(model_name_or_path=name)
+    path, gguf_file = resolve_model_path(cfg)
+    if gguf_file:
+        path = str(gguf.convert(path, gguf_file, gguf.converted_folder(path, gguf_file), say))
+    return path
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def load_trained(folder: str, model_class, say=_to_stderr, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """`model_class.from_pretrained(folder)` for a full model; for adapters, the base with them merged in."""
+    if not holds_adapters(folder):
+        return model_class.from_pretrained(folder, dtype=dtype)
+    from peft import PeftModel
+
+    base = base_folder(folder, say)
+    try:
+        model = model_class.from_pretrained(base, config=AutoConfig.from_pretrained(folder), dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise UsageError(
+            f"{folder} holds adapters whose base {base} cannot be loaded: {first_line(e)}; make the base available"
+        ) from None
+    return PeftModel.from_pretrained(model, folder).merge_and_unload()

@@ -1,0 +1,329 @@
+"""LoRA adapters on a frozen half-precision base (app/adapters/): the classic fp16 failure made impossible, what trains
+in which dtype, checkpoints that hold the adapters, resumes that must fit, and the output folder that predict.py and
+peft load.
+
+Tiny models built from configs (tests/conftest.py, tests/lm_models.py); the app's real main() in this process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from app.storage.checkpoints import STATE_FILE
+from app.telemetry import tags
+from tests import harness, tb
+from tests.conftest import OVERFLOWING, data_flags, run_app, save_tiny_bert
+
+RUN = ["--max_steps", "6", "--save_steps", "3", "--eval_steps", "0", "--logging_steps", "3"]
+
+
+def lora_args(tmp_path: Path, model: Path, files: dict, name: str = "out", *extra) -> list:
+    return [
+        *data_flags(model, files),
+        "--output_dir",
+        tmp_path / name,
+        "--logdir",
+        tmp_path / "runs",
+        "--run_name",
+        name,
+        "--per_device_train_batch_size",
+        "8",
+        "--max_length",
+        "64",
+        "--disable_tqdm",
+        "--use_peft",
+        *extra,
+    ]
+
+
+def stored(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path)
+
+
+def test_the_classic_fp16_failure_and_the_app_on_the_same_fp16_base(tiny_model_dir, review_files, tmp_path, capsys):
+    # The plain way, as peft users meet it: an fp16 base, peft's copy of the new head to train in full, a GradScaler.
+    from peft import LoraConfig, get_peft_model
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2, dtype=torch.float16)
+    model = get_peft_model(model, LoraConfig(r=4, target_modules=["query", "value"], task_type="SEQ_CLS"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
+    scaler = torch.amp.GradScaler("cpu")
+    ids = torch.randint(1000, 2000, (2, 8))
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=torch.tensor([0, 1])).loss
+    scaler.scale(loss).backward()
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.unscale_(optimizer)
+
+    # The app, on the same base stored in float16 (--dtype auto under --amp): it trains, its head in float32.
+    run = harness.build_training(tiny_model_dir, review_files, amp=True, use_peft=True, max_steps=4)
+    frozen = {p.dtype for p in run.model.parameters() if not p.requires_grad}
+    trained = {p.dtype for p in run.model.parameters() if p.requires_grad}
+    harness.train(run)
+    assert frozen == {torch.float16} and trained == {torch.float32}
+    assert run.state.opt_step == 4 and run.state.applied_updates >= 1
+    head = [n for n, p in run.model.named_parameters() if p.requires_grad and "classifier" in n]
+    assert head, "the new head trains in full"
+
+
+def test_the_first_lines_say_what_is_frozen_and_what_trains_and_tensorboard_gets_the_counts(
+    tiny_model_dir, review_files, tmp_path, capsys
+):
+    assert run_app([*lora_args(tmp_path, tiny_model_dir, review_files), "--amp", *RUN]) == 0
+    out = capsys.readouterr().out
+    estimate = next(line for line in out.splitlines() if line.startswith("memory, estimated before loading"))
+    adapters = next(line for line in out.splitlines() if line.startswith("adapters: LoRA r=16"))
+    frozen = next(line for line in out.splitlines() if line.startswith("frozen base"))
+    assert out.index(estimate) < out.index(adapters) < out.index("training: SIGTERM")
+    assert "on 13 layers (all-linear:" in adapters and "trained in full: classifier" in adapters
+    assert "in float16" in frozen and "trained in float32" in frozen
+    # The counts against the model itself, built as the app builds it.
+    run = harness.build_training(tiny_model_dir, review_files, amp=True, use_peft=True, max_steps=1)
+    trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    base_bytes = sum(p.numel() * p.element_size() for p in run.model.parameters() if not p.requires_grad)
+    run.close()
+    # r x (in + out) on 12 encoder layers of 32 -> 32/64 and the pooler, plus the new head trained in full (2 x 32 + 2)
+    expected = 16 * (8 * (32 + 32) + 2 * (32 + 64) + 2 * (64 + 32)) + 16 * (32 + 32) + (2 * 32 + 2)
+    assert trainable == expected
+    logged = tb.scalars(tmp_path / "runs" / "out")
+    assert logged[tags.MODEL_TRAINABLE_PARAMS] == {0: trainable}
+    estimate_gib = logged[tags.MEMORY_ESTIMATE_GIB][0]
+    # the estimate: the frozen weights as stored, and 16 bytes for each trained parameter (weight, gradient, AdamW)
+    assert estimate_gib * 2**30 == pytest.approx(base_bytes + 16 * trainable, rel=1e-6)
+    assert "estimated at start:" in out.split("run summary")[1]
+
+
+def test_checkpoints_hold_the_adapters_and_a_resume_is_bitwise(tiny_model_dir, review_files, tmp_path, capsys):
+    whole = lora_args(tmp_path, tiny_model_dir, review_files, "whole", "--amp")
+    assert run_app([*whole, *RUN]) == 0
+    step_3 = tmp_path / "whole" / "checkpoints" / "step-3"
+    resumed = lora_args(tmp_path, tiny_model_dir, review_files, "resumed", "--amp")
+    assert run_app([*resumed, *RUN, "--resume_from_checkpoint", step_3]) == 0
+
+    with safe_open(step_3 / "model.safetensors", "pt") as saved:
+        names = list(saved.keys())
+    assert names and all("lora_" in n or "modules_to_save" in n for n in names), names  # no frozen base weight
+    record = json.loads((step_3 / STATE_FILE).read_text())["adapters"]
+    assert record["r"] == 16 and len(record["target_modules"]) == 13 and record["modules_to_save"] == ["classifier"]
+    a = stored(tmp_path / "whole" / "adapter_model.safetensors")
+    b = stored(tmp_path / "resumed" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (["--lora_r", "8"], "holds adapters of another shape (--lora_r 16): resume with the same --lora_r"),
+        (["--lora_target_modules", "query"], "(--lora_target_modules on 13 modules)"),
+        ([], "holds LoRA adapters: resume with --use_peft"),
+    ],
+)
+def test_a_resume_that_does_not_fit_the_adapters_is_one_line(
+    tiny_model_dir, review_files, tmp_path, capsys, change, expected
+):
+    args = lora_args(tmp_path, tiny_model_dir, review_files)
+    assert run_app([*args, *RUN[:1], "3", *RUN[2:]]) == 0
+    if not change:  # the same run without --use_peft
+        args = [a for a in args if a != "--use_peft"]
+    capsys.readouterr()
+    assert run_app([*args, *change, *RUN, "--resume_from_checkpoint", "latest"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_a_full_model_checkpoint_or_another_base_is_refused(tiny_model_dir, review_files, tmp_path, capsys):
+    full = [a for a in lora_args(tmp_path, tiny_model_dir, review_files, "full") if a != "--use_peft"]
+    assert run_app([*full, *RUN[:1], "3", *RUN[2:]]) == 0
+    capsys.readouterr()
+    assert run_app([*full, "--use_peft", *RUN, "--resume_from_checkpoint", "latest"]) == 2
+    assert "holds a full fine-tune, not adapters" in capsys.readouterr().err
+
+    args = lora_args(tmp_path, tiny_model_dir, review_files)
+    assert run_app([*args, *RUN[:1], "3", *RUN[2:]]) == 0
+    other = tmp_path / "other-base"
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2).bert
+    with torch.no_grad():
+        model.encoder.layer[0].attention.self.query.weight.mul_(1.01)  # the same shapes, other weights
+    model.save_pretrained(other)
+    for file in tiny_model_dir.glob("tokenizer*"):
+        (other / file.name).write_bytes(file.read_bytes())
+    capsys.readouterr()
+    moved = [other if a == tiny_model_dir else a for a in args]
+    assert run_app([*moved, *RUN, "--resume_from_checkpoint", "latest"]) == 2
+    assert "holds adapters of another base model" in capsys.readouterr().err
+
+
+def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
+    tiny_model_dir, review_files, tmp_path, capsys
+):
+    from peft import PeftModel
+
+    from app.predict import main as predict
+
+    assert run_app([*lora_args(tmp_path, tiny_model_dir, review_files), "--amp", *RUN, "--save_merged_model"]) == 0
+    out = tmp_path / "out"
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(tiny_model_dir) and adapter["task_type"] == "SEQ_CLS"
+    assert "base_model:" in (out / "README.md").read_text()
+
+    # Loaded as any peft user would: the base, then the adapters on it.
+    base = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=2)
+    peft_model = PeftModel.from_pretrained(base, out).eval()
+    merged = AutoModelForSequenceClassification.from_pretrained(out / "merged").eval()
+    assert merged.dtype == torch.float32
+    text = "Great coffee, fresh and strong. Will buy again."
+    ids = AutoTokenizer.from_pretrained(out)(text, return_tensors="pt")
+    with torch.no_grad():
+        expected = peft_model(**ids).logits.softmax(-1)[0]
+        torch.testing.assert_close(merged(**ids).logits.softmax(-1)[0], expected, rtol=0, atol=1e-5)
+    capsys.readouterr()
+    assert predict([text, "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 0
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    label, probability = row.rsplit(",", 2)[-2:]
+    assert label == merged.config.id2label[int(expected.argmax())]
+    assert float(probability) == pytest.approx(float(expected.max()), abs=1e-5)
+
+
+def test_float16_weights_beyond_fp16s_range_are_named_before_loading(tiny_model_dir, review_files, tmp_path, capsys):
+    model = tmp_path / "big-weights"
+    model.mkdir()
+    for file in tiny_model_dir.iterdir():
+        (model / file.name).write_bytes(file.read_bytes())
+    weights = load_file(model / "model.safetensors")
+    name = next(k for k in weights if k.endswith("attention.self.key.weight"))
+    weights[name][0, 0] = 1.0e5  # fp32 holds it; fp16 (max 65504) would make it inf
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    assert run_app([*lora_args(tmp_path, model, review_files), "--amp", *RUN]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"1 weight(s) of the base are beyond fp16's range (65504) and would be inf: {name} (max |w| = 1e+05)" in err
+    assert "use --dtype bfloat16" in err
+    assert run_app([*lora_args(tmp_path, model, review_files, "fp32-base"), "--amp", "--dtype", "float32", *RUN]) == 0
+
+
+def test_a_causal_lm_trains_adapters_and_predict_generates_from_the_folder(
+    tiny_llama_dir, review_files, tmp_path, capsys
+):
+    from app.predict import main as predict
+
+    flags = ["--prompt_column", "text", "--response_column", "label", "--max_new_tokens", "3"]
+    args = lora_args(tmp_path, tiny_llama_dir, review_files, "lm", "--mixed_precision", "bf16", *flags)
+    assert run_app([*args, *RUN]) == 0
+    out = capsys.readouterr().out
+    assert "frozen base (--dtype auto follows the precision (bf16))" in out or "in bfloat16" in out
+    folder = tmp_path / "lm"
+    assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
+    assert json.loads((folder / "adapter_config.json").read_text())["task_type"] == "CAUSAL_LM"
+    assert predict(["Great coffee.", "--model_name_or_path", str(folder), "--max_new_tokens", "3"]) == 0
+    assert capsys.readouterr().out.startswith("text,generated_text\n")
+
+
+def test_the_best_adapters_are_loaded_at_the_end(tiny_model_dir, review_files, tmp_path, capsys):
+    args = lora_args(tmp_path, tiny_model_dir, review_files)
+    # The best by the highest loss: the first evaluation, before the adapters learned (a fixed point to come back to)
+    best = ["--eval_steps", "2", "--load_best_model_at_end", "--max_steps", "6", "--learning_rate", "5e-3"]
+    assert (
+        run_app([*args, *best, "--save_steps", "2", "--metric_for_best_model", "loss", "--greater_is_better", "true"])
+        == 0
+    )
+    out = capsys.readouterr().out
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step-6" / STATE_FILE).read_text())["state"]
+    best_step = state["best_step"]
+    saved = stored(tmp_path / "out" / "adapter_model.safetensors")
+    checkpoint = stored(tmp_path / "out" / "checkpoints" / f"step-{best_step}" / "model.safetensors")
+    # peft's file names drop the adapter's name and its copy's; the checkpoint keeps the model's parameter names
+    for name, tensor in saved.items():
+        key = next(k for k in checkpoint if k.replace(".default", "").replace(".modules_to_save", "") == name)
+        assert torch.equal(checkpoint[key], tensor), name
+    assert best_step == 2 and "loaded the best model, step 2 (eval/loss" in out
+
+
+def test_gradient_checkpointing_with_frozen_embeddings_trains_as_without_it(tiny_model_no_dropout, review_files):
+    # peft users meet "element 0 of tensors does not require grad" here: the frozen embeddings feed the checkpointed
+    # layers an input without gradient. The app's non-reentrant checkpointing trains, and to the same bits.
+    adapters = []
+    for checkpointing in (False, True):
+        run = harness.build_training(
+            tiny_model_no_dropout,
+            review_files,
+            use_peft=True,
+            lora_dropout=0.0,
+            mixed_precision="no",
+            max_steps=3,
+            gradient_checkpointing=checkpointing,
+        )
+        harness.train(run)
+        adapters.append({n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad})
+    assert adapters[0].keys() == adapters[1].keys()
+    assert all(torch.equal(adapters[0][n], adapters[1][n]) for n in adapters[0])
+
+
+@pytest.fixture(scope="module")
+def overflow_in_fp16_dir(tmp_path_factory) -> Path:
+    """A tiny BERT whose weights fp16 holds (largest 3000), but whose layer-1 intermediate output fp16 cannot: its
+    input LayerNorm is scaled up 3000 times and its weights 1000 times."""
+    from transformers import BertModel
+
+    path = save_tiny_bert(tmp_path_factory.mktemp("tiny-bert-fp16-overflow"), dropout=0.1)
+    model = BertModel.from_pretrained(path)
+    with torch.no_grad():
+        model.get_submodule("encoder.layer.1.attention.output.LayerNorm").weight.mul_(3000)
+        model.get_submodule(OVERFLOWING).weight.mul_(1000)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("has_bf16, target", [(True, torch.bfloat16), (False, torch.float32)])
+def test_a_fallback_reloads_the_frozen_base_in_the_new_precision(
+    overflow_in_fp16_dir, review_files, tmp_path, capsys, monkeypatch, has_bf16, target
+):
+    import app.amp.policy
+
+    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: has_bf16)
+    args = [*lora_args(tmp_path, overflow_in_fp16_dir, review_files), "--amp", "--max_consecutive_skips", "2"]
+    assert run_app([*args, "--on_scale_collapse", "fallback", *RUN]) == 0
+    captured = capsys.readouterr()
+    assert "first overflow: base_model.model.bert.encoder.layer.1.intermediate.dense" in captured.err
+    name = str(target).removeprefix("torch.")
+    assert f"the frozen base reloaded in {name}" in captured.out
+    logged = tb.scalars(tmp_path / "runs" / "out")
+    assert logged[tags.AMP_HEADROOM_BITS], "the headroom probe measured the fp16 base with its adapters"
+    assert f"base frozen in {name}" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_adapters_train_compiled(tiny_model_no_dropout, review_files):
+    run = harness.build_training(
+        tiny_model_no_dropout, review_files, use_peft=True, mixed_precision="no", max_steps=2, torch_compile=True
+    )
+    before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
+    harness.train(run)
+    after = dict(run.model.named_parameters())
+    assert run.state.applied_updates == 2
+    assert all(torch.isfinite(after[n]).all() for n in before) and any(
+        not torch.equal(after[n], t) for n, t in before.items()
+    )
+
+
+@pytest.mark.slow
+def test_two_ranks_train_adapters_on_an_fp16_base(tiny_model_dir, review_files, tmp_path):
+    # DDP reduces only what trains: no unused-parameter error with a frozen base, and the ranks' adapters agree.
+    from tests.conftest import ROOT, free_port, launch
+
+    flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]
+    args = [*lora_args(tmp_path, tiny_model_dir, review_files), "--amp", *RUN]
+    result = launch(tmp_path, flags, args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "backend: DDP, 2 process(es)" in result.stdout
+    assert "unused" not in result.stderr.lower()
+    checkpoint = tmp_path / "out" / "checkpoints" / "step-6" / "model.safetensors"
+    saved = stored(checkpoint)
+    final = stored(tmp_path / "out" / "adapter_model.safetensors")
+    assert len(saved) == len(final) and all("lora_" in n or "modules_to_save" in n for n in saved)
