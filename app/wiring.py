@@ -30,7 +30,7 @@ from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.best import final_competes
 from app.config import TrainConfig, metric_tag
-from app.host.dropout import DropoutMasks, masks_context, masks_of_run
+from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
 from app.host.preemption import StopRequest
 from app.host.runtime import HostCollective, backend_name
 from app.inputs import data, gguf
@@ -211,6 +211,19 @@ class Training:
         self.stop.restore()
 
 
+def checkpoint_activations(model: torch.nn.Module, masks: DropoutMasks) -> None:
+    """Gradient checkpointing, with the backward's recomputation drawing the forward's dropout masks."""
+    # Non-reentrant: works under DDP and with inputs that need no gradient (token ids).
+    options = {"use_reentrant": False}
+    if masks == DropoutMasks.UNIFORM:  # torch's own masks come back from the RNG state torch restores, with no help
+        options["context_fn"] = recompute_under_the_masks_mode
+    # Newer transformers 5.x renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
 def build_training(
     cfg: TrainConfig,
     accelerator: Accelerator,
@@ -237,14 +250,11 @@ def build_training(
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
+    started_with = resume.record.dropout_masks if resume else None
+    masks = masks_of_run(cfg, accelerator.device, started_with)
     model = model or inputs.task.load_model(inputs.model_path)
     if cfg.gradient_checkpointing:
-        # Non-reentrant: works under DDP and with inputs that need no gradient (token ids). Newer transformers 5.x
-        # renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(model, masks)
     if cfg.torch_compile:
         # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
         # parameter names ("_orig_mod.") in checkpoints and in the saved model.
@@ -261,7 +271,6 @@ def build_training(
     position = DataPosition(
         train_loader, cfg.per_device_train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps
     )
-    masks = masks_of_run(cfg, accelerator.device, resume.record.dropout_masks if resume else None)
     record = CheckpointRecord(
         paths.run_name,
         policy.mode,

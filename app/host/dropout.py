@@ -14,6 +14,10 @@ It covers the two ways models drop out: `F.dropout` (every `nn.Dropout`) and att
 `F.scaled_dot_product_attention`, where torch's CPU kernels fall back to their math path anyway when dropout_p > 0;
 that same math path is called here with the mask (its `dropout_mask` argument), so masking, scaling and precision
 stay torch's own. Anything else passes through unchanged.
+
+Gradient checkpointing runs a layer's forward again in the backward pass, outside the mode; torch puts the RNG state
+and autocast back for that recomputation, but no TorchFunctionMode. `recompute_under_the_masks_mode` enters the mode
+there whenever the forward ran under it, so the recomputation draws the very masks of the forward.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from app.config import TrainConfig
 
@@ -83,6 +87,14 @@ class UniformDropout(TorchFunctionMode):
                 )
                 return output
         return func(*args, **kwargs)
+
+
+def recompute_under_the_masks_mode() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """torch.utils.checkpoint's `context_fn`, called as a checkpointed forward starts: (the forward's context, the
+    recomputation's). The recomputation runs under `UniformDropout` if the forward does, as torch does for a device
+    context (from the same stack); from the RNG state torch restores, `torch.rand` then draws the forward's masks."""
+    forward_mode = any(isinstance(mode, UniformDropout) for mode in _get_current_function_mode_stack())
+    return contextlib.nullcontext(), UniformDropout() if forward_mode else contextlib.nullcontext()
 
 
 class DropoutMasks(str, enum.Enum):
