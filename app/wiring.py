@@ -156,7 +156,8 @@ class Training:
         self.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
 
     def overflow_report(self, batch: dict | None) -> str:
-        """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast and loss scale."""
+        """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast, dropout masks and
+        loss scale."""
         return diagnose.overflow_report(
             self.policy,
             self.accelerator.unwrap_model(self.model),
@@ -164,6 +165,7 @@ class Training:
             batch,
             self.scaler.get_scale(),
             lambda: self.accelerator.no_sync(self.model),
+            self.dropout_masks,
         )
 
     def report_overflow(self, batch: dict | None, step: int) -> None:
