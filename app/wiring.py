@@ -217,7 +217,9 @@ def checkpoint_activations(model: torch.nn.Module, masks: DropoutMasks) -> None:
     """Gradient checkpointing, with the backward's recomputation drawing the forward's dropout masks."""
     # Non-reentrant: works under DDP and with inputs that need no gradient (token ids).
     options = {"use_reentrant": False}
-    if masks == DropoutMasks.UNIFORM:  # torch's own masks come back from the RNG state torch restores, with no help
+    # torch's own masks come back from the RNG state torch restores, with no help; and torch.compile (whose runs draw
+    # torch's masks) takes only dispatch modes from a context_fn.
+    if masks == DropoutMasks.UNIFORM:
         options["context_fn"] = recompute_under_the_masks_mode
     # Newer transformers 5.x renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
     if hasattr(model, "activation_checkpointing_enable"):
