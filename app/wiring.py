@@ -34,7 +34,7 @@ from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.best import final_competes
 from app.config import TrainConfig, metric_tag
-from app.host.dropout import DropoutMasks, masks_context, masks_of_run
+from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
 from app.host.preemption import StopRequest
 from app.host.runtime import HostCollective, backend_name
 from app.inputs import data, gguf
@@ -175,7 +175,8 @@ class Training:
         self.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
 
     def overflow_report(self, batch: dict | None) -> str:
-        """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast and loss scale."""
+        """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast, dropout masks and
+        loss scale."""
         return diagnose.overflow_report(
             self.policy,
             self.accelerator.unwrap_model(self.model),
@@ -183,6 +184,7 @@ class Training:
             batch,
             self.scaler.get_scale(),
             lambda: self.accelerator.no_sync(self.model),
+            self.dropout_masks,
         )
 
     def report_overflow(self, batch: dict | None, step: int) -> None:
@@ -232,6 +234,21 @@ class Training:
         self.stop.restore()
 
 
+def checkpoint_activations(model: torch.nn.Module, masks: DropoutMasks) -> None:
+    """Gradient checkpointing, with the backward's recomputation drawing the forward's dropout masks."""
+    # Non-reentrant: works under DDP and with inputs that need no gradient (token ids).
+    options = {"use_reentrant": False}
+    # torch's own masks come back from the RNG state torch restores, with no help; and torch.compile (whose runs draw
+    # torch's masks) takes only dispatch modes from a context_fn.
+    if masks == DropoutMasks.UNIFORM:
+        options["context_fn"] = recompute_under_the_masks_mode
+    # Newer transformers 5.x renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+
+
 def build_training(
     cfg: TrainConfig,
     accelerator: Accelerator,
@@ -258,6 +275,8 @@ def build_training(
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
+    started_with = resume.record.dropout_masks if resume else None
+    masks = masks_of_run(cfg, accelerator.device, started_with, say=accelerator.print)
     plan = inputs.plan
     accelerator.print(plan.footprint.line())
     model = model or load_model(inputs.task, inputs.model_path, plan)
@@ -266,12 +285,7 @@ def build_training(
     if plan.adapters:  # checkpoints hold what trains, not the frozen base
         accelerator.register_save_state_pre_hook(keep_trainable_weights)
     if cfg.gradient_checkpointing:
-        # Non-reentrant: works under DDP and with inputs that need no gradient (token ids). Newer transformers 5.x
-        # renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(model, masks)
     if cfg.torch_compile:
         # The model only: autocast and the scaler stay eager. In place, so that no wrapper module prefixes the
         # parameter names ("_orig_mod.") in checkpoints and in the saved model.
@@ -288,7 +302,6 @@ def build_training(
     position = DataPosition(
         train_loader, cfg.per_device_train_batch_size, accelerator.num_processes, cfg.gradient_accumulation_steps
     )
-    masks = masks_of_run(cfg, accelerator.device, resume.record.dropout_masks if resume else None)
     record = CheckpointRecord(
         paths.run_name,
         policy.mode,
@@ -306,7 +319,7 @@ def build_training(
         state = TrainState(**vars(resume.record.state))
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
-        if masks != masks_of_run(cfg, accelerator.device):
+        if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw (any note was said above)
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "
                 "--fast_cpu_dropout applies to new runs"

@@ -14,12 +14,15 @@ import pytest
 import torch
 
 import app.amp.policy
+import app.host.dropout
 from app import loop
 from app.amp import diagnose, fallback
 from app.errors import TrainingHalted
+from app.host.dropout import DropoutMasks
 from app.telemetry import tags
 from tests import harness, tb
 from tests.conftest import OVERFLOWING, run_app, save_tiny_bert
+from tests.test_dropout import AtenCalls
 
 
 @pytest.fixture(scope="session")
@@ -143,6 +146,25 @@ def test_overflow_replay_leaves_weights_grads_and_rng_unchanged(overflow_model_d
     for key, saved in optimizer_state.items():
         for name, value in saved.items():
             assert torch.equal(run.optimizer.optimizer.state[key][name], value)
+
+
+def test_overflow_replay_draws_the_runs_dropout_masks_also_when_checkpointing_recomputes(
+    overflow_model_dir, review_files, monkeypatch
+):
+    """The replay is the training forward's: under the run's masks (host/dropout.py), drawn again as gradient
+    checkpointing recomputes a layer in the backward pass."""
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the flag picks the uniform masks
+    run = harness.build_training(
+        overflow_model_dir, review_files, amp=True, max_steps=1, skip_amp_preflight=True, gradient_checkpointing=True
+    )
+    assert run.masks == DropoutMasks.UNIFORM
+    run.model.train()
+    batch = diagnose.first_training_batch(run.train_loader, run.accelerator.device)
+    with AtenCalls() as seen:
+        line = run.overflow_report(batch)
+    run.close()
+    assert line == f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
+    assert seen.calls["bernoulli_"] == 0 and seen.calls["rand"] > 0, seen.calls
 
 
 @pytest.mark.parametrize("has_bf16, target", [(True, "bf16"), (False, "no")])

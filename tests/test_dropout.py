@@ -20,7 +20,7 @@ from transformers import BertForSequenceClassification
 
 import app.host.dropout
 from app.config import TrainConfig
-from app.host.dropout import DropoutMasks, UniformDropout, masks_of_run, serial_bernoulli
+from app.host.dropout import DropoutMasks, UniformDropout, masks_of_run, math_path_mismatch, serial_bernoulli
 from app.storage.checkpoints import STATE_FILE
 from tests.conftest import run_app, tiny_bert_config
 from tests.harness import build_training, train
@@ -197,6 +197,71 @@ def test_which_runs_use_the_mode(monkeypatch):
     assert masks_of_run(TrainConfig(), cpu) == (
         DropoutMasks.TORCH if torch.backends.mkl.is_available() else DropoutMasks.UNIFORM
     )
+
+
+MATH_PATH = torch.ops.aten._scaled_dot_product_attention_math  # torch's, before any test breaks it
+
+
+def ignores_the_mask(query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, **options):
+    return MATH_PATH(query, key, value, attn_mask, dropout_p, is_causal, torch.ones_like(dropout_mask), **options)
+
+
+def inverts_the_mask(query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, **options):
+    return MATH_PATH(query, key, value, attn_mask, dropout_p, is_causal, ~dropout_mask, **options)
+
+
+def draws_its_own_mask(query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, **options):
+    return MATH_PATH(query, key, value, attn_mask, dropout_p, is_causal, None, **options)
+
+
+def takes_no_mask(query, key, value, attn_mask, dropout_p, is_causal, **options):
+    return MATH_PATH(query, key, value, attn_mask, dropout_p, is_causal, **options)
+
+
+def no_gqa(query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale=None, enable_gqa=False):
+    return MATH_PATH(query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale=scale)
+
+
+@pytest.fixture
+def fresh_math_path_check():
+    """The check runs once per process: each test that changes the operator sees it run again, and so does the next."""
+    math_path_mismatch.cache_clear()
+    yield
+    math_path_mismatch.cache_clear()
+
+
+@pytest.mark.parametrize("broken", [ignores_the_mask, inverts_the_mask, draws_its_own_mask, takes_no_mask, no_gqa])
+def test_the_start_up_check_catches_a_math_path_that_does_not_apply_the_given_mask(
+    broken, fresh_math_path_check, monkeypatch
+):
+    assert math_path_mismatch() is None  # torch's own
+    math_path_mismatch.cache_clear()
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_attention_math", broken)
+    assert math_path_mismatch() is not None
+
+
+def test_the_start_up_check_leaves_the_global_random_stream_as_it_was(fresh_math_path_check):
+    torch.manual_seed(3)
+    expected = torch.rand(8)
+    torch.manual_seed(3)
+    assert math_path_mismatch() is None
+    assert torch.equal(torch.rand(8), expected)
+
+
+def test_a_math_path_that_fails_the_check_means_torchs_masks_and_one_note(
+    fresh_math_path_check, monkeypatch, tiny_model_dir, review_files, capsys
+):
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the flag picks the uniform masks
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_attention_math", ignores_the_mask)
+    run = build_training(tiny_model_dir, review_files, mixed_precision="no", max_steps=1)
+    notes = [line for line in capsys.readouterr().out.splitlines() if "dropout masks" in line]
+    assert run.masks == DropoutMasks.TORCH
+    assert len(notes) == 1 and notes[0].startswith("note: dropout masks: torch's own, as its attention math path"), (
+        notes
+    )
+    with AtenCalls() as seen:
+        train(run)
+    assert seen.calls["bernoulli_"] > 0
 
 
 def test_the_flag_reaches_the_training_loop(monkeypatch, tiny_model_dir, review_files):

@@ -196,12 +196,16 @@ def overflow_report(
     batch: dict | None,
     scale: float,
     no_sync: Callable[[], contextlib.AbstractContextManager],
+    dropout_masks: Callable[[], contextlib.AbstractContextManager],
 ) -> str:
-    """Replay `batch` forward and backward under the run's autocast and loss `scale`; name the first module whose
-    output or gradient is not finite or beyond fp16's range. Weights, gradients and RNG streams are left as they were.
+    """Replay `batch` forward and backward under the run's autocast, dropout masks and loss `scale`; name the first
+    module whose output or gradient is not finite or beyond fp16's range. Weights, gradients and RNG streams are left
+    as they were.
 
     Args:
         model: the raw model; `no_sync` keeps the wrapper's gradient reduction out of this rank's replay.
+        dropout_masks: what the training forward runs under besides autocast (host/dropout.py), so that the replay
+            takes the training's own path through dropout.
     """
     if batch is None:
         return "overflow report: no batch to replay"
@@ -212,7 +216,7 @@ def overflow_report(
     watch = ModuleWatch(model, gradients=True)
     try:
         with rng_untouched(), no_sync():
-            with policy.autocast():
+            with policy.autocast(), dropout_masks():
                 replayed = loss(model, batch)
             (replayed.float() * scale).backward()  # the scale the failing step used: same gradients
     finally:

@@ -13,13 +13,19 @@ default CPU generator, `torch.manual_seed` and the RNG state in checkpoints gove
 It covers the two ways models drop out: `F.dropout` (every `nn.Dropout`) and attention dropout inside
 `F.scaled_dot_product_attention`, where torch's CPU kernels fall back to their math path anyway when dropout_p > 0;
 that same math path is called here with the mask (its `dropout_mask` argument), so masking, scaling and precision
-stay torch's own. Anything else passes through unchanged.
+stay torch's own. Anything else passes through unchanged. That path is a private operator of torch's: a run draws
+these masks only once `math_path_mismatch` has found it applying a given mask as the public SDPA would.
+
+Gradient checkpointing runs a layer's forward again in the backward pass, outside the mode; torch puts the RNG state
+and autocast back for that recomputation, but no TorchFunctionMode. `recompute_under_the_masks_mode` enters the mode
+there whenever the forward ran under it, so the recomputation draws the very masks of the forward.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import platform
 import warnings
 from collections.abc import Callable
@@ -27,9 +33,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from app.config import TrainConfig
+from app.errors import first_line
 
 # The math path asks callers that pass their own mask to be tests; here the mask is a real one, drawn as below. (Set
 # for the process: torch raises the warning only once the outer SDPA call returns, past any local filter.)
@@ -85,6 +92,59 @@ class UniformDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def recompute_under_the_masks_mode() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """torch.utils.checkpoint's `context_fn`, called as a checkpointed forward starts: (the forward's context, the
+    recomputation's). The recomputation runs under `UniformDropout` if the forward does, as torch does for a device
+    context (from the same stack); from the RNG state torch restores, `torch.rand` then draws the forward's masks."""
+    forward_mode = any(isinstance(mode, UniformDropout) for mode in _get_current_function_mode_stack())
+    return contextlib.nullcontext(), UniformDropout() if forward_mode else contextlib.nullcontext()
+
+
+@functools.cache
+def math_path_mismatch() -> str | None:
+    """None where `UniformDropout`'s attention, through torch's math path, equals the public SDPA's with the mask it
+    drew applied to the attention weights; else what differs. Checked once per process (milliseconds), before a run
+    relies on the private operator, the only way to hand attention a mask.
+
+    With the identity as values, attention returns its weights: the public path without dropout gives
+    softmax(QK^T scale + mask), and the mode must give those weights, zeroed where its mask drops and the rest scaled
+    by 1 / (1 - p). Three calls, on the mode's three ways in: an additive mask with -inf entries and a scale; a boolean
+    mask with grouped-query heads; causal."""
+    if not hasattr(torch.ops.aten, "_scaled_dot_product_attention_math"):
+        return f"torch {torch.__version__} has no _scaled_dot_product_attention_math"
+    generator = torch.Generator().manual_seed(0)  # its own: the global stream, that dropout draws from, stays as it is
+    heads, length, p = 4, 5, 0.25
+    query = torch.randn(1, heads, length, 8, generator=generator)
+    attends = ~torch.ones(length, length, dtype=torch.bool).triu(2)  # each row attends to 2 keys or more
+    additive = torch.randn(length, length, generator=generator).masked_fill(~attends, float("-inf"))
+    calls = (
+        (heads, {"attn_mask": additive, "scale": 0.3}),
+        (heads // 2, {"attn_mask": attends, "enable_gqa": True}),
+        (heads, {"is_causal": True}),
+    )
+    for key_heads, options in calls:
+        key = torch.randn(1, key_heads, length, 8, generator=generator)
+        identity = torch.eye(length).expand(1, key_heads, length, length)
+        weights = F.scaled_dot_product_attention(query, key, identity, **options)
+        state = torch.get_rng_state()  # keep_mask and the mode draw the same mask from here; then it is put back
+        keep = keep_mask(weights.shape, p)
+        torch.set_rng_state(state)
+        try:
+            with UniformDropout():
+                output = F.scaled_dot_product_attention(query, key, identity, dropout_p=p, **options)
+        except Exception as e:  # a torch whose private operator changed its arguments or what it returns
+            return f"it raised {type(e).__name__}: {first_line(e)}"
+        finally:
+            torch.set_rng_state(state)
+        expected = weights.masked_fill(~keep, 0) / (1 - p)
+        if output.shape != expected.shape:
+            return f"start-up check with {', '.join(options)}: shape {tuple(output.shape)}, not {tuple(expected.shape)}"
+        if not torch.allclose(output, expected, rtol=1e-5, atol=1e-6):
+            off = (output - expected).abs().max().item()
+            return f"start-up check with {', '.join(options)}: {off:.3g} off"
+    return None
+
+
 class DropoutMasks(str, enum.Enum):
     """How a run draws its CPU dropout masks; its checkpoints record which (as the value), and a resume keeps it."""
 
@@ -105,20 +165,31 @@ class DropoutMasks(str, enum.Enum):
             return cls.TORCH
 
 
-def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: DropoutMasks | None = None) -> DropoutMasks:
+def masks_of_run(
+    cfg: TrainConfig,
+    device: torch.device,
+    started_with: DropoutMasks | None = None,
+    say: Callable[[str], object] = lambda line: None,
+) -> DropoutMasks:
     """How this run draws its dropout masks: UNIFORM (`UniformDropout`) or TORCH (torch's own).
 
     UNIFORM with --fast_cpu_dropout on a CPU where torch's masks come from the serial loop. A resumed run keeps the way
     it started (`started_with`, from its checkpoint), so that it draws the masks an uninterrupted run would have drawn.
-    Compiled, or on a GPU: TORCH (a compiled graph and the GPU draw their masks in their own kernels)."""
+    Compiled, or on a GPU: TORCH (a compiled graph and the GPU draw their masks in their own kernels). UNIFORM only
+    where torch's attention math path passes `math_path_mismatch`; else TORCH, with a note given to `say`."""
     if cfg.torch_compile or device.type != "cpu":
         return DropoutMasks.TORCH
-    if started_with is not None:
-        return started_with
-    # The math path that takes a mask is a private operator of torch's: a torch without it keeps its own masks.
-    serial = serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu())
-    has_math_path = hasattr(torch.ops.aten, "_scaled_dot_product_attention_math")
-    return DropoutMasks.UNIFORM if cfg.fast_cpu_dropout and serial and has_math_path else DropoutMasks.TORCH
+    wanted = started_with
+    if wanted is None:
+        serial = serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu())
+        wanted = DropoutMasks.UNIFORM if cfg.fast_cpu_dropout and serial else DropoutMasks.TORCH
+    if wanted == DropoutMasks.UNIFORM and (mismatch := math_path_mismatch()) is not None:
+        say(
+            f"note: dropout masks: torch's own, as its attention math path does not apply a given mask as "
+            f"F.scaled_dot_product_attention does ({mismatch})"
+        )
+        return DropoutMasks.TORCH
+    return wanted
 
 
 def masks_context(masks: DropoutMasks) -> Callable[[], contextlib.AbstractContextManager]:
