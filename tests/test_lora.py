@@ -245,16 +245,20 @@ def test_the_best_adapters_are_loaded_at_the_end(tiny_model_dir, review_files, t
     assert best_step == 2 and "loaded the best model, step 2 (eval/loss" in out
 
 
-def test_gradient_checkpointing_with_frozen_embeddings_trains_as_without_it(tiny_model_no_dropout, review_files):
+@pytest.mark.parametrize("dropout", [False, True], ids=["no-dropout", "model-and-lora-dropout"])
+def test_gradient_checkpointing_with_frozen_embeddings_trains_as_without_it(
+    tiny_model_no_dropout, tiny_model_dir, review_files, dropout
+):
     # peft users meet "element 0 of tensors does not require grad" here: the frozen embeddings feed the checkpointed
-    # layers an input without gradient. The app's non-reentrant checkpointing trains, and to the same bits.
+    # layers an input without gradient. The app's non-reentrant checkpointing trains, and to the same bits, with the
+    # model's and the adapters' dropout recomputed with the masks of the forward pass.
     adapters = []
     for checkpointing in (False, True):
         run = harness.build_training(
-            tiny_model_no_dropout,
+            tiny_model_dir if dropout else tiny_model_no_dropout,
             review_files,
             use_peft=True,
-            lora_dropout=0.0,
+            lora_dropout=0.05 if dropout else 0.0,
             mixed_precision="no",
             max_steps=3,
             gradient_checkpointing=checkpointing,
