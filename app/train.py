@@ -45,6 +45,8 @@ from app.host.runtime import (
     on_main_process,
     requested_backend,
 )
+from app.inputs.batch_shape import keep_global_batch
+from app.inputs.sampling import recorded_in_examples
 from app.loop import train
 from app.storage import folders
 from app.storage.checkpoints import find_resume_point
@@ -88,6 +90,10 @@ def fine_tune(
     resume = on_main_process(
         accelerator, lambda: find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir, accelerator.num_processes)
     )
+    batch_notes = []
+    if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
+        resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
+        cfg, batch_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
@@ -98,6 +104,7 @@ def fine_tune(
         *compiling,
         *describe_backend(accelerator),
         *(resume.notes if resume else ()),
+        *batch_notes,
     ):
         accelerator.print(line)
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))
