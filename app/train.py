@@ -50,7 +50,6 @@ from app.inputs.sampling import recorded_in_examples
 from app.loop import train
 from app.storage import folders
 from app.storage.checkpoints import find_resume_point
-from app.storage.final_model import save_final_model
 from app.storage.folders import FolderClaims, claim_output_dir, claim_run_folders
 from app.telemetry import report, tags
 from app.telemetry.writer import open_writer
@@ -143,13 +142,14 @@ def fine_tune(
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
             with training.telemetry.paused():
                 training.checkpoints.save(training.state)
-        accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
+        # The trained model first, so that nothing after training (a final evaluation that fails) can lose it.
+        training.save_model(paths.output_dir)
+        accelerator.print(f"evaluating the final model (step {training.state.opt_step}'s, saved in {paths.output_dir})")
         final = training.evaluate()
         training.telemetry.log_eval(training.state.opt_step, final)
-        final = training.end_with_best(final)
-        save_final_model(
-            accelerator, training.model, inputs.tokenizer, paths.output_dir, training.checkpoints.last_saved
-        )
+        final, best_loaded = training.end_with_best(final)
+        if best_loaded:  # --load_best_model_at_end: the best checkpoint's weights take the trained model's place
+            training.save_model(paths.output_dir)
         if accelerator.is_main_process:
             training.write_model_card(paths.run_name, paths.output_dir, final)
         writer.hparams(report.hparams(cfg, training.policy, accelerator), tags.HPARAM_METRICS)

@@ -39,6 +39,7 @@ from app.inputs.sampling import DataPosition
 from app.optim import build_optimizer, build_schedule, total_optimizer_steps
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint
+from app.storage.final_model import save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
 from app.tasks.task import Task, build_task, resolve_task
@@ -174,22 +175,27 @@ class Training:
         self.telemetry.writer.text(tags.AMP_OVERFLOW_REPORT, line, step)
 
     # ---- the end ---------------------------------------------------------------------------------------------------
-    def end_with_best(self, final: dict[str, float]) -> dict[str, float]:
+    def end_with_best(self, final: dict[str, float]) -> tuple[dict[str, float], bool]:
         """After the final evaluation: let it compete for best, then load the best weights if asked.
 
         Returns:
-            The evaluation metrics of the model that will be saved.
+            The evaluation metrics of the model that ends the run, and whether its weights are the best checkpoint's
+            rather than the trained ones (then they are to be saved in the trained model's place).
         """
         step = final_competes(self.cfg, self.state, self.total_steps, final)
         if step is None:
-            return final
+            return final, False
         path = self.checkpoints.path(step)
         self.checkpoints.load_model_weights(self.model, path)
         self.accelerator.print(
             f"loaded the best model, step {step} ({metric_tag(self.cfg.metric_for_best_model)} "
             f"{self.state.best_metric:.4f}), from {path} in place of step {self.state.opt_step}'s"
         )
-        return self.evaluate()
+        return self.evaluate(), True
+
+    def save_model(self, output_dir: Path) -> None:
+        """The model as it is now, and the tokenizer, into `output_dir`, atomically (storage/final_model.py)."""
+        save_final_model(self.accelerator, self.model, self.inputs.tokenizer, output_dir, self.checkpoints.last_saved)
 
     def write_model_card(self, run_name: str, output_dir: Path, final: dict[str, float]) -> None:
         write_model_card(
