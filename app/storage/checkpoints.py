@@ -208,11 +208,14 @@ class Checkpoints:
 
 def completed_checkpoints(root: Path) -> list[Path]:
     """The complete `step-<N>` checkpoints under `root`, oldest first."""
+    return [path for path in _step_folders(root) if (path / STATE_FILE).is_file()]
+
+
+def _step_folders(root: Path) -> list[Path]:
+    """Every `step-<N>` folder under `root`, oldest first: published whole, though a file may have gone since."""
     if not root.is_dir():
         return []
-    found = [
-        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
-    ]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
     return [path for _, path in sorted(found)]
 
 
@@ -246,6 +249,8 @@ def find_resume_point(spec: str | None, output_dir: str | None, num_processes: i
 def _checked(path: Path) -> tuple[CheckpointRecord | None, str | None]:
     """What the checkpoint recorded, and what is wrong with it (None if nothing)."""
     problem = integrity.damage(path) if integrity.is_recorded(path) else None
+    if problem is None and not (path / STATE_FILE).is_file():  # an unrecorded one, as earlier versions wrote
+        problem = f"{path / STATE_FILE} is missing"
     if problem is not None:
         return None, problem
     try:
@@ -280,7 +285,7 @@ def _candidates(spec: str, output_dir: str | None) -> list[Path]:
         return [Path(spec)]
     if not output_dir:
         raise UsageError("--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue")
-    found = completed_checkpoints(Path(output_dir) / "checkpoints")
+    found = _step_folders(Path(output_dir) / "checkpoints")  # a damaged newest one is named, not passed over
     if not found:
         raise UsageError(
             f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh"
