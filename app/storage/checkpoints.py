@@ -29,6 +29,7 @@ from app.storage import disk, integrity
 
 STATE_FILE = "trainer_state.json"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_STAGING = ".staging-"  # the prefix of a checkpoint folder until every rank has written its part
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class Checkpoints:
     def remove_staging(self) -> None:
         """Drop what a run killed mid-save left behind. Main process, at start."""
         if self.accelerator.is_main_process and self.root.is_dir():
-            for leftover in self.root.glob(".staging-*"):
+            for leftover in filter(is_staging, self.root.iterdir()):
                 shutil.rmtree(leftover, ignore_errors=True)
 
     def path(self, step: int) -> Path:
@@ -145,7 +146,7 @@ class Checkpoints:
         final = self.path(state.opt_step)
         if final == self.last_saved:
             return final  # e.g. a preemption right after a periodic save of the same step
-        staging = self.root / f".staging-{final.name}"
+        staging = self.root / f"{_STAGING}{final.name}"
         acc = self.accelerator
         if acc.is_main_process and (warning := disk.short_of_space(self.root, self.last_bytes, "checkpoint")):
             acc.print(warning)
@@ -204,6 +205,11 @@ class Checkpoints:
         weights = load_file(path / "model.safetensors")
         self.accelerator.unwrap_model(model).load_state_dict(weights, strict=True)
         self.accelerator.wait_for_everyone()
+
+
+def is_staging(path: Path) -> bool:
+    """A checkpoint being written, or left half-written by a kill: never one to resume from."""
+    return path.name.startswith(_STAGING)
 
 
 def completed_checkpoints(root: Path) -> list[Path]:
