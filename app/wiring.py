@@ -234,6 +234,8 @@ def build_training(
     Args:
         inputs: from load_inputs; loaded here if not given.
         paths: the run's folders; checkpoints go into `paths.output_dir`.
+        resume: where to continue from, its record with its position in examples (sampling.recorded_in_examples);
+            `cfg` has then the batch shape that keeps the run's examples per step (batch_shape.keep_global_batch).
         writer: the TensorBoard writer (main process) or a NullWriter; a NullWriter if not given.
         stop: the signal handler, installed by the caller before any heavy work; a new one if not given.
         model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.
