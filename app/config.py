@@ -143,11 +143,17 @@ class TrainConfig:
     )
 
     # ---- optimization ---------------------------------------------------------------------------------------------
-    per_device_train_batch_size: int = flag("Examples per device per micro-step.", default=16)
+    per_device_train_batch_size: int = flag(
+        "Examples per device per micro-step. A resume keeps the run's examples per optimizer step; this is then the "
+        "most per device, and the accumulation makes up the rest.",
+        default=16,
+    )
     per_device_eval_batch_size: int = flag(
         "Examples per device per evaluation step; no gradients, so larger.", default=64
     )
-    gradient_accumulation_steps: int = flag("Micro-steps per optimizer step.", default=1)
+    gradient_accumulation_steps: int = flag(
+        "Micro-steps per optimizer step. A resume chooses it to keep the run's examples per optimizer step.", default=1
+    )
     learning_rate: float = flag(
         "Peak AdamW learning rate; 5e-5 is the usual fine-tuning value for BERT-sized models.", default=5e-5
     )

@@ -46,11 +46,12 @@ from app.host.runtime import (
     on_main_process,
     requested_backend,
 )
-from app.inputs.model import portable_name
+from app.inputs.batch_shape import keep_global_batch
+from app.inputs.sampling import recorded_in_examples
 from app.loop import train
 from app.storage import folders
 from app.storage.checkpoints import find_resume_point
-from app.storage.final_model import save_final_model, save_merged_model
+from app.storage.final_model import save_merged_model
 from app.storage.folders import FolderClaims, claim_output_dir, claim_run_folders
 from app.telemetry import report, tags
 from app.telemetry.writer import open_writer
@@ -91,6 +92,10 @@ def fine_tune(
     resume = on_main_process(
         accelerator, lambda: find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir, accelerator.num_processes)
     )
+    batch_notes = []
+    if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
+        resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
+        cfg, batch_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
@@ -101,6 +106,7 @@ def fine_tune(
         *compiling,
         *describe_backend(accelerator),
         *(resume.notes if resume else ()),
+        *batch_notes,
     ):
         accelerator.print(line)
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))
@@ -109,7 +115,7 @@ def fine_tune(
     # ---- every input check, before any weights load; then the folders -------------------------------------------
     inputs = load_inputs(cfg, accelerator, policy, resume)
     if accelerator.is_main_process:
-        folders.prepare(paths, cfg, overwrite_checkpoints=cfg.overwrite_output_dir and resume is None)
+        folders.prepare(paths, cfg, resuming=resume is not None)
     purge_step = resume.record.state.opt_step + 1 if resume else None
     writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)
     report.write_start_texts(writer, cfg, accelerator, policy, notes)
@@ -139,13 +145,14 @@ def fine_tune(
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
             with training.telemetry.paused():
                 training.checkpoints.save(training.state)
-        accelerator.print(f"evaluating the final model, then saving it to {paths.output_dir}")
+        # The trained model first, so that nothing after training (a final evaluation that fails) can lose it.
+        training.save_model(paths.output_dir)
+        accelerator.print(f"evaluating the final model (step {training.state.opt_step}'s, saved in {paths.output_dir})")
         final = training.evaluate()
         training.telemetry.log_eval(training.state.opt_step, final)
-        final = training.end_with_best(final)
-        base_name = portable_name(cfg) if cfg.use_peft else None
-        last_saved = training.checkpoints.last_saved
-        save_final_model(accelerator, training.model, inputs.tokenizer, paths.output_dir, last_saved, base_name)
+        final, best_loaded = training.end_with_best(final)
+        if best_loaded:  # --load_best_model_at_end: the best checkpoint's weights take the trained model's place
+            training.save_model(paths.output_dir)
         if accelerator.is_main_process:
             training.write_model_card(paths.run_name, paths.output_dir, final)
         if cfg.save_merged_model:  # last: it merges the adapters into the model in place

@@ -38,11 +38,19 @@ from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recomput
 from app.host.preemption import StopRequest
 from app.host.runtime import HostCollective, backend_name
 from app.inputs import data, gguf
-from app.inputs.model import check_max_length, load_model_config, load_tokenizer, refuse_quantized, resolve_model_path
+from app.inputs.model import (
+    check_max_length,
+    load_model_config,
+    load_tokenizer,
+    portable_name,
+    refuse_quantized,
+    resolve_model_path,
+)
 from app.inputs.sampling import DataPosition
 from app.optim import build_optimizer, build_schedule, total_optimizer_steps
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint
+from app.storage.final_model import save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
 from app.tasks.task import Task, build_task, resolve_task
@@ -195,22 +203,30 @@ class Training:
         self.telemetry.writer.text(tags.AMP_OVERFLOW_REPORT, line, step)
 
     # ---- the end ---------------------------------------------------------------------------------------------------
-    def end_with_best(self, final: dict[str, float]) -> dict[str, float]:
+    def end_with_best(self, final: dict[str, float]) -> tuple[dict[str, float], bool]:
         """After the final evaluation: let it compete for best, then load the best weights if asked.
 
         Returns:
-            The evaluation metrics of the model that will be saved.
+            The evaluation metrics of the model that ends the run, and whether its weights are the best checkpoint's
+            rather than the trained ones (then they are to be saved in the trained model's place).
         """
         step = final_competes(self.cfg, self.state, self.total_steps, final)
         if step is None:
-            return final
+            return final, False
         path = self.checkpoints.path(step)
         self.checkpoints.load_model_weights(self.model, path)
         self.accelerator.print(
             f"loaded the best model, step {step} ({metric_tag(self.cfg.metric_for_best_model)} "
             f"{self.state.best_metric:.4f}), from {path} in place of step {self.state.opt_step}'s"
         )
-        return self.evaluate()
+        return self.evaluate(), True
+
+    def save_model(self, output_dir: Path) -> None:
+        """The model as it is now (or its adapters), and the tokenizer, into `output_dir`, atomically
+        (storage/final_model.py). Adapters name their base as another machine would find it."""
+        base_name = portable_name(self.cfg) if self.inputs.plan.adapters else None
+        last = self.checkpoints.last_saved
+        save_final_model(self.accelerator, self.model, self.inputs.tokenizer, output_dir, last, base_name)
 
     def write_model_card(self, run_name: str, output_dir: Path, final: dict[str, float]) -> None:
         write_model_card(
@@ -266,6 +282,8 @@ def build_training(
     Args:
         inputs: from load_inputs; loaded here if not given.
         paths: the run's folders; checkpoints go into `paths.output_dir`.
+        resume: where to continue from, its record with its position in examples (sampling.recorded_in_examples);
+            `cfg` has then the batch shape that keeps the run's examples per step (batch_shape.keep_global_batch).
         writer: the TensorBoard writer (main process) or a NullWriter; a NullWriter if not given.
         stop: the signal handler, installed by the caller before any heavy work; a new one if not given.
         model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.

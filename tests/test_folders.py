@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import TRAIN_SCRIPT, clean_env, run_app
+from app.tasks.classification import SequenceClassification
+from app.telemetry import tags
+from tests import tb
+from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, run_app
 
 
 def without_root_powers() -> list[str]:
@@ -71,3 +75,72 @@ def test_what_a_failed_start_left_does_not_block_the_same_command_again(tmp_path
     err = capfd.readouterr().err
     assert "is not empty (it holds model.safetensors); pass --overwrite_output_dir" in err
     assert "--resume_from_checkpoint" not in err, "no advice that would fail with 'no checkpoint'"
+
+
+def crashing_at_step(monkeypatch, step: int) -> None:
+    """The task's own loss raises at training step `step` (its forward of that step): a crash of the run in this
+    process, after its start texts, before any checkpoint."""
+    calls, loss = [0], SequenceClassification.loss
+
+    def crash(self, model, batch):
+        calls[0] += 1
+        if calls[0] == step:
+            raise RuntimeError("the run crashed")
+        return loss(self, model, batch)
+
+    monkeypatch.setattr(SequenceClassification, "loss", crash)
+
+
+def test_a_start_that_crashed_before_logging_a_step_does_not_block_its_rerun_under_the_same_name(
+    tmp_path, quick_args, monkeypatch, capfd
+):
+    """A crash at the first step leaves event files with the start texts only (step 0): the rerun with the same
+    --run_name takes their place, and TensorBoard shows the rerun's start, not the crashed one's."""
+    args = [*quick_args, "--max_steps", "2", "--save_steps", "100", "--max_eval_samples", "8"]
+    with monkeypatch.context() as patch:
+        crashing_at_step(patch, 1)
+        with pytest.raises(RuntimeError, match="the run crashed"):
+            run_app([*args, "--learning_rate", "1e-4"])
+    log_dir = tmp_path / "runs" / "test"
+    assert "learning_rate: 0.0001" in tb.texts(log_dir)[tags.RUN_CONFIG], "the crash came after the start texts"
+    assert not list((tmp_path / "out" / "checkpoints").glob("step-*"))
+
+    capfd.readouterr()
+    assert run_app([*args, "--learning_rate", "5e-5"]) == 0, capfd.readouterr().err[-2000:]
+    assert "learning_rate: 5.0e-05" in tb.texts(log_dir)[tags.RUN_CONFIG], "the rerun's start, not the crashed one's"
+    assert sorted(tb.scalars(log_dir)[tags.TRAIN_LOSS]) == [1, 2]
+
+
+def test_a_run_that_crashed_after_logging_steps_keeps_its_curves_and_its_name(tmp_path, quick_args, monkeypatch, capfd):
+    """Curves are another run's work, checkpoint or not: the same --run_name again is refused, the folder untouched."""
+    args = [*quick_args, "--max_steps", "4", "--save_steps", "100", "--max_eval_samples", "8"]
+    with monkeypatch.context() as patch:
+        crashing_at_step(patch, 3)
+        with pytest.raises(RuntimeError, match="the run crashed"):
+            run_app(args)
+    log_dir = tmp_path / "runs" / "test"
+    assert sorted(tb.scalars(log_dir)[tags.TRAIN_LOSS]) == [1, 2]
+    before = sorted((p.name, p.read_bytes()) for p in log_dir.iterdir())
+
+    capfd.readouterr()
+    assert run_app(args) == 2
+    err = capfd.readouterr().err
+    assert err == (
+        f"error: TensorBoard run {log_dir} already exists and would mix two runs: it holds an earlier run's curves; "
+        "pass another --run_name, or leave it unset for a unique one\n"
+    )
+    assert sorted((p.name, p.read_bytes()) for p in log_dir.iterdir()) == before
+
+
+def test_a_kill_during_the_first_checkpoint_write_does_not_block_the_rerun(tmp_path, quick_args):
+    """SIGKILL with the first checkpoint half-written leaves only its staging folder: nothing to resume, so the same
+    command again starts afresh (the staging folder is cleaned up at start). No step logged: no curves to keep."""
+    args = [*quick_args, "--max_steps", "2", "--save_steps", "1", "--max_eval_samples", "8", "--logging_steps", "100"]
+    killer = [sys.executable, str(ROOT / "tests" / "workers" / "kill_during_checkpoint.py"), "staged", "1"]
+    killed = subprocess.run([*killer, *args], env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    checkpoints = tmp_path / "out" / "checkpoints"
+    assert [p.name for p in checkpoints.iterdir()] == [".staging-step-1"]
+
+    assert run_app(args) == 0
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-1", "step-2"]

@@ -36,7 +36,8 @@ def test_two_ranks_in_fp16_print_each_evaluation_once_and_log_the_headroom_and_t
 
 
 RECORDER = ROOT / "tests" / "workers" / "record_examples.py"
-EXAMPLES, BATCH = 88, 8  # 88 = 11 batches: whole steps of 1 x 8 and, from where each resume starts, of 2 x 8
+EXAMPLES, BATCH = 88, 8  # 88 = 11 batches of 8: 6 steps of 2 x 8 (the last one padded out), or 11 of 1 x 8
+WARMUP_RATIO, LEARNING_RATE = 0.1, 5e-5  # the defaults
 
 
 def numbered_reviews(tmp_path, review_files) -> Path:
@@ -47,23 +48,30 @@ def numbered_reviews(tmp_path, review_files) -> Path:
     return tmp_path / "numbered.csv"
 
 
-def run_recorded(tmp_path, processes: int, record: Path, args: list, monkeypatch, capfd) -> str:
+def run_recorded(
+    tmp_path, processes: int, record: Path, args: list, monkeypatch, capfd, sigterm_at_forward: int | None = None
+) -> str:
     """app/train.py with the recorder: in this process, or in two through accelerate launch and cpu_multi.yaml.
-    Returns what the run printed."""
+    With `sigterm_at_forward`, rank 0 gets a real SIGTERM during that training forward pass, and the run must stop
+    with a checkpoint. Returns what the run printed."""
     record.mkdir()
     if processes == 1:
         with monkeypatch.context() as patch:
-            load = recording_load(record, "0", SequenceClassification.load_model)
+            load = recording_load(record, "0", SequenceClassification.load_model, sigterm_at_forward)
             patch.setattr(SequenceClassification, "load_model", load)
             capfd.readouterr()
             code, said = run_app(args), capfd.readouterr()
-        assert code == 0, said.err[-3000:]
+        assert code == (143 if sigterm_at_forward else 0), said.err[-3000:]
         return said.out
     launcher = [str(ACCELERATE), "launch", "--config_file", str(ROOT / "accelerate_configs" / "cpu_multi.yaml")]
     launcher += ["--main_process_port", str(free_port())]
-    cmd = [*launcher, str(RECORDER), str(record), *map(str, args)]
+    stop = ["--sigterm_at_forward", str(sigterm_at_forward)] if sigterm_at_forward else []
+    cmd = [*launcher, str(RECORDER), str(record), *stop, *map(str, args)]
     result = subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    if sigterm_at_forward:
+        assert result.returncode != 0 and "stopped by signal 15 at optimizer step" in result.stderr, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
 
 
@@ -73,13 +81,38 @@ def trained_examples(record: Path, index: dict) -> list[int]:
     return [index[tuple(row)] for rows in passes for row in rows]
 
 
+def linear_schedule(step: int, total: int) -> float:
+    """The LR after `step` updates of an uninterrupted run of `total` steps: HF's linear warmup, then linear decay."""
+    warmup = math.ceil(WARMUP_RATIO * total)
+    return LEARNING_RATE * (step / warmup if step < warmup else max(0.0, (total - step) / (total - warmup)))
+
+
 @pytest.mark.parametrize("strategy", ["group_by_length", "random"])
-@pytest.mark.parametrize("saved_by, resumed_by, steps_done", [(2, 1, 2), (1, 2, 3)])
+@pytest.mark.parametrize(
+    "saved_by, resumed_by, resumed_batch, steps_done, kept_as",
+    [
+        (2, 1, BATCH, 2, (8, 2)),  # 16 examples per step: 1 process x 8 x 2 accumulated
+        (1, 2, BATCH, 3, (4, 1)),  # 8 examples per step: 2 processes x 4
+        (1, 1, 3, 3, (2, 4)),  # a smaller --per_device_train_batch_size: 8 examples per step as 2 x 4 accumulated
+    ],
+)
 @pytest.mark.slow
-def test_a_resume_with_another_process_count_trains_each_example_of_the_epoch_once(
-    tmp_path, tiny_model_no_dropout, review_files, strategy, saved_by, resumed_by, steps_done, monkeypatch, capfd
+def test_a_resume_with_another_process_count_or_batch_size_trains_the_epoch_as_the_uninterrupted_run(
+    tmp_path,
+    tiny_model_no_dropout,
+    review_files,
+    strategy,
+    saved_by,
+    resumed_by,
+    resumed_batch,
+    steps_done,
+    kept_as,
+    monkeypatch,
+    capfd,
 ):
-    """The two-process leg is a real launch; the one-process leg runs in this process."""
+    """A run stopped by SIGTERM and resumed without --max_steps, with another process count or per-device batch:
+    every example of the epoch once, the uninterrupted run's number of steps and LR at each of them, and the epoch
+    ends at 1.0. The two-process legs are real launches; the one-process legs run in this process."""
     train_csv = numbered_reviews(tmp_path, review_files)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_no_dropout)
     texts = pd.read_csv(train_csv)["text"]
@@ -88,20 +121,30 @@ def test_a_resume_with_another_process_count_trains_each_example_of_the_epoch_on
     args = [
         *("--model_name_or_path", tiny_model_no_dropout, "--train_file", train_csv),
         *("--validation_file", review_files["validation"], "--max_eval_samples", 8, "--max_length", 32),
-        *("--per_device_train_batch_size", BATCH, "--train_sampling_strategy", strategy, "--skip_amp_preflight"),
+        *("--train_sampling_strategy", strategy, "--skip_amp_preflight", "--num_train_epochs", 1),
         *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "r"),
-        *("--mixed_precision", "no", "--disable_tqdm", "--logging_steps", 1),
+        *("--mixed_precision", "no", "--disable_tqdm", "--logging_steps", 1, "--save_steps", 100),
     ]
-    first = [*args, "--max_steps", steps_done, "--save_steps", steps_done]
-    run_recorded(tmp_path, saved_by, tmp_path / "before", first, monkeypatch, capfd)
-    rest_steps = (EXAMPLES - steps_done * saved_by * BATCH) // (resumed_by * BATCH)  # to the end of the epoch
-    resumed = [*args, "--max_steps", steps_done + rest_steps, "--resume_from_checkpoint", "latest"]
+    first = [*args, "--per_device_train_batch_size", BATCH]
+    run_recorded(tmp_path, saved_by, tmp_path / "before", first, monkeypatch, capfd, sigterm_at_forward=steps_done)
+    resumed = [*args, "--per_device_train_batch_size", resumed_batch, "--resume_from_checkpoint", "latest"]
     said = run_recorded(tmp_path, resumed_by, tmp_path / "after", resumed, monkeypatch, capfd)
+
     before, after = trained_examples(tmp_path / "before", index), trained_examples(tmp_path / "after", index)
-    assert len(before) == steps_done * saved_by * BATCH
+    global_batch = saved_by * BATCH
+    assert len(before) == steps_done * global_batch
     assert not set(before) & set(after), f"trained twice: {sorted(set(before) & set(after))}"
     assert sorted(before + after) == list(range(EXAMPLES)), "each example of the epoch once, none skipped"
+    per_device, accumulated = kept_as
     assert (
-        f"note: the checkpoint was saved by {saved_by} process(es) with {saved_by * BATCH} examples per optimizer "
-        f"step; this run has {resumed_by} with {resumed_by * BATCH}: it continues at example {len(before)} of epoch 0"
+        f"note: the checkpoint was saved by {saved_by} process(es) with {global_batch} examples per optimizer step; "
+        f"this run keeps them: {resumed_by} process(es) x {per_device} per device x {accumulated} accumulated, and "
+        f"continues at example {len(before)} of epoch 0"
     ) in said
+
+    total = math.ceil(EXAMPLES / global_batch)  # the uninterrupted run's steps in one epoch
+    logged = tb.scalars(tmp_path / "runs" / "r")
+    assert sorted(logged[tags.TRAIN_LR]) == list(range(1, total + 1))
+    for step, lr in logged[tags.TRAIN_LR].items():
+        assert lr == pytest.approx(linear_schedule(step, total), rel=1e-6, abs=1e-12), f"the LR jumps at step {step}"
+    assert logged[tags.TRAIN_EPOCH][total] == 1.0

@@ -11,9 +11,12 @@ import subprocess
 import sys
 
 import pytest
-from transformers import AutoModelForSequenceClassification
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from app.storage.checkpoints import completed_checkpoints
+from app.tasks.classification import SequenceClassification
 from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
@@ -98,6 +101,26 @@ def test_a_kill_during_the_final_evaluation_loses_no_step(tmp_path, quick_args, 
     code, said = run_app([*args, "--max_eval_samples", "8", "--resume_from_checkpoint", "latest"]), capfd.readouterr()
     assert code == 0, said.err[-2000:]
     assert f"resumed from {saved[0]} at optimizer step 3" in said.out
+
+
+def test_a_final_evaluation_that_fails_leaves_the_trained_model_complete(tmp_path, quick_args, monkeypatch):
+    """Whatever fails after training (here the task's own evaluation, in this process) cannot lose the training: the
+    model of the last step is in the output folder, whole, before the final evaluation starts."""
+
+    def failing_evaluation(*args, **kwargs):
+        raise RuntimeError("the final evaluation failed")
+
+    monkeypatch.setattr(SequenceClassification, "evaluate", failing_evaluation)
+    args = [*quick_args, "--max_steps", "3", "--eval_steps", "0", "--save_steps", "100", "--max_eval_samples", "8"]
+    with pytest.raises(RuntimeError, match="the final evaluation failed"):
+        run_app(args)
+    out = tmp_path / "out"
+    assert not (out / ".staging-model").exists()
+    model = AutoModelForSequenceClassification.from_pretrained(out)  # complete: it loads, weights and all
+    AutoTokenizer.from_pretrained(out)
+    trained = load_file(out / "checkpoints" / "step-3" / "model.safetensors")  # the last step's weights
+    assert trained.keys() == model.state_dict().keys()
+    assert all(torch.equal(model.state_dict()[name], weights) for name, weights in trained.items())
 
 
 def test_without_checkpoints_asked_for_the_run_ends_without_one(tmp_path, quick_args):

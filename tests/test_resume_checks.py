@@ -64,7 +64,14 @@ def damage(checkpoint, kind: str) -> str:
     return name
 
 
-KINDS = ["truncated weights", "truncated optimizer", "garbage state", "deleted weights", "flipped weights"]
+KINDS = [
+    "truncated weights",
+    "truncated optimizer",
+    "garbage state",
+    "deleted weights",
+    "flipped weights",
+    "deleted state",
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -122,3 +129,19 @@ def test_a_checkpoint_without_its_random_state_or_record_resumes_with_a_note(run
     }[missing]
     assert expected in out_lines
     assert f"resumed from {step_4} at optimizer step 4" in out_lines
+
+
+def test_a_latest_without_its_state_file_or_record_is_named_as_damaged(run_copy, capfd):
+    """An unrecorded checkpoint (as older versions wrote) that lost its trainer_state.json is not passed over."""
+    out, flags = run_copy
+    step_2, step_4 = out / "checkpoints" / "step-2", out / "checkpoints" / "step-4"
+    (step_4 / RECORD).unlink()
+    (step_4 / "trainer_state.json").unlink()
+    capfd.readouterr()
+    assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert (
+        f"note: {step_4} is damaged ({step_4 / 'trainer_state.json'} is missing); resuming from {step_2}, the newest "
+        "intact one"
+    ) in lines, lines
+    assert f"resumed from {step_2} at optimizer step 2" in lines

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, DataCollatorWithPadding
 
 from app.config import TrainConfig
 from app.inputs.data import make_loaders
-from app.inputs.sampling import DataPosition, LengthGroupedSampler, length_order, token_counts
+from app.inputs.sampling import DataPosition, LengthGroupedSampler, length_order, recorded_in_examples, token_counts
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord
 from tests.harness import build_training
@@ -112,13 +112,15 @@ def test_the_random_order_is_the_one_accelerates_seedable_sampler_gave(tokenizer
 
 
 def resumed(tokenizer, lengths, strategy, state: TrainState, processes: int, saved_by: int, saved: dict | None):
-    """A new process's loader, from the same config, set where the checkpoint says (DataPosition.resume)."""
+    """A new process's loader, from the same config, set where the checkpoint says (DataPosition.resume), and the
+    counters it resumed with."""
     loader = loader_for(tokenizer, lengths, strategy, processes)
     position = DataPosition(loader, BATCH, processes, accumulation=1)
-    assert position.resume(state, CheckpointRecord("r", "no", saved_by, state, data=saved)), (
-        "a change of process count is said"
-    )
-    return loader
+    cfg = replace(TrainConfig(), per_device_train_batch_size=BATCH, train_sampling_strategy=strategy)
+    record = recorded_in_examples(CheckpointRecord("r", "no", saved_by, state, data=saved), cfg)
+    resumed_state = replace(record.state)
+    assert not position.resume(resumed_state, record), "the run's own order: nothing to note"
+    return loader, resumed_state
 
 
 @pytest.mark.parametrize("strategy", ["group_by_length", "random"])
@@ -134,7 +136,7 @@ def test_a_resume_with_another_process_count_continues_in_the_same_order_at_the_
     trained = sum(steps(saving, saved_by, epoch=1)[:steps_done], [])
     assert state.samples_in_epoch == len(trained) == steps_done * saved_by * BATCH
 
-    resuming = resumed(tokenizer, lengths, strategy, state, resumed_by, saved_by, saved.record())
+    resuming, state = resumed(tokenizer, lengths, strategy, state, resumed_by, saved_by, saved.record())
     assert get_sampler(resuming).order(1).tolist() == get_sampler(saving).order(1).tolist(), "the run's own order"
     rest = sum(steps(resuming, resumed_by, epoch=1, skip=state.batches_in_epoch), [])
     untrained = get_sampler(resuming).order(1).tolist()[len(trained) :]
@@ -148,7 +150,7 @@ def test_a_checkpoint_of_an_earlier_version_resumes_in_its_order_at_its_example(
     """No recorded position or order: the order was grouped by batch size x processes, the position is in batches."""
     lengths = mixed_lengths(16 * 22)
     state = TrainState(epoch=0, batches_in_epoch=3)  # 3 steps of 2 x 16 under the earlier app, 2 processes
-    resuming = resumed(tokenizer, lengths, "group_by_length", state, 1, 2, None)
+    resuming, state = resumed(tokenizer, lengths, "group_by_length", state, 1, 2, None)
     order = loader_for(tokenizer, lengths, "group_by_length", 2).sampler.order(0)
     assert get_sampler(resuming).order(0).tolist() == order.tolist()
     assert sum(steps(resuming, 1, epoch=0, skip=state.batches_in_epoch), []) == order[3 * 2 * BATCH :].tolist()

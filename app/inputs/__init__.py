@@ -4,6 +4,7 @@
     reading.py    errors of reading user input (files, stdin, label cells) that name the file and the line
     sampling.py   the training order of each epoch (a function of seed and epoch), the data position in examples that
                   a resume continues from, evaluation in length order
+    batch_shape.py the examples of an optimizer step, which a resume keeps under another process count or batch size
     model.py      where the model and tokenizer come from, and the cheap checks before the weights load
     gguf.py       a model shipped as a GGUF file (SmolLM2): converted once into a model folder in the cache
 

@@ -14,6 +14,7 @@ docs/benchmarks.md for the default job's share). Grouping examples of similar le
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import torch
 from torch.utils.data import Sampler
@@ -145,37 +146,36 @@ class DataPosition:
     def resume(self, state, record) -> list[str]:
         """Continue at the checkpoint's example: set `state.batches_in_epoch` and the sampler. Returns notes.
 
-        `record` (storage/checkpoints.CheckpointRecord) has the process count of the run that wrote the checkpoint and
-        what it recorded (record()); checkpoints written before that was recorded grouped their order by batch size x
-        processes, and their position is derived from their batch count, with this run's batch size.
+        `record` (storage/checkpoints.CheckpointRecord, through recorded_in_examples) has the order the run followed
+        and its position in examples; how the run's steps stay the same size: batch_shape.py.
         """
-        saved_by_processes, saved = record.num_processes, record.data
-        legacy = {
-            "strategy": self.sampler.spec()["strategy"],
-            "group_size": self.batch_size * saved_by_processes,
-            "mega_batch_size": self.batch_size * saved_by_processes * MEGA_BATCH_BATCHES,
-        }
-        global_batch = self.batch_size * saved_by_processes * self.accumulation
-        saved = saved or {"order": legacy, "global_batch_size": global_batch}
-        position = state.samples_in_epoch
-        if position is None:  # an older checkpoint: per-rank batches of this batch size, on its process count
-            position = state.batches_in_epoch * self.batch_size * saved_by_processes
-        state.batches_in_epoch, rest = divmod(position, self.examples_per_micro_step)
+        state.batches_in_epoch, rest = divmod(state.samples_in_epoch, self.examples_per_micro_step)
         self.sampler.resumed_at = (state.epoch, rest)
-        notes = []
-        if not self.sampler.follow(saved["order"]):
-            notes.append(
-                "note: the training order changed since the checkpoint (--train_sampling_strategy or the batch "
-                "size), so the rest of the epoch is not the examples the run would have seen"
-            )
-        if (saved_by_processes, saved["global_batch_size"]) != (self.num_processes, self.global_batch_size):
-            notes.append(
-                f"note: the checkpoint was saved by {saved_by_processes} process(es) with {saved['global_batch_size']} "
-                f"examples per optimizer step; this run has {self.num_processes} with {self.global_batch_size}: it "
-                f"continues at example {position} of epoch {state.epoch}, so no example is trained twice or skipped, "
-                "but dropout and rounding differ from an uninterrupted run"
-            )
-        return notes
+        if self.sampler.follow(record.data["order"]):
+            return []
+        return [
+            "note: --train_sampling_strategy changed since the checkpoint, so the rest of the epoch is not the "
+            "examples the run would have seen"
+        ]
+
+
+def recorded_in_examples(record, cfg):
+    """`record` (storage/checkpoints.CheckpointRecord) with its order, global batch and position in examples.
+
+    Checkpoints written before these were recorded grouped their order by batch size x processes and counted their
+    position in batches: of this run's batch size and accumulation, the only ones known.
+    """
+    if record.data is not None and record.state.samples_in_epoch is not None:
+        return record
+    group = cfg.per_device_train_batch_size * record.num_processes
+    order = {
+        "strategy": cfg.train_sampling_strategy,
+        "group_size": group,
+        "mega_batch_size": group * MEGA_BATCH_BATCHES,
+    }
+    state = replace(record.state, samples_in_epoch=record.state.batches_in_epoch * group)
+    data = {"order": order, "global_batch_size": group * cfg.gradient_accumulation_steps}
+    return replace(record, state=state, data=data)
 
 
 def _find_order(loader) -> EpochOrder:

@@ -30,6 +30,7 @@ from app.storage import disk, integrity
 STATE_FILE = "trainer_state.json"
 MODEL_FILE = "model.safetensors"  # Accelerate's name for the first model's weights
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_STAGING = ".staging-"  # the prefix of a checkpoint folder until every rank has written its part
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ class Checkpoints:
     def remove_staging(self) -> None:
         """Drop what a run killed mid-save left behind. Main process, at start."""
         if self.accelerator.is_main_process and self.root.is_dir():
-            for leftover in self.root.glob(".staging-*"):
+            for leftover in filter(is_staging, self.root.iterdir()):
                 shutil.rmtree(leftover, ignore_errors=True)
 
     def path(self, step: int) -> Path:
@@ -150,7 +151,7 @@ class Checkpoints:
         final = self.path(state.opt_step)
         if final == self.last_saved:
             return final  # e.g. a preemption right after a periodic save of the same step
-        staging = self.root / f".staging-{final.name}"
+        staging = self.root / f"{_STAGING}{final.name}"
         acc = self.accelerator
         if acc.is_main_process and (warning := disk.short_of_space(self.root, self.last_bytes, "checkpoint")):
             acc.print(warning)
@@ -225,13 +226,21 @@ class Checkpoints:
             raise UsageError(f"{path / MODEL_FILE} does not hold this run's adapters; resume from a checkpoint of it")
 
 
+def is_staging(path: Path) -> bool:
+    """A checkpoint being written, or left half-written by a kill: never one to resume from."""
+    return path.name.startswith(_STAGING)
+
+
 def completed_checkpoints(root: Path) -> list[Path]:
     """The complete `step-<N>` checkpoints under `root`, oldest first."""
+    return [path for path in _step_folders(root) if (path / STATE_FILE).is_file()]
+
+
+def _step_folders(root: Path) -> list[Path]:
+    """Every `step-<N>` folder under `root`, oldest first: published whole, though a file may have gone since."""
     if not root.is_dir():
         return []
-    found = [
-        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
-    ]
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
     return [path for _, path in sorted(found)]
 
 
@@ -265,6 +274,8 @@ def find_resume_point(spec: str | None, output_dir: str | None, num_processes: i
 def _checked(path: Path) -> tuple[CheckpointRecord | None, str | None]:
     """What the checkpoint recorded, and what is wrong with it (None if nothing)."""
     problem = integrity.damage(path) if integrity.is_recorded(path) else None
+    if problem is None and not (path / STATE_FILE).is_file():  # an unrecorded one, as earlier versions wrote
+        problem = f"{path / STATE_FILE} is missing"
     if problem is not None:
         return None, problem
     try:
@@ -299,7 +310,7 @@ def _candidates(spec: str, output_dir: str | None) -> list[Path]:
         return [Path(spec)]
     if not output_dir:
         raise UsageError("--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue")
-    found = completed_checkpoints(Path(output_dir) / "checkpoints")
+    found = _step_folders(Path(output_dir) / "checkpoints")  # a damaged newest one is named, not passed over
     if not found:
         raise UsageError(
             f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh"

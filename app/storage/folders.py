@@ -17,8 +17,15 @@ from pathlib import Path
 
 from app.config import TrainConfig
 from app.errors import UsageError
-from app.storage.checkpoints import ResumePoint, completed_checkpoints, find_checkpoint, output_dir_of
+from app.storage.checkpoints import (
+    ResumePoint,
+    completed_checkpoints,
+    find_checkpoint,
+    is_staging,
+    output_dir_of,
+)
 from app.storage.lease import Held, Lease, Refresher, is_lease_file
+from app.telemetry.writer import holds_only_a_start
 
 CONFIG_FILE = "training_args.yaml"
 
@@ -181,23 +188,30 @@ def check_output_dir(paths: RunPaths, resuming: bool, overwrite: bool) -> None:
 
 
 def _work_in(folder: Path) -> list[str]:
-    """What in `folder` is worth keeping: anything but leases and what a failed start leaves (its config, an
-    empty checkpoints folder), which a new run may reuse."""
+    """What in `folder` is worth keeping: anything but leases and what a failed start leaves (its config, a
+    checkpoints folder with no checkpoint, at most the staging folder of a first one cut short), which a new run may
+    reuse."""
     try:
         found = sorted(p.name for p in folder.iterdir() if not is_lease_file(p.name))
     except OSError as e:
         raise UsageError(f"--output_dir {folder} cannot be read: {e.strerror}") from None
     checkpoints = folder / "checkpoints"
-    left = set(found) <= _LEFT_BY_A_FAILED_START and not (checkpoints.is_dir() and any(checkpoints.iterdir()))
-    return [] if left else found
+    saved = checkpoints.is_dir() and any(not is_staging(p) for p in checkpoints.iterdir())
+    return [] if set(found) <= _LEFT_BY_A_FAILED_START and not saved else found
 
 
 def check_log_dir(paths: RunPaths, resuming: bool) -> None:
-    if not resuming and any(paths.log_dir.glob("events.out.tfevents.*")):
+    """A new run's TensorBoard folder holds no other run's curves. What a start left before it logged a training
+    step (its step-0 texts) is reused, as the output folder of a failed start is, and removed by prepare()."""
+    if not resuming and not all(holds_only_a_start(events) for events in _event_files(paths.log_dir)):
         raise Taken(
-            f"TensorBoard run {paths.log_dir} already exists and would mix two runs; "
+            f"TensorBoard run {paths.log_dir} already exists and would mix two runs: it holds an earlier run's curves; "
             "pass another --run_name, or leave it unset for a unique one"
         )
+
+
+def _event_files(log_dir: Path) -> list[Path]:
+    return sorted(log_dir.glob("events.out.tfevents.*"))
 
 
 def _make_folder(path: Path, flag: str) -> list[Path]:
@@ -232,11 +246,16 @@ def _remove_empty(created: list[Path]) -> None:
             return
 
 
-def prepare(paths: RunPaths, cfg: TrainConfig, overwrite_checkpoints: bool) -> None:
-    """Create the folders and record the resolved config in both. Main process, after every input check; with
-    `--overwrite_output_dir` only, the old checkpoints are deleted here."""
-    if overwrite_checkpoints:
-        shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
+def prepare(paths: RunPaths, cfg: TrainConfig, resuming: bool) -> None:
+    """Create the folders and record the resolved config in both. Main process, after every input check, so that bad
+    input leaves them as they were: only here are a new run's old checkpoints deleted (`--overwrite_output_dir`), and
+    the event files of a start that failed before logging a step (check_log_dir), which the new run's replace."""
+    if not resuming:
+        if cfg.overwrite_output_dir:
+            shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
+        for events in _event_files(paths.log_dir):
+            if holds_only_a_start(events):  # as check_log_dir found them: nothing else is removed, ever
+                events.unlink()
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
         write_config(cfg, folder)

@@ -1,5 +1,6 @@
 """The TensorBoard writer of the main process, and the null writer of the other ranks (a two-method logger plus
-text, the custom-scalars layout and hparams), so that no code outside this file asks which rank it runs on."""
+text, the custom-scalars layout and hparams), so that no code outside this file asks which rank it runs on; and what
+an event file left in a run's folder holds (only a start, or curves)."""
 
 from __future__ import annotations
 
@@ -55,3 +56,25 @@ class NullWriter:
 def open_writer(log_dir: Path, main_process: bool, purge_step: int | None = None) -> TensorBoardWriter | NullWriter:
     """The main process writes to `log_dir`; the others get a NullWriter."""
     return TensorBoardWriter(log_dir, purge_step) if main_process else NullWriter()
+
+
+def holds_only_a_start(event_file: Path) -> bool:
+    """Whether an event file holds nothing past a run's start: its step-0 texts, layout and an evaluation before
+    training, but no scalar of a training step (curves start at step 1). A file that cannot be read as events counts
+    as more than a start. A tail cut short (a kill mid-write) is left out, as TensorBoard leaves it out."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    try:
+        events = EventFileLoader(str(event_file)).Load()
+        read_any = False
+        for event in events:
+            read_any = True
+            if event.step > 0 and any(_is_scalar(value) for value in event.summary.value):
+                return False
+    except Exception:  # whatever a damaged file makes the reader raise: not what a start writes
+        return False
+    return read_any or event_file.stat().st_size == 0
+
+
+def _is_scalar(value) -> bool:
+    return value.metadata.plugin_data.plugin_name == "scalars" or value.WhichOneof("value") == "simple_value"

@@ -1,0 +1,59 @@
+"""The examples of an optimizer step, and how a resume keeps them under another process count or batch size.
+
+A run's steps, its LR schedule and its epochs are counted in optimizer steps of a fixed number of examples (the
+global batch: per-device batch x processes x micro-batches accumulated), which every checkpoint records. A resume
+keeps that number, as torchtitan's and Megatron-LM's `global_batch_size` stays when the data-parallel degree changes:
+with fewer processes it accumulates more micro-batches, with more it takes fewer examples per device. It continues at
+the checkpoint's example (sampling.DataPosition) in steps of the same size, so the steps, the LR at each of them and
+the epoch are those of the uninterrupted run. `--per_device_train_batch_size` is then the most per device (memory),
+and `--gradient_accumulation_steps` gives way; changing the global batch takes a new run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from app.config import TrainConfig
+from app.errors import UsageError
+
+
+def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -> tuple[int, int]:
+    """(examples per device, micro-batches accumulated) that make `global_batch` examples per optimizer step on
+    `num_processes`: the largest per-device batch up to `most_per_device` that divides each process's share.
+
+    Raises:
+        UsageError: the processes cannot share the global batch equally.
+    """
+    per_process, rest = divmod(global_batch, num_processes)
+    if rest:
+        counts = ", ".join(str(n) for n in range(1, global_batch + 1) if global_batch % n == 0)
+        raise UsageError(
+            f"--resume_from_checkpoint: the run trains {global_batch} examples per optimizer step, which "
+            f"{num_processes} processes cannot share equally; resume with {counts} process(es)"
+        )
+    per_device = max(n for n in range(1, min(most_per_device, per_process) + 1) if per_process % n == 0)
+    return per_device, per_process // per_device
+
+
+def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[TrainConfig, list[str]]:
+    """The config of a resume from `record` (storage/checkpoints.CheckpointRecord, with its data position) on
+    `num_processes`: its per-device batch and accumulation make the checkpoint's global batch. Returns the notes."""
+    saved_batch, state = record.data["global_batch_size"], record.state
+    per_device, accumulation = resumed_shape(saved_batch, num_processes, cfg.per_device_train_batch_size)
+    asked = (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps)
+    kept = dataclasses.replace(cfg, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation)
+    if (record.num_processes, asked) == (num_processes, (per_device, accumulation)):
+        return kept, []
+    note = (
+        f"note: the checkpoint was saved by {record.num_processes} process(es) with {saved_batch} examples per "
+        f"optimizer step; this run keeps them: {num_processes} process(es) x {per_device} per device x "
+        f"{accumulation} accumulated, and continues at example {state.samples_in_epoch} of epoch {state.epoch}, so no "
+        "example is trained twice or skipped and the steps and their LR are the uninterrupted run's; dropout and "
+        "rounding differ from it"
+    )
+    if asked[0] * record.num_processes * asked[1] != saved_batch:  # the flags changed, not only the process count
+        note += (
+            f" (the flags asked for {asked[0]} per device x {asked[1]} accumulated: a resume keeps the run's examples "
+            "per step; a new run can change them)"
+        )
+    return kept, [note]

@@ -1,0 +1,44 @@
+"""A resume keeps the run's examples per optimizer step: the per-device batch and accumulation it takes for another
+process count or --per_device_train_batch_size (end to end: tests/test_multiprocess.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from app.config import TrainConfig
+from app.errors import UsageError
+from app.inputs.batch_shape import keep_global_batch, resumed_shape
+from app.state import TrainState
+from app.storage.checkpoints import CheckpointRecord
+
+
+@pytest.mark.parametrize(
+    "global_batch, processes, most_per_device, shape",
+    [
+        (16, 2, 8, (8, 1)),  # as saved
+        (16, 1, 8, (8, 2)),  # fewer processes: accumulate
+        (8, 2, 8, (4, 1)),  # more processes: fewer per device
+        (8, 1, 3, (2, 4)),  # a smaller batch per device than saved, not a divisor: the largest that divides
+        (8, 1, 32, (8, 1)),  # a larger one: the global batch stays
+        (14, 2, 4, (1, 7)),  # 7 per process, prime
+    ],
+)
+def test_the_shape_of_a_resume_makes_the_checkpoints_global_batch(global_batch, processes, most_per_device, shape):
+    assert resumed_shape(global_batch, processes, most_per_device) == shape
+
+
+def test_a_process_count_that_cannot_share_the_global_batch_is_refused_naming_the_ones_that_can():
+    with pytest.raises(UsageError) as refused:
+        resumed_shape(8, 3, 8)
+    assert str(refused.value) == (
+        "--resume_from_checkpoint: the run trains 8 examples per optimizer step, which 3 processes cannot share "
+        "equally; resume with 1, 2, 4, 8 process(es)"
+    )
+
+
+def test_a_resume_as_saved_keeps_the_flags_and_says_nothing():
+    cfg = replace(TrainConfig(), per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    record = CheckpointRecord("r", "no", 2, TrainState(samples_in_epoch=32), data={"global_batch_size": 16})
+    assert keep_global_batch(cfg, record, 2) == (cfg, [])
