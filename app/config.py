@@ -23,6 +23,7 @@ from app.cli import OneLineParser, flag
 from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
+MAX_SEED = 2**32 - 1
 DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # What --metric_for_best_model may name: every task's metrics (each task says which of them it computes).
 METRICS = {
@@ -247,6 +248,8 @@ class TrainConfig:
             raise UsageError(
                 f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
             )
+        if not 0 <= self.seed <= MAX_SEED:  # numpy's seed, which Accelerate's set_seed also sets, takes 32 bits
+            raise UsageError(f"--seed must be between 0 and {MAX_SEED} (2**32 - 1), got {self.seed}")
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise UsageError("give --num_train_epochs above 0, or --max_steps")
         for name in (

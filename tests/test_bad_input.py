@@ -188,6 +188,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "is not empty; pass --resume_from_checkpoint latest",
         ),
         ("tensorboard run in use", ["--run_name", "old"], {}, "already exists and would mix two runs"),
+        ("negative seed", ["--seed", "-1"], {}, "--seed must be between 0 and 4294967295 (2**32 - 1), got -1"),
+        (
+            "seed beyond 32 bits",
+            ["--seed", "99999999999999"],
+            {},
+            "--seed must be between 0 and 4294967295 (2**32 - 1), got 99999999999999",
+        ),
         ("fp16 under deepspeed", ["--amp"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "refused, not delegated"),
     ]
 
