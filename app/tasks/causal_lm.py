@@ -100,9 +100,7 @@ class CausalLM:
             self.columns.kind, self._encode_documents
         )
         with accelerator.main_process_first():
-            tokenized = map_splits(
-                raw, encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing"
-            )
+            tokenized = map_splits(raw, encode, batched=True, desc="Tokenizing")
         for split in ("train", "validation"):
             for column, what in (("prompt_cut", "prompts were cut from the left"), ("end_cut", "ends were cut")):
                 if column in tokenized[split].column_names:
@@ -125,7 +123,7 @@ class CausalLM:
         names = self.columns.names
         out = {"input_ids": [], "labels": [], "prompt_cut": [], "end_cut": [], "prompt_length": [], "reference": []}
         for prompt, response in zip(batch[names["prompt"]], batch[names["response"]]):
-            ids, labels, prompt_cut, end_cut = self.renderer.pair(prompt, response)
+            ids, labels, prompt_cut, end_cut = self.renderer.pair(prompt or "", response)  # None: an empty CSV cell
             for key, value in zip(out, (ids, labels, prompt_cut, end_cut, labels.count(IGNORE), response.strip())):
                 out[key].append(value)
         return out

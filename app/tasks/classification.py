@@ -20,7 +20,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
-from app.inputs.reading import check_label_cells
+from app.inputs.reading import check_label_cells, check_text_cells
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
@@ -68,13 +68,8 @@ def check_columns(raw: DatasetDict, columns: Columns) -> None:
         for option, name in (("--text_column", text), ("--text_pair_column", pair), ("--label_column", label)):
             if name is not None and name not in present:
                 raise UsageError(f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}")
-        for name in (text, pair):
-            for value in raw[split][name] if name is not None else ():
-                if not isinstance(value, str):
-                    raise UsageError(
-                        f"column {name!r} of the {split} data holds {type(value).__name__} {value!r}; "
-                        "texts must be strings"
-                    )
+        for name in filter(None, (text, pair)):
+            check_text_cells(raw[split][name], name, split)
 
 
 def has_trained_head(config: PretrainedConfig) -> bool:
@@ -164,7 +159,7 @@ class SequenceClassification:
             return encoded
 
         with accelerator.main_process_first():
-            return map_splits(raw, encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
+            return map_splits(raw, encode, batched=True, desc="Tokenizing")
 
     def collator(self, pad_to_multiple_of: int | None):
         return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=pad_to_multiple_of)

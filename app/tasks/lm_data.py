@@ -25,6 +25,7 @@ from datasets import DatasetDict
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
+from app.inputs.reading import check_text_cells, row_of
 
 IGNORE = -100  # the label of a position that the loss skips (PyTorch's and HF's convention)
 
@@ -64,14 +65,13 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
                     f"{flags.get(role, '--text_column')} {name!r} is not in the {split} data; its columns are: "
                     f"{', '.join(present)}"
                 )
-            for row, value in enumerate(raw[split][name]):
-                problem = _conversation_problem(value) if role == "messages" else _text_problem(value)
+            if role != "messages":  # an empty prompt is a prompt (an empty CSV cell is read as None)
+                check_text_cells(raw[split][name], name, split, may_be_empty=role == "prompt")
+                continue
+            for row, value in enumerate(raw[split][name], start=1):
+                problem = _conversation_problem(value)
                 if problem:
-                    raise UsageError(f"row {row} of the {split} data, column {name!r}: {problem}")
-
-
-def _text_problem(value) -> str | None:
-    return None if isinstance(value, str) else f"holds {type(value).__name__} {value!r}; texts must be strings"
+                    raise UsageError(f"{row_of(split, row)}, column {name!r}: {problem}")
 
 
 def _conversation_problem(value) -> str | None:
