@@ -79,6 +79,21 @@ def load_tokenizer(name: str, gguf_file: str | None = None):
         raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {first_line(e)}") from None
 
 
+def check_special_tokens(tokenizer, config: PretrainedConfig) -> None:
+    """The ids a causal LM is fed besides its texts (EOS ends responses, BOS starts prompts, PAD fills batches) must
+    have an embedding. A token the tokenizer's config names but its vocabulary lacks is added as a new id past the
+    model's embeddings, and would stop training at its first step with an IndexError."""
+    embeddings = getattr(config, "vocab_size", None)
+    for name in ("eos_token", "bos_token", "pad_token"):
+        token_id = getattr(tokenizer, f"{name}_id", None)
+        if isinstance(embeddings, int) and token_id is not None and token_id >= embeddings:
+            raise UsageError(
+                f"the tokenizer's {name} {getattr(tokenizer, name)!r} is not in the model's vocabulary: its id is "
+                f"{token_id}, and the model has {embeddings} token embeddings (ids 0 to {embeddings - 1}); set {name} "
+                f"in {Path(tokenizer.name_or_path) / 'tokenizer_config.json'} to one of its tokens"
+            )
+
+
 def max_positions(config: PretrainedConfig, tokenizer) -> int:
     """The longest input the model takes: its position table, or the tokenizer's limit where that is smaller."""
     positions = getattr(config, "max_position_embeddings", None)

@@ -20,6 +20,8 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
 from app.inputs.data import map_splits
+from app.inputs.model import check_special_tokens
+from app.inputs.reading import row_of
 from app.tasks import generation, lm_data
 from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
 from app.telemetry.tags import EVAL_EXACT_MATCH, EVAL_LOSS, EVAL_PERPLEXITY
@@ -69,9 +71,9 @@ class CausalLM:
     pipeline_tag = "text-generation"
     summary = "A causal language model"
 
-    def __init__(self, columns: LMColumns, tokenizer, cfg: TrainConfig):
+    def __init__(self, columns: LMColumns, tokenizer, cfg: TrainConfig, model_bos_token_id: int | None = None):
         self.columns, self.tokenizer, self.cfg = columns, tokenizer, cfg
-        self.renderer = Renderer(tokenizer, cfg.max_length)
+        self.renderer = Renderer(tokenizer, cfg.max_length, model_bos_token_id)
         self.generates = columns.kind == "prompt_response"  # a reference to compare greedy answers with
         self.metrics = (EVAL_LOSS, EVAL_PERPLEXITY) + ((EVAL_EXACT_MATCH,) if self.generates else ())
         self.prompts: list[list[int]] = []  # the validation prompts and references, for exact match
@@ -86,11 +88,22 @@ class CausalLM:
             raise UsageError("the tokenizer has no EOS token, which ends responses and joins documents; add one")
         if tokenizer.pad_token_id is None:  # GPT-2 and Llama tokenizers come without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
+        check_special_tokens(tokenizer, model_config)
         columns = lm_data.resolve_columns(cfg)
         if columns.kind == "messages" and not getattr(tokenizer, "chat_template", None):
             raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
         lm_data.check_columns(raw, columns)
-        return cls(columns, tokenizer, cfg)
+        task = cls(columns, tokenizer, cfg, getattr(model_config, "bos_token_id", None))
+        if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
+            name = columns.names["prompt"]
+            for split in ("train", "validation"):
+                row = lm_data.first_empty_prompt(task.renderer, raw[split][name])
+                if row is not None:
+                    raise UsageError(
+                        f"{row_of(split, row + 1)}: the prompt (column {name!r}) is empty, and "
+                        f"{lm_data.NOTHING_TO_START_FROM}; fill in the prompt or drop the row"
+                    )
+        return task
 
     # ---- data ---------------------------------------------------------------------------------------------------
     def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
@@ -233,8 +246,21 @@ class TextGenerator:
             tokenizer.pad_token = tokenizer.eos_token
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.model.to(device).eval()
-        self.tokenizer, self.renderer = tokenizer, Renderer(tokenizer, max_length)
+        self.tokenizer = tokenizer
+        self.renderer = Renderer(tokenizer, max_length, getattr(self.model.config, "bos_token_id", None))
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
+
+    @staticmethod
+    def check_inputs(tokenizer, model_config: PretrainedConfig, max_length: int, prompts: list[str]) -> None:
+        """Before the weights load: the special tokens have embeddings, and every prompt has a token to follow."""
+        check_special_tokens(tokenizer, model_config)
+        renderer = Renderer(tokenizer, max_length, getattr(model_config, "bos_token_id", None))
+        empty = lm_data.first_empty_prompt(renderer, prompts)
+        if empty is not None:
+            raise UsageError(
+                f"prompt {empty + 1} of the input (counted from 1) is empty, and {lm_data.NOTHING_TO_START_FROM}; give "
+                "it a text or drop it"
+            )
 
     def predict(self, accelerator: Accelerator, policy: PrecisionPolicy, texts: list[list[str]], progress) -> list[str]:
         # A prompt longer than the model was trained with keeps its end, the part the answer follows.
