@@ -65,7 +65,10 @@ def load_inputs(cfg: TrainConfig, accelerator: Accelerator) -> Inputs:
     if gguf_file:  # a converted copy loads like any model folder; else config and tokenizer come from the file
         gguf.check_gguf(model_path, gguf_file)
         converted = gguf.converted_folder(model_path, gguf_file)
-        model_path, gguf_file = (str(converted), None) if gguf.is_converted(converted) else (model_path, gguf_file)
+        if gguf.is_converted(converted):
+            model_path, gguf_file = str(converted), None
+        else:
+            gguf.check_cache(converted)
     model_config = load_model_config(model_path, gguf_file)
     refuse_quantized(model_path, model_config)
     task_name, why = resolve_task(cfg.task, model_config)

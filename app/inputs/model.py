@@ -7,6 +7,7 @@ master weights that autocast computes from, and the scaler refuses to unscale fp
 from __future__ import annotations
 
 import importlib.util
+import struct
 from pathlib import Path
 
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
@@ -58,6 +59,12 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
         raise UsageError(f"--model_name_or_path {name}: no such folder; give a local model folder or a hub id")
     try:
         return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
+    except struct.error:  # a field of the GGUF header runs past the end of the file
+        size = (Path(name) / gguf_file).stat().st_size
+        raise UsageError(
+            f"--gguf_file {gguf_file} cannot be read: the file ends inside its header, at byte {size}: it was cut "
+            "short; copy or download it again"
+        ) from None
     except (OSError, ValueError) as e:
         if gguf_file:
             raise UsageError(f"--gguf_file {gguf_file} cannot be read: {first_line(e)}") from None
