@@ -195,6 +195,11 @@ class TrainConfig:
     save_total_limit: Optional[int] = flag("Keep only the newest N checkpoints.", default=2)
     resume_from_checkpoint: Optional[str] = flag('"latest" (in --output_dir) or a checkpoint folder.', default=None)
     disable_tqdm: bool = flag("Hide the progress bar.", default=False)
+    verbose: bool = flag(
+        "Also show the libraries' routine notices: transformers' load report, Accelerate's note on tied weights at "
+        "each checkpoint. Without it the app says what matters in them in one line (a new classification head).",
+        default=False,
+    )
     load_best_model_at_end: bool = flag(
         "End with the weights of the best evaluation (--metric_for_best_model), not the last step's. Needs "
         "--eval_steps; every evaluation then writes a checkpoint, and the best one is never pruned.",

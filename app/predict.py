@@ -46,6 +46,7 @@ from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
 from app.tasks.task import resolve_task
+from app.telemetry.console import show_library_notices
 
 OUTPUT_TYPES = (".csv", ".jsonl")
 
@@ -90,6 +91,11 @@ class PredictConfig:
         default=False,
     )
     disable_tqdm: bool = flag("Hide the progress bar.", default=False)
+    verbose: bool = flag(
+        "Also show the libraries' routine notices, such as transformers' load report; without it the app says which "
+        "weights the checkpoint lacked, if any, in one line.",
+        default=False,
+    )
 
     def validate(self, texts: list[str]) -> None:
         if not self.model_name_or_path:
@@ -226,7 +232,7 @@ def predict_and_write(
         say(line)
     if cfg.disable_tqdm:
         transformers.utils.logging.disable_progress_bar()  # the weight-loading bar
-    shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device)
+    shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
     predictor = TextGenerator(*shared, cfg.max_new_tokens) if task == "causal_lm" else LabelPredictor(*shared)
     bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
     started = time.perf_counter()
@@ -258,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     cfg, texts = parse_args(argv)
+    show_library_notices(cfg.verbose)
     policy, notes = resolve_precision(False, cfg.mixed_precision, device_type(), launcher_choice())
     accelerator = connect_accelerator()
     try:

@@ -240,7 +240,7 @@ def build_training(
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
-    model = model or inputs.task.load_model(inputs.model_path)
+    model = model or inputs.task.load_model(inputs.model_path, accelerator.print)
     if cfg.gradient_checkpointing:
         # Non-reentrant: works under DDP and with inputs that need no gradient (token ids). Newer transformers 5.x
         # renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.

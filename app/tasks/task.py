@@ -37,8 +37,8 @@ class Task(Protocol):
     def collator(self, pad_to_multiple_of: int | None) -> Callable[[list[dict]], dict]:
         """Pads a list of tokenized examples into a batch (on the host)."""
 
-    def load_model(self, model_path: str) -> torch.nn.Module:
-        """The model, in fp32."""
+    def load_model(self, model_path: str, say: Callable[[str], None]) -> torch.nn.Module:
+        """The model, in fp32; the weights the checkpoint lacked (a new head) said through `say`."""
 
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         """The mean loss over the batch's items."""

@@ -6,4 +6,5 @@ writer.py   the TensorBoard writer of the main process, and the null writer of t
 meters.py   the meters the loop feeds every step (on the device), read to the host only at log steps
 flops.py    training FLOPs per token and the GPUs' peak FLOP/s, for MFU
 report.py   the set-up as TensorBoard text at start; the HPARAMS row and the summary table at the end
+console.py  the libraries' routine notices (load report, tied weights at save) kept off the console unless --verbose
 """

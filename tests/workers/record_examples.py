@@ -30,8 +30,8 @@ def recording_load(out: Path, rank: str, load_model):
             with log.open("a") as file:
                 file.write(json.dumps(rows) + "\n")
 
-    def load_and_watch(task, model_path):
-        model = load_model(task, model_path)
+    def load_and_watch(task, model_path, say):
+        model = load_model(task, model_path, say)
         model.register_forward_pre_hook(record, with_kwargs=True)
         return model
 
