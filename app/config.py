@@ -24,6 +24,7 @@ from app.cli import OneLineParser, flag
 from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
+MAX_SEED = 2**32 - 1
 DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 ALL_LINEAR = "all-linear"  # --lora_target_modules: every linear layer of the base but its output head
 # Flags that only --use_peft reads: given without it, they would be ignored silently.
@@ -236,6 +237,11 @@ class TrainConfig:
     save_total_limit: Optional[int] = flag("Keep only the newest N checkpoints.", default=2)
     resume_from_checkpoint: Optional[str] = flag('"latest" (in --output_dir) or a checkpoint folder.', default=None)
     disable_tqdm: bool = flag("Hide the progress bar.", default=False)
+    verbose: bool = flag(
+        "Also show the libraries' routine notices: transformers' load report, Accelerate's note on tied weights at "
+        "each checkpoint. Without it the app says what matters in them in one line (a new classification head).",
+        default=False,
+    )
     load_best_model_at_end: bool = flag(
         "End with the weights of the best evaluation (--metric_for_best_model), not the last step's. Needs "
         "--eval_steps; every evaluation then writes a checkpoint, and the best one is never pruned.",
@@ -289,6 +295,8 @@ class TrainConfig:
             raise UsageError(
                 f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
             )
+        if not 0 <= self.seed <= MAX_SEED:  # numpy's seed, which Accelerate's set_seed also sets, takes 32 bits
+            raise UsageError(f"--seed must be between 0 and {MAX_SEED} (2**32 - 1), got {self.seed}")
         if self.max_steps <= 0 and not self.num_train_epochs > 0:
             raise UsageError("give --num_train_epochs above 0, or --max_steps")
         for name in (

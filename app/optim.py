@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers import get_linear_schedule_with_warmup
 
 from app.config import TrainConfig
 from app.host.runtime import device_type
@@ -40,4 +39,12 @@ def total_optimizer_steps(cfg: TrainConfig, micro_batches_per_epoch: int) -> int
 
 def build_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
     """Linear warmup over --warmup_ratio of the steps, then linear decay to 0."""
-    return get_linear_schedule_with_warmup(optimizer, math.ceil(cfg.warmup_ratio * total_steps), total_steps)
+    warmup = math.ceil(cfg.warmup_ratio * total_steps)
+
+    def factor(update: int) -> float:  # of the peak LR, after `update` applied updates: HF Trainer's linear schedule
+        if update < warmup:
+            return update / max(1, warmup)
+        return max(0.0, (total_steps - update) / max(1, total_steps - warmup))
+
+    # Written here rather than imported from transformers.optimization, whose module imports peft (1.8 s at start).
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -24,6 +24,7 @@ if __package__ in (None, ""):  # `python app/predict.py` from a checkout, withou
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
 from app.tasks.task import resolve_task
+from app.telemetry.console import show_library_notices
 
 OUTPUT_TYPES = (".csv", ".jsonl")
 
@@ -89,6 +91,11 @@ class PredictConfig:
         default=False,
     )
     disable_tqdm: bool = flag("Hide the progress bar.", default=False)
+    verbose: bool = flag(
+        "Also show the libraries' routine notices, such as transformers' load report; without it the app says which "
+        "weights the checkpoint lacked, if any, in one line.",
+        default=False,
+    )
 
     def validate(self, texts: list[str]) -> None:
         if not self.model_name_or_path:
@@ -140,7 +147,7 @@ def read_input(
         if name not in table.columns:
             option = next(f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name)
             raise UsageError(f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}")
-        odd = [v for v in table[name] if not isinstance(v, str)]
+        odd = [v for v in table[name] if not isinstance(v, str) and not is_empty_cell(v)]
         if odd:
             raise UsageError(f"column {name!r} holds {type(odd[0]).__name__} {odd[0]!r}; texts must be strings")
     if len(table) == 0:
@@ -149,6 +156,11 @@ def read_input(
     if taken:
         raise UsageError(f"the input already has a column {taken[0]!r}, where the predictions would go; rename it")
     return table
+
+
+def is_empty_cell(value) -> bool:
+    """An empty cell of --input_file (pandas reads it as NaN or None): an empty text, as a blank line of stdin is."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def check_output_file(path: str | None) -> None:
@@ -210,6 +222,9 @@ def predict_and_write(
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     max_length = cfg.max_length or trained_max_length(cfg.model_name_or_path, model_config, tokenizer)
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
+    inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
+    if task == "causal_lm":
+        TextGenerator.check_inputs(tokenizer, model_config, max_length, inputs[0])
     check_output_file(cfg.output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------
@@ -217,9 +232,8 @@ def predict_and_write(
         say(line)
     if cfg.disable_tqdm:
         transformers.utils.logging.disable_progress_bar()  # the weight-loading bar
-    shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device)
+    shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
     predictor = TextGenerator(*shared, cfg.max_new_tokens) if task == "causal_lm" else LabelPredictor(*shared)
-    inputs = [list(table[name]) for name in text_columns]
     bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
     started = time.perf_counter()
     results = predictor.predict(accelerator, policy, inputs, lambda done: bar.update(done * accelerator.num_processes))
@@ -250,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     cfg, texts = parse_args(argv)
+    show_library_notices(cfg.verbose)
     policy, notes = resolve_precision(False, cfg.mixed_precision, device_type(), launcher_choice())
     accelerator = connect_accelerator()
     try:

@@ -81,7 +81,10 @@ def load_inputs(
     if gguf_file:  # a converted copy loads like any model folder; else config and tokenizer come from the file
         gguf.check_gguf(model_path, gguf_file)
         converted = gguf.converted_folder(model_path, gguf_file)
-        model_path, gguf_file = (str(converted), None) if gguf.is_converted(converted) else (model_path, gguf_file)
+        if gguf.is_converted(converted):
+            model_path, gguf_file = str(converted), None
+        else:
+            gguf.check_cache(converted)
     model_config = load_model_config(model_path, gguf_file)
     refuse_quantized(model_path, model_config)
     task_name, why = resolve_task(cfg.task, model_config)
@@ -297,7 +300,7 @@ def build_training(
     masks = masks_of_run(cfg, accelerator.device, started_with, say=accelerator.print)
     plan = inputs.plan
     accelerator.print(plan.footprint.line())
-    model = model or load_model(inputs.task, inputs.model_path, plan)
+    model = model or load_model(inputs.task, inputs.model_path, plan, accelerator.print)
     for line in describe_trainable(model, plan):
         accelerator.print(line)
     if plan.adapters:  # checkpoints hold what trains, not the frozen base

@@ -140,7 +140,7 @@ def main() -> int:
 
     def fresh_model():
         torch.manual_seed(0)
-        return inputs.task.load_model(model_path)
+        return inputs.task.load_model(model_path, torch.float32, lambda line: None)  # the same model for each contender
 
     # ---- (a) the app: the same wiring as app/train.py, --save_steps 0 (only a signal would save) -------------------
     paths = RunPaths("bench", workdir / "app", workdir / "runs")

@@ -2,10 +2,10 @@
 
     python scripts/plot_headroom.py runs/20261130-101500-fp16 --out headroom.png
 
-TensorBoard draws no point for -inf, the value of a step whose activations overflowed; here such steps are marked at
-the bottom of the headroom panel. The modules that set the headroom (text amp/headroom_module, from the step where
-each took over) are named in the title, and the step of the loss-scale alarm (text amp/overflow_report) is a dashed
-line.
+A step whose activations overflowed (inf or NaN) has no headroom and logs -1; here such steps are marked at the
+bottom of the headroom panel, and the curve joins the steps that had headroom. The modules that set the headroom
+(text amp/headroom_module, from the step where each took over) are named in the title, and the step of the loss-scale
+alarm (text amp/overflow_report) is a dashed line.
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ def main() -> int:
     import matplotlib.pyplot as plt
 
     headroom = curves[tags.AMP_HEADROOM_BITS]
-    finite = {step: bits for step, bits in headroom.items() if math.isfinite(bits)}
-    overflowed = [step for step, bits in headroom.items() if bits == -math.inf]
+    # Below 0 only without headroom: -1 (NO_HEADROOM), or -inf and NaN in runs logged before it was.
+    overflowed = [step for step, bits in headroom.items() if not bits >= 0]
+    finite = {step: bits for step, bits in headroom.items() if bits >= 0 and math.isfinite(bits)}
     fig, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 4.6), height_ratios=(3, 2))
     top.plot(list(finite), list(finite.values()), marker="o", color="tab:blue", label=tags.AMP_HEADROOM_BITS)
     floor = min([0.0, *finite.values()]) - 0.5
-    top.scatter(overflowed, [floor] * len(overflowed), marker="v", color="tab:red", label="overflow (-inf)", zorder=3)
+    top.scatter(
+        overflowed, [floor] * len(overflowed), marker="v", color="tab:red", label="overflow (inf or NaN)", zorder=3
+    )
     top.axhline(0, color="gray", linewidth=0.8)
     top.set(ylabel="headroom (bits)", ylim=(floor - 0.4, max(finite.values(), default=1) + 0.5))
     top.set_title(f"{args.run_dir.name}: fp16 headroom, set by\n" + "; ".join(setters), fontsize=8)

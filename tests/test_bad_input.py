@@ -226,6 +226,31 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "is not empty; pass --resume_from_checkpoint latest",
         ),
         ("tensorboard run in use", ["--run_name", "old"], {}, "already exists and would mix two runs"),
+        ("negative seed", ["--seed", "-1"], {}, "--seed must be between 0 and 4294967295 (2**32 - 1), got -1"),
+        (
+            "seed beyond 32 bits",
+            ["--seed", "99999999999999"],
+            {},
+            "--seed must be between 0 and 4294967295 (2**32 - 1), got 99999999999999",
+        ),
+        (
+            "a train file without the label column",
+            ["--train_file", write(csv_dir / "unlabelled.csv", "text\na\nb\n")],
+            {},
+            "--label_column 'label' is not in the train data; its columns are: text",
+        ),
+        (
+            "a validation file without the label column",
+            ["--validation_file", write(csv_dir / "unlabelled_v.csv", "text\na\nb\n")],
+            {},
+            "--label_column 'label' is not in the validation data; its columns are: text",
+        ),
+        (
+            "an empty text cell",
+            ["--validation_file", write(csv_dir / "blank.csv", "text,label\na,great\n,other\n")],
+            {},
+            "column 'text' is empty in row 2 of the validation data (rows counted from 1, after the header)",
+        ),
         ("fp16 under deepspeed", ["--amp"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "refused, not delegated"),
     ]
 

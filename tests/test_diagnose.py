@@ -73,9 +73,33 @@ def test_preflight_and_overflow_report_name_the_overflowing_linear(
     run_dir = tmp_path / "runs" / "test"
     assert f"bert.{OVERFLOWING}" in all_texts(run_dir, tags.AMP_PREFLIGHT)[0]
     assert all_texts(run_dir, tags.AMP_OVERFLOW_REPORT) == [report]
-    # Overflowing from step 1 on: no headroom at any logged step, and the module that sets it is the one that overflows.
-    assert set(tb.scalars(run_dir)[tags.AMP_HEADROOM_BITS].values()) == {-math.inf}
-    assert all_texts(run_dir, tags.AMP_HEADROOM_MODULE)[0].startswith(f"`bert.{OVERFLOWING}` sets the fp16 headroom")
+    # Overflowing from step 1 on: no headroom at any logged step (-1 bit, finite, so that TensorBoard draws it), and
+    # the module that sets it is the one that overflows.
+    assert set(tb.scalars(run_dir)[tags.AMP_HEADROOM_BITS].values()) == {-1.0}
+    assert all_texts(run_dir, tags.AMP_HEADROOM_MODULE)[0] == (
+        f"`bert.{OVERFLOWING}` sets the fp16 headroom: none, its output holds inf (logged as -1 bit)"
+    )
+
+
+def test_nan_activations_from_the_first_step_draw_a_headroom_curve(quick_args, tmp_path):
+    """NaN activations at every step, while the scaler skips and halves its scale: the chart shows -1 bit at every
+    log step (TensorBoard draws no point for NaN) and names the module."""
+    from transformers import BertModel
+
+    path = save_tiny_bert(tmp_path / "nan-bert", dropout=0.1)
+    model = BertModel.from_pretrained(path)
+    with torch.no_grad():
+        model.get_submodule(OVERFLOWING).weight[0, 0] = float("nan")
+    model.save_pretrained(path)
+    args = [*with_model(quick_args, path), "--amp", "--on_scale_collapse", "warn", "--max_steps", "8"]
+    assert run_app([*args, "--eval_steps", "0", "--save_steps", "0"]) == 0
+    run_dir = tmp_path / "runs" / "test"
+    logged = tb.scalars(run_dir)
+    assert logged[tags.AMP_HEADROOM_BITS] == {step: -1.0 for step in range(1, 9)}
+    assert logged[tags.AMP_SKIPPED_STEPS][8] == 8, "every step skipped"
+    assert all_texts(run_dir, tags.AMP_HEADROOM_MODULE) == [
+        f"`bert.{OVERFLOWING}` sets the fp16 headroom: none, its output holds nan (logged as -1 bit)"
+    ]
 
 
 def test_headroom_falls_to_zero_before_the_loss_scale_alarm(quick_args, warming_model_dir, tmp_path, capsys):

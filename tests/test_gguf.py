@@ -79,3 +79,58 @@ def test_a_missing_gguf_file_is_one_line_and_exit_2(tmp_path, tiny_gguf, capsys)
     assert run_app([*args, "--logdir", tmp_path / "runs", "--task", "causal_lm"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --gguf_file fake.gguf cannot be read:"), err
+
+
+def gguf_run(tmp_path, tiny_gguf, review_files) -> list:
+    """A causal-LM run of the GGUF file on the review files, writing under tmp_path."""
+    return [
+        *("--model_name_or_path", tiny_gguf.parent, "--gguf_file", tiny_gguf.name, "--task", "causal_lm"),
+        *("--train_file", review_files["train"], "--validation_file", review_files["validation"]),
+        *("--prompt_column", "text", "--response_column", "label", "--max_length", 48, "--max_steps", 1),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--disable_tqdm"),
+    ]
+
+
+def test_a_gguf_file_cut_inside_its_header_is_one_line_and_exit_2(tmp_path, tiny_gguf, review_files, capsys):
+    data = tiny_gguf.read_bytes()
+    for size in (4, 100, 3000):  # in the fixed header, in the metadata, in the tensor descriptions
+        tiny_gguf.write_bytes(data[:size])
+        assert run_app(gguf_run(tmp_path, tiny_gguf, review_files)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [
+            f"error: --gguf_file {tiny_gguf.name} cannot be read: the file ends inside its header, at byte {size}: "
+            "it was cut short; copy or download it again"
+        ], err
+        assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def cache_case(tmp_path, case: str):
+    """A conversion cache that cannot be written: a file where its folder would go, or a read-only filesystem."""
+    if case == "a file in the way":
+        (tmp_path / "cache-file").write_text("not a folder")
+        return tmp_path / "cache-file" / "cache", f"{tmp_path / 'cache-file'} is a file"
+    mount = tmp_path / "read-only"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount a read-only tmpfs here (needs root): {made.stderr.decode().strip()}")
+    return mount, f"{mount} is on a read-only filesystem"
+
+
+@pytest.mark.parametrize("case", ["a file in the way", "a read-only filesystem"])
+def test_a_cache_that_cannot_be_written_is_one_line_and_exit_2_before_the_conversion(
+    tmp_path, tiny_gguf, review_files, capsys, monkeypatch, case
+):
+    cache, why = cache_case(tmp_path, case)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    try:
+        code = run_app(gguf_run(tmp_path, tiny_gguf, review_files))
+    finally:
+        if case == "a read-only filesystem":
+            subprocess.run(["umount", "-l", str(cache)], check=True)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [
+        f"error: the cache for converted GGUF models, {cache / 'amp-trainer' / 'gguf'}, cannot be written: {why}; "
+        "set XDG_CACHE_HOME to a folder you can write"
+    ], err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()

@@ -38,8 +38,14 @@ def test_headroom_bits_counts_doublings_to_65504():
     assert headroom_bits(65504.0) == 0.0
     assert headroom_bits(65504.0 / 8) == pytest.approx(3.0)
     assert headroom_bits(65504.0 * 2) == pytest.approx(-1.0)
-    assert headroom_bits(math.inf) == -math.inf
-    assert math.isnan(headroom_bits(math.nan)) and headroom_bits(0.0) == math.inf
+    assert headroom_bits(0.0) == math.inf
+
+
+@pytest.mark.parametrize("largest", [math.inf, math.nan])
+def test_a_non_finite_activation_is_no_headroom_logged_as_minus_one_bit(largest):
+    """inf and NaN leave no headroom. -1 is finite, so that TensorBoard draws it, and no finite fp16 value reaches it:
+    the largest, 65504, gives 0."""
+    assert headroom_bits(largest) == -1.0
 
 
 def test_the_probe_names_the_largest_fp16_output_and_leaves_no_hooks():
@@ -88,12 +94,12 @@ def test_an_output_passed_on_by_its_container_is_measured_once(monkeypatch):
     assert probe.take(no_reduce).module == "0.0", "named after the Linear that computed it"
 
 
-def test_an_overflow_gives_minus_infinity():
+def test_an_overflow_gives_minus_one_bit():
     model, probe = Known(), HeadroomProbe()
     with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):
         model(torch.full((1, 4), 100.0))  # 1000 x 100 = 1e5 > 65504: inf in fp16
     found = probe.take(no_reduce)
-    assert found.module == "big" and found.largest == math.inf and found.bits == -math.inf
+    assert found.module == "big" and found.largest == math.inf and found.bits == -1.0
 
 
 def test_a_nan_output_is_worse_than_any_finite_one():
@@ -104,7 +110,7 @@ def test_a_nan_output_is_worse_than_any_finite_one():
     with torch.autocast("cpu", dtype=torch.float16), probe.armed(model, active=True):
         model(torch.ones(1, 4))
     found = probe.take(no_reduce)
-    assert found.module == "1" and math.isnan(found.bits)
+    assert found.module == "1" and math.isnan(found.largest) and found.bits == -1.0
 
 
 def test_the_loop_arms_the_probe_on_the_last_micro_batch_of_log_steps_only(tiny_model_dir, review_files):

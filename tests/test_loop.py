@@ -38,7 +38,7 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
     rng = torch.get_rng_state()  # dropout is on: both loops must draw the same masks
     train(run)
 
-    plain = run.inputs.task.load_model(str(tiny_model_dir))
+    plain = run.inputs.task.load_model(str(tiny_model_dir), torch.float32, lambda line: None)
     plain.load_state_dict(initial_weights)
     plain.train()
     optimizer = torch.optim.AdamW(plain.parameters(), lr=run.cfg.learning_rate, weight_decay=0.0, fused=True)

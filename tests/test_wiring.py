@@ -6,6 +6,7 @@ import math
 from dataclasses import replace
 
 import pytest
+import torch
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
@@ -51,7 +52,7 @@ def test_autocast_on_a_gpu_pads_to_multiples_of_8_for_tensor_cores(mode, device,
 
 def test_weight_decay_skips_biases_and_layer_norm_weights(tiny_model_dir):
     task = SequenceClassification(Columns("text", None, "label"), LabelSpace(("great", "other"), True), None, 64)
-    model = task.load_model(str(tiny_model_dir))
+    model = task.load_model(str(tiny_model_dir), torch.float32, lambda line: None)
     optimizer = build_optimizer(model, replace(TrainConfig(), weight_decay=0.05))
     decay = {id(param): group["weight_decay"] for group in optimizer.param_groups for param in group["params"]}
     names = dict(model.named_parameters())

@@ -4,6 +4,7 @@ LoRA adapters on a frozen base in its storage dtype. Then the loading itself, an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,16 +53,16 @@ def plan_model(
     return ModelPlan(dtype, why, adapters, base_model.fingerprint(model_path), Footprint(parameters, dtype, trainable))
 
 
-def load_model(task: Task, model_path: str, plan: ModelPlan) -> torch.nn.Module:
+def load_model(task: Task, model_path: str, plan: ModelPlan, say: Callable[[str], None]) -> torch.nn.Module:
     """The model as the plan says: every weight in float32, or the base in its dtype with float32 adapters on."""
-    model = task.load_model(model_path, plan.dtype)
+    model = task.load_model(model_path, plan.dtype, say)
     return add_adapters(model, plan.adapters, task.name) if plan.adapters else model
 
 
 def reload_base(model: torch.nn.Module, task: Task, model_path: str, dtype: torch.dtype) -> None:
     """The frozen base's weights loaded again from its files in `dtype` (a precision fallback from fp16 to bf16 or
     fp32): what trains stays as it is. `model`: the model with adapters, unwrapped."""
-    fresh = dict(task.load_model(model_path, dtype).named_parameters())
+    fresh = dict(task.load_model(model_path, dtype, lambda line: None).named_parameters())  # its new head is unused
     for name, param in model.named_parameters():
         if not param.requires_grad:  # peft's names of a base weight: under base_layer, or a module's original_module
             stored = (

@@ -9,7 +9,7 @@ the embedded models stand under their hub names.
 from __future__ import annotations
 
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ from transformers import AutoConfig
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs import gguf
-from app.inputs.model import embedded_source, resolve_model_path
+from app.inputs.model import MISSING_WEIGHTS, embedded_source, load_weights, resolve_model_path
 from app.storage.folders import CONFIG_FILE
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -45,14 +45,11 @@ def base_folder(folder: str, say) -> str:
     return path
 
 
-def _to_stderr(line: str) -> None:
-    print(line, file=sys.stderr)
-
-
-def load_trained(folder: str, model_class, say=_to_stderr, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """`model_class.from_pretrained(folder)` for a full model; for adapters, the base with them merged in."""
+def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: torch.dtype = torch.float32):
+    """`model_class.from_pretrained(folder)` for a full model (the weights it lacked said); for adapters, the base
+    with them merged in. `say` also reports a GGUF base being converted."""
     if not holds_adapters(folder):
-        return model_class.from_pretrained(folder, dtype=dtype)
+        return load_weights(model_class, folder, say, MISSING_WEIGHTS, dtype=dtype)
     from peft import PeftModel
 
     base = base_folder(folder, say)

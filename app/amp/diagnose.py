@@ -132,8 +132,8 @@ def first_training_batch(loader, device: torch.device) -> dict:
 
 
 def stored_in_bf16(config) -> bool:
-    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    return str(stored).removeprefix("torch.") == "bfloat16"
+    # transformers 5 reads an older config.json's torch_dtype into dtype; asking for torch_dtype itself only warns.
+    return str(getattr(config, "dtype", None)).removeprefix("torch.") == "bfloat16"
 
 
 def preflight(policy: PrecisionPolicy, model: torch.nn.Module, loss: LossOf, batch: dict, model_config) -> list[str]:

@@ -2,8 +2,10 @@
 
 `amp/headroom_bits` = log2(65504 / max |x|), over every module output that is float16 in the forward pass, the
 smallest over modules: how many doublings the largest activation can take before it overflows. 0 means an
-activation reached fp16's largest value; an overflow (inf) gives -inf, a NaN gives NaN. Scaled gradients are left
-out: the loss scaler drives them toward overflow on purpose and backs off when they get there.
+activation reached fp16's largest value. An inf or a NaN leaves no headroom: it gives -1 (NO_HEADROOM), a finite
+value, so that TensorBoard draws it (it draws no point for inf or NaN), and one that no finite fp16 activation gives.
+Scaled gradients are left out: the loss scaler drives them toward overflow on purpose and backs off when they get
+there.
 
 The loop arms the probe around the forward of a log step's last micro-batch only. Forward hooks on every module keep
 each fp16 output's max |x| on the device, with no host sync, and are removed as the forward returns; telemetry reads
@@ -22,6 +24,7 @@ import torch
 from accelerate.utils import extract_model_from_parallel
 
 FP16_MAX = torch.finfo(torch.float16).max  # 65504
+NO_HEADROOM = -1.0  # an inf or NaN activation; every finite fp16 activation gives 0 or more
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,21 @@ class Headroom:
     module: str  # the module whose output sets it
     largest: float  # that output's max |x|
 
+    def said(self) -> str:
+        """The amp/headroom_module text."""
+        if not math.isfinite(self.largest):
+            said = f"none, its output holds {self.largest} (logged as {NO_HEADROOM:g} bit)"
+            return f"`{self.module}` sets the fp16 headroom: {said}"
+        return f"`{self.module}` sets the fp16 headroom: {self.bits:.2f} bits (max |x| = {self.largest:.4g})"
+
 
 def headroom_bits(largest: float) -> float:
-    """log2(65504 / largest): -inf for an overflow (inf), inf for an output of zeros, NaN for NaN."""
+    """log2(65504 / largest): NO_HEADROOM for an inf or NaN, inf for an output of zeros."""
+    if not math.isfinite(largest):
+        return NO_HEADROOM
     if largest == 0:
         return math.inf
-    return math.log2(FP16_MAX) - math.log2(largest)  # log2(inf) = inf: an overflow gives -inf
+    return math.log2(FP16_MAX) - math.log2(largest)
 
 
 def fp16_tensors(value):

@@ -117,13 +117,19 @@ def read_data_file(path: str, flag: str) -> Dataset:
 
 
 def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
+    """Each file read on its own, so that each split has the columns of its own file: read together, datasets casts
+    every file to the first one's columns, and a column missing from one file becomes a failed cast or a column of
+    None."""
+    return DatasetDict({split: _read_file(kind, split, path) for split, path in files.items()})
+
+
+def _read_file(kind: str, split: str, path: str) -> Dataset:
     try:
-        return load_dataset(kind, data_files=files)
+        return load_dataset(kind, data_files={split: path})[split]
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
-        for split, path in files.items():
-            if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
-                raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
-        raise UsageError(read_error(kind, list(files.values()), e)) from None
+        if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
+            raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
+        raise UsageError(read_error(kind, path, e)) from None
 
 
 def _row_count(path: str, kind: str) -> int | None:
@@ -160,7 +166,8 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
 
 
 def map_splits(raw: DatasetDict, transform: Callable, **options) -> DatasetDict:
-    """`raw.map(transform, **options)`, with the transform hashed once rather than once per split.
+    """`raw.map(transform, **options)` in place of each split's own columns (each file keeps its own), with the
+    transform hashed once rather than once per split.
 
     datasets names each split's result, and its cache file, by a fingerprint of the split and of the transform, which
     it takes by pickling the transform with all it holds: with a tokenizer inside, about 0.08 s each time. One hash of
@@ -171,12 +178,14 @@ def map_splits(raw: DatasetDict, transform: Callable, **options) -> DatasetDict:
     try:
         transform_hash = Hasher.hash(transform)
     except Exception:  # whatever pickling raises; datasets' update_fingerprint catches as broadly
-        return raw.map(transform, **options)
+        transform_hash = None
+
+    def fingerprint(split: Dataset) -> str | None:
+        return None if transform_hash is None else Hasher.hash([split._fingerprint, transform_hash, options])
+
     return DatasetDict(
         {
-            name: split.map(
-                transform, new_fingerprint=Hasher.hash([split._fingerprint, transform_hash, options]), **options
-            )
+            name: split.map(transform, remove_columns=split.column_names, new_fingerprint=fingerprint(split), **options)
             for name, split in raw.items()
         }
     )

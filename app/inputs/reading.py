@@ -1,8 +1,9 @@
-"""Reading what users give (data files, stdin, label cells), with errors that say which file and which line or row.
+"""Reading what users give (data files, stdin, text and label cells), with errors that say which file and which line
+or row.
 
 The readers underneath (pandas, pyarrow, datasets) report a bad line without the file, or a byte position inside a
-chunk, or nothing the user can act on. These helpers run on the error path only, after a read has failed, and turn
-that into one line: the file, the line where it can be found, what is wrong there.
+chunk, or nothing the user can act on. These helpers turn that into one line: the file, the line where it can be
+found, what is wrong there. Rows are counted as a user counts them in a file: from 1, after the header.
 """
 
 from __future__ import annotations
@@ -34,25 +35,15 @@ def _bad_byte(data: bytes, offset: int) -> str:
     return f"line {line} holds the byte 0x{data[offset]:02x}"
 
 
-def read_error(kind: str, paths: list[str], error: BaseException) -> str:
-    """What went wrong reading data files of `kind` (csv, json, parquet) with datasets.load_dataset, in one line that
-    names the bad file.
+def read_error(kind: str, path: str, error: BaseException) -> str:
+    """What went wrong reading a data file of `kind` (csv, json, parquet) with datasets.load_dataset, in one line that
+    names the file.
 
     Args:
-        paths: the files that were read together.
-        error: what the reader raised for them together.
+        error: what the reader raised for it.
     """
-    from datasets import load_dataset
-
-    bad, reason = paths[0], error
-    for path in paths if len(paths) > 1 else ():
-        try:
-            load_dataset(kind, data_files=path)  # each alone, to find the one that fails
-        except Exception as e:  # the reader raises many types; all mean this file cannot be read
-            bad, reason = path, e
-            break
-    what, fix = _where(bad, kind, reason)
-    return f"cannot read {bad}: {what}; {fix}"
+    what, fix = _where(path, kind, error)
+    return f"cannot read {path}: {what}; {fix}"
 
 
 def _where(path: str, kind: str, error: BaseException) -> tuple[str, str]:
@@ -84,11 +75,28 @@ def _most_specific(error: BaseException) -> str:
     return placed[0] if placed else first_line(chain[-1])
 
 
+def row_of(split: str, row: int) -> str:
+    """Where an example is, counted as a user counts the rows of a file: from 1, the header left out."""
+    return f"row {row} of the {split} data (rows counted from 1, after the header)"
+
+
 def check_label_cells(values: list, label_column: str, split: str) -> None:
     """An empty label cell turns a column of ints into floats with a gap; say where the gap is, not "float 0.0"."""
     for row, value in enumerate(values, start=1):
         if value is None or (isinstance(value, float) and math.isnan(value)):
             raise UsageError(
-                f"label column {label_column!r} is empty in row {row} of the {split} data (rows counted from 1, "
-                "after the header); fill in a label or drop the row"
+                f"label column {label_column!r} is empty in {row_of(split, row)}; fill in a label or drop the row"
+            )
+
+
+def check_text_cells(values: list, column: str, split: str, may_be_empty: bool = False) -> None:
+    """Every cell of a text column holds a string. An empty cell (None: how an empty CSV field is read) is refused
+    with its row where a text is needed; `may_be_empty` lets it through (an empty prompt), as the empty text."""
+    for row, value in enumerate(values, start=1):
+        if value is None and not may_be_empty:
+            raise UsageError(f"column {column!r} is empty in {row_of(split, row)}; fill it in or drop the row")
+        if value is not None and not isinstance(value, str):
+            raise UsageError(
+                f"column {column!r} holds {type(value).__name__} {value!r} in {row_of(split, row)}; texts must be "
+                "strings"
             )

@@ -8,6 +8,7 @@ across ranks), eval/perplexity, and for prompts eval/exact_match (greedy generat
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +22,8 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
 from app.inputs.data import map_splits
+from app.inputs.model import MISSING_WEIGHTS, check_special_tokens, load_weights
+from app.inputs.reading import row_of
 from app.tasks import generation, lm_data
 from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
 from app.telemetry.tags import EVAL_EXACT_MATCH, EVAL_LOSS, EVAL_PERPLEXITY
@@ -70,9 +73,9 @@ class CausalLM:
     pipeline_tag = "text-generation"
     summary = "A causal language model"
 
-    def __init__(self, columns: LMColumns, tokenizer, cfg: TrainConfig):
+    def __init__(self, columns: LMColumns, tokenizer, cfg: TrainConfig, model_bos_token_id: int | None = None):
         self.columns, self.tokenizer, self.cfg = columns, tokenizer, cfg
-        self.renderer = Renderer(tokenizer, cfg.max_length)
+        self.renderer = Renderer(tokenizer, cfg.max_length, model_bos_token_id)
         self.generates = columns.kind == "prompt_response"  # a reference to compare greedy answers with
         self.metrics = (EVAL_LOSS, EVAL_PERPLEXITY) + ((EVAL_EXACT_MATCH,) if self.generates else ())
         self.prompts: list[list[int]] = []  # the validation prompts and references, for exact match
@@ -87,11 +90,22 @@ class CausalLM:
             raise UsageError("the tokenizer has no EOS token, which ends responses and joins documents; add one")
         if tokenizer.pad_token_id is None:  # GPT-2 and Llama tokenizers come without one; padding is masked anyway
             tokenizer.pad_token = tokenizer.eos_token
+        check_special_tokens(tokenizer, model_config)
         columns = lm_data.resolve_columns(cfg)
         if columns.kind == "messages" and not getattr(tokenizer, "chat_template", None):
             raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
         lm_data.check_columns(raw, columns)
-        return cls(columns, tokenizer, cfg)
+        task = cls(columns, tokenizer, cfg, getattr(model_config, "bos_token_id", None))
+        if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
+            name = columns.names["prompt"]
+            for split in ("train", "validation"):
+                row = lm_data.first_empty_prompt(task.renderer, raw[split][name])
+                if row is not None:
+                    raise UsageError(
+                        f"{row_of(split, row + 1)}: the prompt (column {name!r}) is empty, and "
+                        f"{lm_data.NOTHING_TO_START_FROM}; fill in the prompt or drop the row"
+                    )
+        return task
 
     # ---- data ---------------------------------------------------------------------------------------------------
     def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
@@ -101,9 +115,7 @@ class CausalLM:
             self.columns.kind, self._encode_documents
         )
         with accelerator.main_process_first():
-            tokenized = map_splits(
-                raw, encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing"
-            )
+            tokenized = map_splits(raw, encode, batched=True, desc="Tokenizing")
         for split in ("train", "validation"):
             for column, what in (("prompt_cut", "prompts were cut from the left"), ("end_cut", "ends were cut")):
                 if column in tokenized[split].column_names:
@@ -126,7 +138,7 @@ class CausalLM:
         names = self.columns.names
         out = {"input_ids": [], "labels": [], "prompt_cut": [], "end_cut": [], "prompt_length": [], "reference": []}
         for prompt, response in zip(batch[names["prompt"]], batch[names["response"]]):
-            ids, labels, prompt_cut, end_cut = self.renderer.pair(prompt, response)
+            ids, labels, prompt_cut, end_cut = self.renderer.pair(prompt or "", response)  # None: an empty CSV cell
             for key, value in zip(out, (ids, labels, prompt_cut, end_cut, labels.count(IGNORE), response.strip())):
                 out[key].append(value)
         return out
@@ -155,9 +167,10 @@ class CausalLM:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(model_config)
 
-    def load_model(self, model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-        """The causal LM with its weights in `dtype` (float32 master weights unless a frozen base asks for less)."""
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    def load_model(self, model_path: str, dtype: torch.dtype, say: Callable[[str], None]) -> torch.nn.Module:
+        """The causal LM with its weights in `dtype` (float32 master weights unless a frozen base asks for less);
+        weights it lacked are said."""
+        model = load_weights(AutoModelForCausalLM, model_path, say, MISSING_WEIGHTS, dtype=dtype)
         model.config.pad_token_id = self.tokenizer.pad_token_id
         return model
 
@@ -235,14 +248,34 @@ class TextGenerator:
     columns = ("generated_text",)
 
     def __init__(
-        self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, max_new_tokens: int
+        self,
+        model_path: str,
+        tokenizer,
+        max_length: int,
+        batch_size: int,
+        device: torch.device,
+        say: Callable[[str], None],
+        max_new_tokens: int,
     ):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        self.model = load_trained(model_path, AutoModelForCausalLM)  # full, or a base with adapters
+        self.model = load_trained(model_path, AutoModelForCausalLM, say)  # full, or a base with adapters
         self.model.to(device).eval()
-        self.tokenizer, self.renderer = tokenizer, Renderer(tokenizer, max_length)
+        self.tokenizer = tokenizer
+        self.renderer = Renderer(tokenizer, max_length, getattr(self.model.config, "bos_token_id", None))
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
+
+    @staticmethod
+    def check_inputs(tokenizer, model_config: PretrainedConfig, max_length: int, prompts: list[str]) -> None:
+        """Before the weights load: the special tokens have embeddings, and every prompt has a token to follow."""
+        check_special_tokens(tokenizer, model_config)
+        renderer = Renderer(tokenizer, max_length, getattr(model_config, "bos_token_id", None))
+        empty = lm_data.first_empty_prompt(renderer, prompts)
+        if empty is not None:
+            raise UsageError(
+                f"prompt {empty + 1} of the input (counted from 1) is empty, and {lm_data.NOTHING_TO_START_FROM}; give "
+                "it a text or drop it"
+            )
 
     def predict(self, accelerator: Accelerator, policy: PrecisionPolicy, texts: list[list[str]], progress) -> list[str]:
         # A prompt longer than the model was trained with keeps its end, the part the answer follows.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +23,8 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
-from app.inputs.reading import check_label_cells
+from app.inputs.model import load_weights
+from app.inputs.reading import check_label_cells, check_text_cells
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
@@ -70,13 +72,8 @@ def check_columns(raw: DatasetDict, columns: Columns) -> None:
         for option, name in (("--text_column", text), ("--text_pair_column", pair), ("--label_column", label)):
             if name is not None and name not in present:
                 raise UsageError(f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}")
-        for name in (text, pair):
-            for value in raw[split][name] if name is not None else ():
-                if not isinstance(value, str):
-                    raise UsageError(
-                        f"column {name!r} of the {split} data holds {type(value).__name__} {value!r}; "
-                        "texts must be strings"
-                    )
+        for name in filter(None, (text, pair)):
+            check_text_cells(raw[split][name], name, split)
 
 
 def has_trained_head(config: PretrainedConfig) -> bool:
@@ -166,7 +163,7 @@ class SequenceClassification:
             return encoded
 
         with accelerator.main_process_first():
-            return map_splits(raw, encode, batched=True, remove_columns=raw["train"].column_names, desc="Tokenizing")
+            return map_splits(raw, encode, batched=True, desc="Tokenizing")
 
     def collator(self, pad_to_multiple_of: int | None):
         return DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=pad_to_multiple_of)
@@ -186,12 +183,12 @@ class SequenceClassification:
         with torch.device("meta"):
             return AutoModelForSequenceClassification.from_config(self._head_config(model_config))
 
-    def load_model(self, model_path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    def load_model(self, model_path: str, dtype: torch.dtype, say: Callable[[str], None]) -> torch.nn.Module:
         """The classifier with its weights in `dtype` (float32 master weights unless a frozen base asks for less); a
-        new head if the checkpoint has none."""
-        config = AutoConfig.from_pretrained(model_path)
-        return AutoModelForSequenceClassification.from_pretrained(
-            model_path, config=self._head_config(config), dtype=dtype
+        new head if the checkpoint has none, said in one line."""
+        config = self._head_config(AutoConfig.from_pretrained(model_path))
+        return load_weights(
+            AutoModelForSequenceClassification, model_path, say, "new classification head", config=config, dtype=dtype
         )
 
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
@@ -244,8 +241,10 @@ class LabelPredictor:
 
     columns = ("predicted_label", "probability")
 
-    def __init__(self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device):
-        self.model = load_trained(model_path, AutoModelForSequenceClassification)  # full, or a base with adapters
+    def __init__(
+        self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, say: Callable
+    ):
+        self.model = load_trained(model_path, AutoModelForSequenceClassification, say)  # full, or a base with adapters
         self.model.to(device).eval()
         self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size
 

@@ -25,6 +25,7 @@ from datasets import DatasetDict
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
+from app.inputs.reading import check_text_cells, row_of
 
 IGNORE = -100  # the label of a position that the loss skips (PyTorch's and HF's convention)
 
@@ -64,14 +65,13 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
                     f"{flags.get(role, '--text_column')} {name!r} is not in the {split} data; its columns are: "
                     f"{', '.join(present)}"
                 )
-            for row, value in enumerate(raw[split][name]):
-                problem = _conversation_problem(value) if role == "messages" else _text_problem(value)
+            if role != "messages":  # an empty prompt is a prompt (an empty CSV cell is read as None)
+                check_text_cells(raw[split][name], name, split, may_be_empty=role == "prompt")
+                continue
+            for row, value in enumerate(raw[split][name], start=1):
+                problem = _conversation_problem(value)
                 if problem:
-                    raise UsageError(f"row {row} of the {split} data, column {name!r}: {problem}")
-
-
-def _text_problem(value) -> str | None:
-    return None if isinstance(value, str) else f"holds {type(value).__name__} {value!r}; texts must be strings"
+                    raise UsageError(f"{row_of(split, row)}, column {name!r}: {problem}")
 
 
 def _conversation_problem(value) -> str | None:
@@ -91,18 +91,28 @@ def _conversation_problem(value) -> str | None:
 
 
 class Renderer:
-    """Turns one example into token ids and labels, within --max_length."""
+    """Turns one example into token ids and labels, within --max_length.
 
-    def __init__(self, tokenizer, max_length: int):
+    Args:
+        model_bos_token_id: the model config's BOS, for a tokenizer that names none (an empty prompt starts from it).
+    """
+
+    def __init__(self, tokenizer, max_length: int, model_bos_token_id: int | None = None):
         self.tokenizer, self.max_length = tokenizer, max_length
         self.chat_template = bool(getattr(tokenizer, "chat_template", None))
+        # Without a chat template an empty prompt starts from BOS, as generate() does when given no input ids.
+        bos = tokenizer.bos_token_id
+        self.bos = bos if bos is not None else model_bos_token_id
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # cut later, not here
 
     def prompt_parts(self, prompt: str) -> tuple[list[int], list[int], list[int]]:
         """The tokens a response follows, in three parts: what comes before the prompt's text (the template's system
-        turn and user header, or the tokenizer's BOS), the text, and what comes after it (the assistant's header)."""
+        turn and user header, or the tokenizer's BOS), the text, and what comes after it (the assistant's header).
+
+        An empty prompt renders as an empty user turn, or else as BOS alone; with neither, as no token at all, which
+        `first_empty_prompt` finds before any weights load."""
         if self.chat_template:
             rendered = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
@@ -112,6 +122,8 @@ class Renderer:
                 return [], self._ids(rendered), []
             return self._ids(rendered[:at]), self._ids(prompt), self._ids(rendered[at + len(prompt) :])
         text, whole = self._ids(prompt), self.tokenizer(prompt, verbose=False)["input_ids"]
+        if not whole:  # an empty prompt, and a tokenizer that adds no BOS of its own
+            return [self.bos] if self.bos is not None else [], [], []
         if whole[-len(text) :] == text or not text:
             return whole[: len(whole) - len(text)], text, []  # e.g. [BOS], text
         return [], whole, []
@@ -178,6 +190,17 @@ class Renderer:
     def document(self, text: str) -> list[int]:
         """A document's tokens, ended by EOS."""
         return self.tokenizer(text, verbose=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+
+def first_empty_prompt(renderer: Renderer, prompts: list) -> int | None:
+    """The index of the first prompt that renders as no token at all, so that nothing could follow it: an empty one
+    (or None, an empty CSV cell), where the model has no chat template and no BOS. None if every prompt renders."""
+    if renderer.prompt_ids(""):  # a template's user turn, or BOS: every prompt has a token to follow
+        return None
+    return next((i for i, prompt in enumerate(prompts) if not renderer.prompt_ids(prompt or "")), None)
+
+
+NOTHING_TO_START_FROM = "this model has no chat template and no BOS token to start it from"
 
 
 def pack(documents: list[list[int]], block: int) -> list[list[int]]:

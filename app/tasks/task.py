@@ -40,8 +40,9 @@ class Task(Protocol):
     def empty_model(self, model_config: PretrainedConfig) -> torch.nn.Module:
         """The model on the meta device: its layers and sizes without memory."""
 
-    def load_model(self, model_path: str, dtype: torch.dtype) -> torch.nn.Module:
-        """The model with its weights in `dtype`: float32, or a frozen base's half precision."""
+    def load_model(self, model_path: str, dtype: torch.dtype, say: Callable[[str], None]) -> torch.nn.Module:
+        """The model with its weights in `dtype` (float32, or a frozen base's half precision); the weights the
+        checkpoint lacked (a new head) said through `say`."""
 
     def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
         """The mean loss over the batch's items."""

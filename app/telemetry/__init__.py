@@ -7,4 +7,5 @@ meters.py     the meters the loop feeds every step (on the device), read to the 
 flops.py      training FLOPs per token and the GPUs' peak FLOP/s, for MFU
 footprint.py  the memory of weights, gradients and optimizer state, estimated before any weight loads
 report.py     the set-up as TensorBoard text at start; the HPARAMS row and the summary table at the end
+console.py    the libraries' routine notices (load report, tied weights at save) kept off the console unless --verbose
 """

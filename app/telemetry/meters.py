@@ -219,12 +219,7 @@ class Telemetry:
             scalars[AMP_HEADROOM_BITS] = headroom.bits
             if headroom.module != self._headroom_module:
                 self._headroom_module = headroom.module
-                self.writer.text(
-                    AMP_HEADROOM_MODULE,
-                    f"`{headroom.module}` sets the fp16 headroom: {headroom.bits:.2f} bits "
-                    f"(max |x| = {headroom.largest:.4g})",
-                    step,
-                )
+                self.writer.text(AMP_HEADROOM_MODULE, headroom.said(), step)
         if self._timed_steps and seconds > 0:
             scalars |= {
                 PERF_SAMPLES_PER_SEC: samples / seconds,

@@ -1,0 +1,42 @@
+"""What the libraries print on the console besides the app's own lines: their routine notices stay out of it unless
+--verbose asks for them. What matters in them the app says itself, once: which weights a checkpoint lacked and were
+made at random, such as a new classification head (app/inputs/model.py, load_weights).
+
+The notices, each picked by its logger and the function that logs it, not by its wording:
+- transformers' load report: a table after a from_pretrained that had to create or drop weights;
+- Accelerate's "Removed shared tensor ... while saving": at every checkpoint of a model with tied weights (SmolLM2's
+  embeddings and LM head are one tensor, saved once and tied again when loaded), a note that asks to look for a
+  warning at reload which never comes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+ROUTINE_NOTICES = {
+    ("transformers.modeling_utils", "log_state_dict_report"),
+    ("accelerate.utils.other", "clean_state_dict_for_safetensors"),
+}
+
+
+class RoutineNotices(logging.Filter):
+    """Drops the records of ROUTINE_NOTICES; a filter on the logger that makes a record, so nothing downstream sees
+    it (neither a handler of the library's nor one of the root logger)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return (record.name, record.funcName) not in ROUTINE_NOTICES
+
+
+_ROUTINE = RoutineNotices()
+
+
+def show_library_notices(verbose: bool) -> None:
+    """Keep the libraries' routine notices out of this process's console, or with `verbose` let them through. Each
+    entry point calls it once with its flag; calling it again (tests run several entries in one process) replaces
+    the earlier choice."""
+    for name in {logger for logger, _ in ROUTINE_NOTICES}:
+        logger = logging.getLogger(name)
+        if verbose:
+            logger.removeFilter(_ROUTINE)
+        else:
+            logger.addFilter(_ROUTINE)  # a no-op when it is there already

@@ -1,0 +1,239 @@
+"""Causal-LM inputs at their edges, on the tiny decoders: empty prompts (in training data and on predict's stdin),
+special tokens the model has no embedding for, and data errors that name the column and the row.
+
+An empty prompt starts as transformers' generate() starts without input ids: from the chat template's user turn, or
+else from the BOS token; a model with neither is refused before any weights load, naming the row.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from app.tasks.lm_data import IGNORE, Renderer
+from tests import tb
+from tests.conftest import run_app
+from tests.test_predict import stdin_of
+
+PROMPTS = ["--prompt_column", "prompt", "--response_column", "response"]
+
+
+def edited_copy(source: Path, target: Path, **files: dict) -> Path:
+    """A copy of a model folder with keys of its JSON files changed: `tokenizer_config={"bos_token": None}` sets
+    tokenizer_config.json's bos_token to null."""
+    shutil.copytree(source, target)
+    for name, changes in files.items():
+        path = target / f"{name}.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+    return target
+
+
+def without_bos(source: Path, target: Path) -> Path:
+    """The tiny GPT-2 (no chat template) with no BOS token anywhere: tokenizer, model config, generation config."""
+    return edited_copy(
+        source,
+        target,
+        tokenizer_config={"bos_token": None},
+        config={"bos_token_id": None},
+        generation_config={"bos_token_id": None},
+    )
+
+
+def write_pairs(folder: Path, kind: str, split: str, prompts: list[str], responses: list[str]) -> Path:
+    """Prompt/response pairs as CSV (an empty prompt is an empty cell) or JSON lines (an empty string)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    frame = pd.DataFrame({"prompt": prompts, "response": responses})
+    path = folder / f"{split}.{kind}"
+    if kind == "csv":
+        frame.to_csv(path, index=False)
+    else:
+        frame.to_json(path, orient="records", lines=True)
+    return path
+
+
+def train_args(tmp_path: Path, model_dir: Path, train: Path, validation: Path, *extra) -> list:
+    return [
+        *("--model_name_or_path", model_dir, "--train_file", train, "--validation_file", validation),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "lm", "--disable_tqdm"),
+        *("--per_device_train_batch_size", 2, "--per_device_eval_batch_size", 2, "--max_length", 32),
+        *("--max_steps", 1, "--mixed_precision", "no", *PROMPTS, *extra),
+    ]
+
+
+def predict_stdin(monkeypatch, model_dir: Path, lines: list[str], *extra) -> int:
+    from app.predict import main as predict
+
+    monkeypatch.setattr(sys, "stdin", stdin_of(("\n".join(lines) + "\n").encode()))
+    args = ["--model_name_or_path", model_dir, "--max_new_tokens", 4, "--mixed_precision", "no", "--disable_tqdm"]
+    return predict([str(a) for a in [*args, *extra]])
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+# ---- empty prompts ---------------------------------------------------------------------------------------------------
+def test_without_a_chat_template_an_empty_prompt_is_the_bos_token_and_its_whole_response_is_learned(tiny_gpt2_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    assert tokenizer("")["input_ids"] == [], "this tokenizer adds no BOS of its own"
+    ids, labels, _, _ = Renderer(tokenizer, max_length=32).pair("", " great")
+    response = tokenizer(" great", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert ids == [tokenizer.bos_token_id] + response
+    assert labels == [IGNORE] + response, "every response token is predicted, the first one from BOS"
+
+
+def test_with_a_chat_template_an_empty_prompt_is_an_empty_user_turn(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    turn = tokenizer.apply_chat_template([{"role": "user", "content": ""}], tokenize=False, add_generation_prompt=True)
+    assert Renderer(tokenizer, max_length=32).prompt_ids("") == tokenizer(turn, add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def untied_gpt2_dir(tmp_path_factory, tiny_gpt2_dir) -> Path:
+    """The tiny GPT-2 with its own LM head: with tied embeddings an untrained model answers BOS with BOS (its EOS
+    too), which says nothing when compared."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    target = tmp_path_factory.mktemp("untied-gpt2")
+    config = GPT2Config.from_pretrained(tiny_gpt2_dir, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    GPT2LMHeadModel(config).save_pretrained(target)
+    AutoTokenizer.from_pretrained(tiny_gpt2_dir).save_pretrained(target)
+    return target
+
+
+@pytest.mark.parametrize("lines, batch_size", [(["", ""], 64), ([""], 1), (["Fresh coffee.", "", "Stale tea.", ""], 2)])
+def test_predict_generates_for_empty_stdin_lines_from_bos_in_their_rows(
+    untied_gpt2_dir, capsys, monkeypatch, lines, batch_size
+):
+    """transformers' generate() given no input ids starts from the model's BOS: each empty line gets that answer, in
+    its own row, whether its batch holds only empty prompts, one alone, or longer prompts too."""
+    tokenizer = AutoTokenizer.from_pretrained(untied_gpt2_dir)
+    model = AutoModelForCausalLM.from_pretrained(untied_gpt2_dir).eval()
+    started = model.generate(max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    from_nothing = tokenizer.decode(started[0, 1:], skip_special_tokens=True)
+    assert from_nothing, "the untrained model says something to compare"
+
+    assert predict_stdin(monkeypatch, untied_gpt2_dir, lines, "--per_device_eval_batch_size", batch_size) == 0
+    rows = pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)
+    assert list(rows["text"]) == lines
+    assert [answer for text, answer in zip(rows["text"], rows["generated_text"]) if not text] == [
+        from_nothing
+    ] * lines.count("")
+
+
+def test_an_empty_cell_of_the_input_file_is_an_empty_prompt(tmp_path, untied_gpt2_dir, capsys, monkeypatch):
+    assert predict_stdin(monkeypatch, untied_gpt2_dir, [""]) == 0
+    from_nothing = pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)["generated_text"][0]
+    source = write_pairs(tmp_path, "csv", "prompts", ["Fresh coffee.", ""], ["great", "other"])
+    assert predict_stdin(monkeypatch, untied_gpt2_dir, [], "--input_file", source, "--prompt_column", "prompt") == 0
+    rows = pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)
+    assert list(rows["prompt"]) == ["Fresh coffee.", ""] and rows["generated_text"][1] == from_nothing
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv"])
+def test_empty_prompts_in_the_data_train_and_evaluate(tmp_path, tiny_gpt2_dir, kind):
+    """Empty prompts in both splits (an empty string in JSON lines, an empty cell in a CSV): the final evaluation
+    generates for them too, including a batch that holds only empty prompts."""
+    prompts, responses = ["Fresh coffee.", "", "Stale tea.", ""], ["great", "other", "other", "great"]
+    train = write_pairs(tmp_path / "data", kind, "train", prompts, responses)
+    validation = write_pairs(tmp_path / "data", kind, "validation", prompts, responses)
+    assert run_app(train_args(tmp_path, tiny_gpt2_dir, train, validation)) == 0
+    scalars = tb.scalars(tmp_path / "runs" / "lm")
+    assert "eval/exact_match" in scalars and 1 in scalars["eval/exact_match"]
+
+
+def test_a_model_without_bos_or_chat_template_refuses_empty_prompts_naming_the_row(
+    tmp_path, tiny_gpt2_dir, capsys, monkeypatch
+):
+    """Nothing to start from: transformers' generate() refuses the same case. Refused before any weights load."""
+    model_dir = without_bos(tiny_gpt2_dir, tmp_path / "no-bos")
+    train = write_pairs(tmp_path / "data", "csv", "train", ["Fresh coffee.", "Stale tea."], ["great", "other"])
+    validation = write_pairs(tmp_path / "data", "csv", "validation", ["Tasty.", ""], ["great", "other"])
+    assert run_app(train_args(tmp_path, model_dir, train, validation)) == 2
+    assert one_error_line(capsys) == (
+        "error: row 2 of the validation data (rows counted from 1, after the header): the prompt (column 'prompt') "
+        "is empty, and this model has no chat template and no BOS token to start it from; fill in the prompt or "
+        "drop the row"
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+    assert predict_stdin(monkeypatch, model_dir, ["Fresh coffee.", "", "Stale tea."]) == 2
+    assert one_error_line(capsys) == (
+        "error: prompt 2 of the input (counted from 1) is empty, and this model has no chat template and no BOS "
+        "token to start it from; give it a text or drop it"
+    )
+    assert predict_stdin(monkeypatch, model_dir, ["Fresh coffee."]) == 0, "prompts with text still generate"
+
+
+# ---- special tokens --------------------------------------------------------------------------------------------------
+def test_an_eos_token_beyond_the_models_vocabulary_is_refused_before_any_folder_is_written(
+    tmp_path, tiny_gpt2_dir, capsys, monkeypatch
+):
+    """The tokenizer adds an unknown eos_token as a new token, one past the model's embeddings: training would stop
+    at step 1 with an IndexError, after writing the run's folders."""
+    model_dir = edited_copy(tiny_gpt2_dir, tmp_path / "bad-eos", tokenizer_config={"eos_token": "<|my_end|>"})
+    vocabulary = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    train = write_pairs(tmp_path / "data", "csv", "train", ["Fresh coffee.", "Stale tea."], ["great", "other"])
+    assert run_app(train_args(tmp_path, model_dir, train, train)) == 2
+    expected = (
+        f"error: the tokenizer's eos_token '<|my_end|>' is not in the model's vocabulary: its id is {vocabulary}, "
+        f"and the model has {vocabulary} token embeddings (ids 0 to {vocabulary - 1}); set eos_token in "
+        f"{model_dir / 'tokenizer_config.json'} to one of its tokens"
+    )
+    assert one_error_line(capsys) == expected
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+    assert predict_stdin(monkeypatch, model_dir, ["Fresh coffee."]) == 2
+    assert one_error_line(capsys) == expected
+
+
+# ---- data errors name the column, and count rows from 1 ----------------------------------------------------------
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("train file without responses", "--response_column 'response' is not in the train data; its columns are: "),
+        ("validation file without responses", "--response_column 'response' is not in the validation data; its "),
+        (
+            "an empty response cell",
+            "column 'response' is empty in row 3 of the validation data (rows counted from 1, after the header); "
+            "fill it in or drop the row",
+        ),
+        (
+            "a number where a prompt belongs",
+            "column 'prompt' holds int 7 in row 2 of the train data (rows counted from 1, after the header); texts "
+            "must be strings",
+        ),
+    ],
+)
+def test_data_errors_name_the_column_and_the_row_counted_from_1(tmp_path, tiny_gpt2_dir, capsys, case, expected):
+    data = tmp_path / "data"
+    data.mkdir()
+    good = write_pairs(data, "csv", "good", ["Fresh coffee.", "Stale tea.", "Tasty."], ["great", "other", "great"])
+    train, validation = good, good
+    if case == "train file without responses":
+        train = data / "prompts.csv"
+        train.write_text("prompt\nFresh coffee.\nStale tea.\n")
+    elif case == "validation file without responses":
+        validation = data / "prompts.csv"
+        validation.write_text("prompt\nFresh coffee.\nStale tea.\n")
+    elif case == "an empty response cell":
+        validation = data / "gap.csv"
+        validation.write_text("prompt,response\nFresh coffee.,great\nStale tea.,other\nTasty.,\n")
+    else:
+        train = data / "number.jsonl"
+        train.write_text('{"prompt": "Fresh coffee.", "response": "great"}\n{"prompt": 7, "response": "other"}\n')
+        validation = data / "fine.jsonl"
+        validation.write_text('{"prompt": "Tasty.", "response": "great"}\n')
+    assert run_app(train_args(tmp_path, tiny_gpt2_dir, train, validation)) == 2
+    assert expected in one_error_line(capsys)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
