@@ -308,3 +308,20 @@ def test_a_resume_keeps_the_masks_the_run_started_with(tmp_path, monkeypatch, ti
     again = load_file(tmp_path / "torch" / "model.safetensors")
     for name, value in uninterrupted.items():
         assert torch.equal(again[name], value), name
+
+
+def test_the_backward_pass_keeps_a_byte_of_mask_per_element_not_a_float_copy():
+    # torch's own dropout keeps a boolean mask for backward; a float32 one would take four times the memory.
+    x = torch.randn(64, 128, requires_grad=True)
+    kept = []
+
+    def pack(tensor):
+        kept.append((tensor.dtype, tensor.numel() * tensor.element_size()))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), UniformDropout():
+        y = torch.nn.functional.dropout(x, p=0.1, training=True)
+    assert kept == [(torch.bool, x.numel())]
+    y.sum().backward()
+    keep = y.detach() != 0
+    torch.testing.assert_close(x.grad, keep.float() / 0.9, rtol=0, atol=0)

@@ -331,3 +331,23 @@ def test_two_ranks_train_adapters_on_an_fp16_base(tiny_model_dir, review_files, 
     saved = stored(checkpoint)
     final = stored(tmp_path / "out" / "adapter_model.safetensors")
     assert len(saved) == len(final) and all("lora_" in n or "modules_to_save" in n for n in saved)
+
+
+def test_under_autocast_the_adapters_keep_no_float32_copy_of_their_inputs(tiny_llama_dir):
+    # peft casts each layer's input to its float32 adapters before their dropout; under autocast they compute in
+    # bfloat16 all the same, and the float32 copies (with their masks) took a gigabyte of the LM job's step.
+    from transformers import AutoModelForCausalLM
+
+    from app.adapters.lora import add_adapters, plan_adapters
+    from app.config import TrainConfig
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.bfloat16)
+    plan = plan_adapters(TrainConfig(use_peft=True), model, [], classifier=False)
+    model = add_adapters(model, plan, "causal_lm").train()
+    inputs = []
+    for name, module in model.named_modules():
+        if name.endswith("lora_A.default"):  # its input is the dropout's output: what backward keeps for this layer
+            module.register_forward_pre_hook(lambda module, args: inputs.append(args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=torch.randint(3, 200, (4, 24))).logits.float().sum().backward()
+    assert len(inputs) == len(plan.targets) and set(inputs) == {torch.bfloat16}, set(inputs)
