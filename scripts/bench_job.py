@@ -50,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         default="sequence_classification",
         help="the classification job (make train) or the causal-LM job (make train-lm, scripts/bench_job_lm.py)",
     )
+    parser.add_argument(
+        "--use_peft",
+        action="store_true",
+        help="--task causal_lm: the job with LoRA adapters (configs/smollm2-lora.yaml), against HF Trainer with the "
+        "same peft model and trl's SFTTrainer with use_peft (if trl is installed: pip install trl)",
+    )
     parser.add_argument("--hf_worker", type=Path, help=argparse.SUPPRESS)  # internal: one HF run, figures to this file
+    parser.add_argument("--peer", choices=("hf", "trl"), default="hf", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--max_eval_samples", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--precision", help=argparse.SUPPRESS)
