@@ -83,3 +83,13 @@ def test_predict_says_which_weights_the_checkpoint_lacked(
     out, err = capfd.readouterr()
     assert "weights missing from the checkpoint: model.norm.weight (initialised at random)\n" in err
     assert (LOAD_REPORT in caplog.text) == verbose, caplog.text
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_adapters_go_on_without_a_deprecation_notice_unless_verbose(quick_args, capfd, caplog, recwarn, verbose):
+    """peft probes `is_gradient_checkpointing` whenever it wraps a model, which transformers answers with a
+    FutureWarning addressed to whoever wrote that call: not the user."""
+    args = [*quick_args, "--use_peft", "--max_steps", "1", "--eval_steps", "0", *(["--verbose"] * verbose)]
+    console_of(capfd, caplog, args)
+    deprecated = [w for w in recwarn if "is_gradient_checkpointing" in str(w.message)]
+    assert bool(deprecated) == verbose, [str(w.message) for w in recwarn]

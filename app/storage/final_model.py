@@ -48,11 +48,15 @@ def save_final_model(
         # peft's save_pretrained picks the adapters out of the state dict before it asks which rank it runs on, and
         # other ranks hold no gathered state dict under FSDP: the main process alone writes adapters.
         if accelerator.is_main_process or not base_name:
+            # The app never resizes the vocabulary, so adapters never carry the embeddings: said here, since peft
+            # would otherwise ask the hub for the base's config to find out (a lookup that fails offline).
+            embeddings = {"save_embedding_layers": False} if base_name else {}
             raw.save_pretrained(
                 staging,
                 state_dict=state_dict,
                 is_main_process=accelerator.is_main_process,
                 save_function=accelerator.save,
+                **embeddings,
             )
         if accelerator.is_main_process:
             if base_name:  # the class the adapters sit on, with its head's labels: how predict.py rebuilds it

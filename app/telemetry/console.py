@@ -6,12 +6,16 @@ The notices, each picked by its logger and the function that logs it, not by its
 - transformers' load report: a table after a from_pretrained that had to create or drop weights;
 - Accelerate's "Removed shared tensor ... while saving": at every checkpoint of a model with tied weights (SmolLM2's
   embeddings and LM head are one tensor, saved once and tied again when loaded), a note that asks to look for a
-  warning at reload which never comes.
+  warning at reload which never comes;
+- transformers' FutureWarning that `is_gradient_checkpointing` is deprecated, raised when peft probes that attribute
+  each time it puts adapters on a model (a library's call, not the user's).
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import warnings
 
 ROUTINE_NOTICES = {
     ("transformers.modeling_utils", "log_state_dict_report"),
@@ -27,6 +31,9 @@ class RoutineNotices(logging.Filter):
         return (record.name, record.funcName) not in ROUTINE_NOTICES
 
 
+# Python warnings, by category and the start of their message (what warnings.filterwarnings matches).
+ROUTINE_WARNINGS = ((FutureWarning, re.escape("`is_gradient_checkpointing` is deprecated")),)
+
 _ROUTINE = RoutineNotices()
 
 
@@ -40,3 +47,5 @@ def show_library_notices(verbose: bool) -> None:
             logger.removeFilter(_ROUTINE)
         else:
             logger.addFilter(_ROUTINE)  # a no-op when it is there already
+    for category, message in ROUTINE_WARNINGS:  # the newer filter goes first and wins; "default" is Python's own
+        warnings.filterwarnings("default" if verbose else "ignore", message=message, category=category)
