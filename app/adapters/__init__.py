@@ -4,6 +4,7 @@
                  the model as planned; what is frozen and what trains, said in counts and bytes; a resume's fit
     lora.py      which layers get adapters and which modules train in full; adding them with every trainable
                  parameter in float32; checkpoints that hold only what trains
+    forward.py   the adapters' forward pass: the LoRA update added into the base layer's output by one product
     base.py      the frozen base: its dtype and the autocast it needs, the fp16 range check before the cast, its
                  fingerprint, the tensor names its files store
     trained.py   an output folder with adapters, loaded for prediction: its base found, the adapters merged in

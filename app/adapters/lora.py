@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers.pytorch_utils import Conv1D
 
+from app.adapters.forward import add_updates_in_place
 from app.config import ALL_LINEAR, TrainConfig
 from app.errors import UsageError
 
@@ -173,6 +174,7 @@ def add_adapters(model: torch.nn.Module, plan: AdapterPlan, task: str) -> torch.
         # keeps for backward (about a third of the LM job's step and 1 GiB); without autocast the input is float32.
         if hasattr(layer, "cast_input_dtype_enabled"):
             layer.cast_input_dtype_enabled = False
+    add_updates_in_place(wrapped)
     return wrapped
 
 
