@@ -129,7 +129,14 @@ def hf_worker(args) -> int:
     `args.hf_worker`."""
     import torch
     from accelerate import PartialState
-    from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        DataCollatorForSeq2Seq,
+        Trainer,
+        TrainingArguments,
+        set_seed,
+    )
 
     from app.config import parse_config
     from app.host.runtime import device_type
@@ -176,6 +183,8 @@ def hf_worker(args) -> int:
         disable_tqdm=True,
         seed=cfg.seed,
     )
+    # The adapters from the seed alone, as the app draws them (app/adapters/lora.py): the same start for every trainer.
+    set_seed(cfg.seed)
     if args.peer == "trl":
         trainer = _trl_trainer(model, tokenizer, tokenized, lora, options)
     else:

@@ -305,7 +305,13 @@ def test_a_fallback_reloads_the_frozen_base_in_the_new_precision(
 @pytest.mark.slow
 def test_adapters_train_compiled(tiny_model_no_dropout, review_files):
     run = harness.build_training(
-        tiny_model_no_dropout, review_files, use_peft=True, mixed_precision="no", max_steps=2, torch_compile=True
+        tiny_model_no_dropout,
+        review_files,
+        use_peft=True,
+        mixed_precision="no",
+        max_steps=2,
+        torch_compile=True,
+        pad_to_multiple_of=64,  # both batches [8, 64]: one graph, compiled once
     )
     before = {n: p.detach().clone() for n, p in run.model.named_parameters() if p.requires_grad}
     harness.train(run)
@@ -351,3 +357,32 @@ def test_under_autocast_the_adapters_keep_no_float32_copy_of_their_inputs(tiny_l
     with torch.autocast("cpu", dtype=torch.bfloat16):
         model(input_ids=torch.randint(3, 200, (4, 24))).logits.float().sum().backward()
     assert len(inputs) == len(plan.targets) and set(inputs) == {torch.bfloat16}, set(inputs)
+
+
+def test_the_adapters_start_from_the_seed_alone_as_a_peft_users_do(tiny_llama_dir):
+    # A peer (HF Trainer, trl) compared in the same batch order must start from the same adapters; so must two runs
+    # with one --seed whatever was drawn before the adapters went on. The default generator's stream goes on unchanged.
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from app.adapters.lora import add_adapters, plan_adapters
+    from app.config import TrainConfig
+
+    def adapters(model):
+        return {name: p.detach().clone() for name, p in model.named_parameters() if "lora_A" in name}
+
+    cfg = TrainConfig(use_peft=True, seed=7)
+    plan = plan_adapters(cfg, AutoModelForCausalLM.from_pretrained(tiny_llama_dir), [], classifier=False)
+    torch.manual_seed(123)
+    torch.rand(5)  # something drawn before the adapters go on
+    ours = adapters(add_adapters(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), plan, "causal_lm"))
+    after_ours = torch.rand(3)
+    torch.manual_seed(123)
+    torch.rand(5)
+    assert torch.equal(after_ours, torch.rand(3))
+
+    torch.manual_seed(cfg.seed)
+    config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM")
+    theirs = adapters(get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), config))
+    assert ours.keys() == theirs.keys() and len(ours) == len(plan.targets)
+    assert all(torch.equal(ours[name], theirs[name]) for name in ours)

@@ -40,6 +40,7 @@ class AdapterPlan:
     dropout: float
     rslora: bool
     asked: tuple[str, ...]  # --lora_target_modules as given: (all-linear,) or names
+    seed: int  # the adapters' initial weights come from it alone (add_adapters)
 
     def record(self, base: str) -> dict:
         """What every checkpoint records of the adapters; a resume must match it (storage/checkpoints.py)."""
@@ -144,6 +145,7 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
         cfg.lora_dropout,
         cfg.use_rslora,
         tuple(cfg.lora_target_modules),
+        cfg.seed,
     )
 
 
@@ -163,10 +165,17 @@ def adapter_parameters(model: torch.nn.Module, plan: AdapterPlan) -> int:
 
 
 def add_adapters(model: torch.nn.Module, plan: AdapterPlan, task: str) -> torch.nn.Module:
-    """The model with peft's adapters on, every trainable parameter in float32 (see the module docstring)."""
+    """The model with peft's adapters on, every trainable parameter in float32 (see the module docstring).
+
+    peft draws each adapter's A from torch's default generator. Drawn from the seed alone, the adapters are the same
+    whatever loaded before them, and the same as a peft user's who calls `set_seed(seed)` right before
+    `get_peft_model`; the generator's own stream goes on as if they had not been drawn.
+    """
     from peft import get_peft_model
 
-    wrapped = get_peft_model(model, plan.lora_config(task))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(plan.seed)
+        wrapped = get_peft_model(model, plan.lora_config(task))
     keep_trainable_in_fp32(wrapped)
     for layer in wrapped.modules():
         # peft casts each layer's input to its adapters' float32 before their dropout. Under autocast the adapters
