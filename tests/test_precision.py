@@ -12,7 +12,7 @@ import torch
 from app.amp.policy import resolve_precision
 from app.amp.scaler import make_scaler
 from app.errors import UsageError
-from tests.conftest import BF16_SWITCH, REAL_BF16_PROBE, force_bf16_probe, launch, python_app
+from tests.conftest import BF16_SWITCH, REAL_BF16_PROBE, force_bf16_probe, launch, run_app
 
 # `auto` on a CPU in the table below. The table forces the app's bf16 probe to match, so it holds on any host; the
 # suite-wide switch picks the branch (bf16 unless AMP_TRAINER_TEST_BF16=0), and the tests after it cover both anyway.
@@ -193,10 +193,14 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
-@pytest.mark.slow
-def test_plain_python_picks_the_fast_precision(tmp_path, quick_args, monkeypatch, native):
-    force_bf16_probe(monkeypatch, native)  # the child process too (tests/bf16_switch)
-    result = python_app(tmp_path, [*quick_args, "--max_steps", "1", "--eval_steps", "0", "--max_eval_samples", "8"])
-    assert result.returncode == 0, result.stderr[-2000:]
+def test_plain_python_picks_the_fast_precision(quick_args, monkeypatch, capfd, native):
+    """Without a launcher, as `python app/train.py` runs: no launcher choice in the environment, so the app's own
+    default decides. In this process (the launched cases are above)."""
+    force_bf16_probe(monkeypatch, native)
+    for name in [name for name in os.environ if name.startswith("ACCELERATE_")]:
+        monkeypatch.delenv(name)
+    code = run_app([*quick_args, "--max_steps", "1", "--eval_steps", "0", "--max_eval_samples", "8"])
+    out, err = capfd.readouterr()
+    assert code == 0, err[-2000:]
     expected = "bf16 autocast on cpu" if native else "fp32, no autocast, on cpu"
-    assert f"precision: {expected}, loss scaling off (from auto:" in result.stdout
+    assert f"precision: {expected}, loss scaling off (from auto:" in out

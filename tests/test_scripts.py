@@ -7,9 +7,12 @@ import os
 import runpy
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState, GradientState
 
 from app.telemetry import tags
 from tests import tb
@@ -61,8 +64,50 @@ def run_here(tmp_path, monkeypatch, capfd):
     return run
 
 
+def in_process(cmd: list) -> int:
+    """A command that a script starts as a process of its own, run in this process instead, for a test whose point is
+    the script, not the process boundary: `app/train.py` (plain or under `accelerate launch`) through its main(), a
+    benchmark's worker (`bench.py --job ...` or `bench_job.py ...`) through bench_job.main(). Returns the exit code."""
+    import bench_job
+
+    from app.train import main as train_main
+
+    cmd = [str(part) for part in cmd]
+    at = next(i for i, part in enumerate(cmd) if part.endswith(".py"))  # the script; launcher flags come before it
+    script, args = Path(cmd[at]).name, cmd[at + 1 :]
+    AcceleratorState._reset_state(reset_partial_state=True)  # each leg builds its own Accelerator, as a process would
+    GradientState._reset_state()
+    if script == "train.py":
+        return train_main(args)
+    if script in ("bench.py", "bench_job.py"):
+        return bench_job.main([arg for arg in args if arg != "--job"])
+    raise AssertionError(f"no in-process runner for {cmd}")
+
+
+@pytest.fixture
+def legs_in_process(monkeypatch):
+    """The benchmarks' timed runs (bench_job.timed, as bench_job_lm imports it) in this process: each run of a tiny
+    benchmark would otherwise pay a process start (about 6 s of imports on a 2-core CPU) for a second of training."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_job
+    import bench_job_lm
+
+    def timed(cmd: list) -> float:
+        started = time.perf_counter()
+        code = in_process(cmd)
+        assert code == 0, f"{' '.join(map(str, cmd[:4]))} ... exit code {code}"
+        return time.perf_counter() - started
+
+    for module in (bench_job, bench_job_lm):
+        monkeypatch.setattr(module, "timed", timed)
+
+
 @pytest.mark.slow
-def test_compare_amp_writes_both_runs_a_full_report_and_a_png(tmp_path, tiny_model_dir, review_files, run_here):
+def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
+    tmp_path, tiny_model_dir, review_files, run_here, monkeypatch
+):
+    # The two runs in this process: what is tested is the comparison, not the launcher (compare_amp.py's default).
+    monkeypatch.setattr(subprocess, "call", in_process)
     said = run_here(
         "compare_amp.py",
         "--name",
@@ -150,7 +195,7 @@ def test_bench_tiny_writes_the_json_keys(tmp_path, run_here):
 
 
 @pytest.mark.slow
-def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path, run_here):
+def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path, run_here, legs_in_process):
     run_here("bench.py", "--job", "--tiny", "--json", tmp_path / "job.json")
     figures = json.loads((tmp_path / "job.json").read_text())
     for key in ("app_wall_s", "hf_wall_s", "hf_grouped_wall_s"):
@@ -163,7 +208,7 @@ def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path, run_here):
 
 
 @pytest.mark.slow
-def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path, run_here):
+def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path, run_here, legs_in_process):
     run_here("bench.py", "--job", "--task", "causal_lm", "--tiny", "--json", tmp_path / "job.json")
     figures = json.loads((tmp_path / "job.json").read_text())
     for name in ("app", "app_random", "hf", "hf_grouped"):
