@@ -16,7 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from tests import tb
+from tests import forked, tb
 from tests.conftest import ROOT, clean_env, data_flags, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
@@ -104,7 +104,7 @@ def test_the_saved_model_is_the_best_evaluations_even_with_save_total_limit_1(
 
 def kill_run(tmp_path, nth: int, args: list) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(KILLER), "published", str(nth), *map(str, args)]
-    return subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+    return forked.run(cmd, env=clean_env(tmp_path), timeout=240)
 
 
 @pytest.mark.slow

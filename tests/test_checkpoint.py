@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from app.storage.checkpoints import completed_checkpoints, find_checkpoint
 from app.telemetry import tags
-from tests import tb
+from tests import forked, tb
 from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, free_port, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
@@ -39,7 +39,7 @@ def data_args(tiny_model_dir, review_files) -> list:
 
 def kill_run(tmp_path, point: str, nth: int, args: list) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(KILLER), point, str(nth), *map(str, args)]
-    return subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+    return forked.run(cmd, env=clean_env(tmp_path), timeout=240)
 
 
 @pytest.mark.parametrize(
@@ -138,7 +138,7 @@ def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tin
     ]
     port = free_port()
     ranks = [
-        subprocess.Popen(
+        forked.popen(
             [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
             text=True,
             stdout=subprocess.PIPE,
@@ -173,7 +173,7 @@ def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tin
 
 
 def test_sigint_checkpoints_and_exits_130(tmp_path, quick_args):
-    process = subprocess.Popen(
+    process = forked.popen(
         [
             sys.executable,
             str(TRAIN_SCRIPT),

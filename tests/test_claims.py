@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.storage.lease import STALE_AFTER, Held, Holder, Lease
+from tests import forked
 from tests.conftest import TRAIN_SCRIPT, clean_env, free_port
 from tests.workers import lease_racer
 
@@ -120,7 +121,7 @@ def test_a_run_that_lost_its_lease_finds_out_when_it_refreshes(tmp_path):
 
 
 def start_run(tmp_path, args: list, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(
+    return forked.popen(
         [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
         cwd=cwd,
         env=clean_env(tmp_path),
@@ -197,7 +198,7 @@ def test_both_ranks_of_a_second_run_exit_2_and_one_of_them_says_why(tmp_path, ti
     args = [*quick_flags(tiny_model_dir, review_files), "--output_dir", out, "--logdir", tmp_path / "tb"]
     port = free_port()
     ranks = [
-        subprocess.Popen(
+        forked.popen(
             [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
             env=clean_env(
                 tmp_path,

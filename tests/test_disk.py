@@ -13,6 +13,7 @@ import pytest
 
 from app.storage.checkpoints import completed_checkpoints
 from app.storage.integrity import damage
+from tests import forked
 from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_app
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
@@ -87,7 +88,7 @@ def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, t
     args = run_flags(tiny_model_dir, review_files, small_disk / "out", tmp_path / "runs")
     port = free_port()
     ranks = [
-        subprocess.Popen(
+        forked.popen(
             [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
             env=clean_env(
                 tmp_path,

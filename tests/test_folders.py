@@ -13,7 +13,7 @@ import pytest
 
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
-from tests import tb
+from tests import forked, tb
 from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, run_app
 
 
@@ -137,7 +137,7 @@ def test_a_kill_during_the_first_checkpoint_write_does_not_block_the_rerun(tmp_p
     command again starts afresh (the staging folder is cleaned up at start). No step logged: no curves to keep."""
     args = [*quick_args, "--max_steps", "2", "--save_steps", "1", "--max_eval_samples", "8", "--logging_steps", "100"]
     killer = [sys.executable, str(ROOT / "tests" / "workers" / "kill_during_checkpoint.py"), "staged", "1"]
-    killed = subprocess.run([*killer, *args], env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+    killed = forked.run([*killer, *args], env=clean_env(tmp_path), timeout=240)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     checkpoints = tmp_path / "out" / "checkpoints"
     assert [p.name for p in checkpoints.iterdir()] == [".staging-step-1"]

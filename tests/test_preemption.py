@@ -17,6 +17,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from app.storage.checkpoints import completed_checkpoints
 from app.tasks.classification import SequenceClassification
+from tests import forked
 from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
@@ -24,10 +25,9 @@ KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 
 def start_run(tmp_path, args: list) -> LineWatch:
     """`python app/train.py ...` with its output read line by line on a thread, so every wait can time out."""
-    process = subprocess.Popen(
+    process = forked.popen(
         [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
         env=clean_env(tmp_path),
-        text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -76,7 +76,7 @@ def test_a_signal_before_training_starts_checkpoints_step_0_and_exits_130(tmp_pa
 def test_a_kill_during_the_final_save_leaves_no_half_written_model(tmp_path, quick_args):
     args = [*quick_args, "--max_steps", "1", "--eval_steps", "0", "--save_steps", "0", "--max_eval_samples", "8"]
     cmd = [sys.executable, str(KILLER), "model", "1", *map(str, args)]
-    killed = subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+    killed = forked.run(cmd, env=clean_env(tmp_path), timeout=240)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     out = tmp_path / "out"
     assert (out / ".staging-model" / "model.safetensors").is_file(), "the kill should land after the weights' write"
@@ -131,10 +131,9 @@ def test_without_checkpoints_asked_for_the_run_ends_without_one(tmp_path, quick_
 def test_a_reader_that_goes_away_neither_stops_the_run_nor_changes_its_exit_code(tmp_path, quick_args):
     """`python app/train.py ... 2>&1 | head -1`: the run trains to its end, saves its model and exits 0."""
     args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--save_steps", "0", "--max_eval_samples", "8"]
-    process = subprocess.Popen(
+    process = forked.popen(
         [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
         env=clean_env(tmp_path),
-        text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
