@@ -237,3 +237,29 @@ def test_data_errors_name_the_column_and_the_row_counted_from_1(tmp_path, tiny_g
     assert run_app(train_args(tmp_path, tiny_gpt2_dir, train, validation)) == 2
     assert expected in one_error_line(capsys)
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "header, row, hint",
+    [
+        (
+            "prompt,completion",
+            "Fresh coffee.,great",
+            "(prompt/response pairs: --prompt_column prompt --response_column completion)",
+        ),
+        (
+            "prompt,response",
+            "Fresh coffee.,great",
+            "(prompt/response pairs: --prompt_column prompt --response_column response)",
+        ),
+        ("messages,source", '"[]",web', "(conversations: --messages_column messages)"),
+    ],
+)
+def test_a_file_in_trls_formats_without_its_flags_names_them(tmp_path, tiny_gpt2_dir, capsys, header, row, hint):
+    # Without a format flag the app reads plain text from --text_column text; trl's files have other column names.
+    data = tmp_path / "pairs.csv"
+    data.write_text(f"{header}\n{row}\n")
+    args = [arg for arg in train_args(tmp_path, tiny_gpt2_dir, data, data) if arg not in PROMPTS]
+    assert run_app(args) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: --text_column 'text' is not in the train data") and line.endswith(hint), line

@@ -63,7 +63,7 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
             if name not in present:
                 raise UsageError(
                     f"{flags.get(role, '--text_column')} {name!r} is not in the {split} data; its columns are: "
-                    f"{', '.join(present)}"
+                    f"{', '.join(present)}{_format_hint(present) if role == 'text' else ''}"
                 )
             if role != "messages":  # an empty prompt is a prompt (an empty CSV cell is read as None)
                 check_text_cells(raw[split][name], name, split, may_be_empty=role == "prompt")
@@ -72,6 +72,16 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
                 problem = _conversation_problem(value)
                 if problem:
                     raise UsageError(f"{row_of(split, row)}, column {name!r}: {problem}")
+
+
+def _format_hint(present: list[str]) -> str:
+    """The flags for a file in one of trl's dataset formats, named by its columns (the text format is the default)."""
+    if "messages" in present:
+        return " (conversations: --messages_column messages)"
+    answer = next((name for name in ("completion", "response") if name in present), None)
+    if "prompt" in present and answer:
+        return f" (prompt/response pairs: --prompt_column prompt --response_column {answer})"
+    return ""
 
 
 def _conversation_problem(value) -> str | None:
