@@ -79,6 +79,27 @@ def test_string_labels_are_sorted_into_ids_and_unknown_validation_labels_fail():
     assert labels.id2label == {0: "neg", 1: "pos"} and labels.encoder()("pos") == 1
 
 
+def test_a_text_column_named_as_labels_is_refused_in_one_short_line():
+    # `--label_column text`: every training row its own class, and a validation row's text is in none of them.
+    from datasets import Dataset, DatasetDict
+
+    texts = [f"review number {i} of the kettle" for i in range(classification.FREE_TEXT_ROWS)]
+    raw = DatasetDict(
+        train=Dataset.from_dict({"text": texts, "label": ["pos", "neg"] * (len(texts) // 2)}),
+        validation=Dataset.from_dict({"text": ["another review"], "label": ["pos"]}),
+    )
+    with pytest.raises(UsageError) as refused:
+        classification.infer_labels(raw, "text", fixed=None)
+    assert str(refused.value) == (
+        f"label column 'text' holds a different value in each of its {len(texts)} training rows: text, not labels; "
+        "name the column of labels with --label_column (the columns: text, label)"
+    )
+    raw["train"] = raw["train"].select(range(len(texts) - 1))  # fewer rows: as many classes as rows may be real
+    with pytest.raises(UsageError, match="does not occur in the training labels") as refused:
+        classification.infer_labels(raw, "text", fixed=None)
+    assert str(refused.value).count(",") < 15 and ", and 9 more); " in str(refused.value), "ten labels shown, not 19"
+
+
 def test_a_trained_head_keeps_its_label_order():
     from datasets import Dataset, DatasetDict
 

@@ -28,6 +28,8 @@ from app.inputs.reading import check_label_cells, check_text_cells
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
+# A string label column with this many training rows, all different, is text (a wrong --label_column), not labels.
+FREE_TEXT_ROWS = 20
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,12 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
     for split in ("train", "validation"):
         check_label_cells(values if split == "train" else list(raw[split][label_column]), label_column, split)
     if all(isinstance(v, str) for v in values):
+        if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values):
+            raise UsageError(
+                f"label column {label_column!r} holds a different value in each of its {len(values)} training rows: "
+                f"text, not labels; name the column of labels with --label_column "
+                f"(the columns: {', '.join(raw['train'].column_names)})"
+            )
         space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
     elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         if min(values) < 0:
@@ -109,9 +117,15 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
     unknown = [v for v in raw["validation"][label_column] if v not in known]
     if unknown:
         raise UsageError(
-            f"validation label {unknown[0]!r} does not occur in the training labels ({', '.join(space.names)})"
+            f"validation label {unknown[0]!r} does not occur in the training labels ({_listed(space.names)}); the "
+            "head learns only those: add examples of it to the training data or drop its validation rows"
         )
     return space
+
+
+def _listed(names: tuple[str, ...], shown: int = 10) -> str:
+    more = f", and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _fit_to_trained_head(space: LabelSpace, id2label: dict[int, str], label_column: str) -> LabelSpace:
