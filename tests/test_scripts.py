@@ -208,15 +208,36 @@ def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path, run_here, l
 
 
 @pytest.mark.slow
-def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path, run_here, legs_in_process):
-    run_here("bench.py", "--job", "--task", "causal_lm", "--tiny", "--json", tmp_path / "job.json")
+@pytest.mark.parametrize("adapters", [[], ["--use_peft"]], ids=["full", "lora"])
+def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path, run_here, legs_in_process, adapters):
+    run_here("bench.py", "--job", "--task", "causal_lm", "--tiny", *adapters, "--json", tmp_path / "job.json")
     figures = json.loads((tmp_path / "job.json").read_text())
+    assert figures["adapters"] == bool(adapters)
     for name in ("app", "app_random", "hf", "hf_grouped"):
         assert figures[f"{name}_wall_s"] > 0 and 0 <= figures[f"{name}_exact_match"] <= 1, name
     assert figures["app_vs_hf"] == round(figures["app_wall_s"] / figures["hf_wall_s"], 3)
     assert figures["app_vs_hf_grouped"] == round(figures["app_wall_s"] / figures["hf_grouped_wall_s"], 3)
     # The same batches in the same order: the two trainers give the same eval loss, up to rounding.
     assert figures["app_random_eval_loss"] == pytest.approx(figures["hf_eval_loss"], rel=0.01)
+
+
+def test_bench_lora_step_times_both_steps_in_turn(tmp_path, run_here, tiny_llama_dir):
+    said = run_here(
+        "bench_lora_step.py",
+        "--model_name_or_path",
+        tiny_llama_dir,
+        "--steps",
+        1,
+        "--rounds",
+        2,
+        "--json",
+        tmp_path / "step.json",
+    )
+    figures = json.loads((tmp_path / "step.json").read_text())
+    assert figures["steps"] == 2 and figures["full_s_per_step"] > 0 and figures["lora_s_per_step"] > 0
+    ratio = figures["lora_s_per_step"] / figures["full_s_per_step"]
+    assert figures["lora_vs_full"] == pytest.approx(ratio, abs=1e-3)  # rounded to 3 places
+    assert "round 2: full " in said and "LoRA step / full fine-tune step: " in said
 
 
 def test_gpu_check_dry_run_on_cpu(tmp_path, run_here):
