@@ -41,9 +41,18 @@ def exit_code_of(main_body: Callable[[], int]) -> int:
     try:
         return main_body()
     except (UsageError, TrainingHalted) as halt:
-        if os.environ.get("RANK", "0") == "0":  # every rank stops alike; one of them says why
-            print(f"error: {halt}" if isinstance(halt, (UsageError, DiskFull)) else str(halt), file=sys.stderr)
+        say_why(halt)
         return halt.exit_code
+
+
+def say_why(halt: UsageError | TrainingHalted) -> None:
+    """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why. Said before the process
+    group ends: once one rank exits, torchrun stops the others, and rank 0 could be stopped before its line."""
+    if getattr(halt, "said", False):
+        return
+    halt.said = True
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {halt}" if isinstance(halt, (UsageError, DiskFull)) else str(halt), file=sys.stderr)
 
 
 class OutputPastItsReader:

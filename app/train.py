@@ -30,9 +30,9 @@ from accelerate import Accelerator
 from app.adapters.base import base_dtype, refuse_mixed_dtypes_under_fsdp1
 from app.amp import fallback
 from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
-from app.cli import exit_code_of, exit_process, outlive_readers
+from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
-from app.errors import TrainingHalted
+from app.errors import TrainingHalted, UsageError
 from app.host.dropout import DropoutMasks
 from app.host.memory import keep_freed_memory
 from app.host.preemption import StopRequest
@@ -75,6 +75,9 @@ def _main(argv: list[str] | None) -> int:
     try:
         with FolderClaims() as claims:  # the main process's claims on the run's folders; bad input removes them
             return fine_tune(cfg, accelerator, policy, notes, stop, claims)
+    except (UsageError, TrainingHalted) as halt:
+        say_why(halt)  # before the process group ends (app/cli.py)
+        raise
     finally:
         stop.restore()
         end_accelerator(accelerator)

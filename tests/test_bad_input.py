@@ -7,6 +7,7 @@ code and stderr as a user sees them.
 from __future__ import annotations
 
 import hashlib
+import signal
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,39 @@ def test_every_spelling_of_the_deepspeed_flag_refuses_amp(tmp_path, quick_args, 
     assert said.strip().count("\n") == 0, said
     assert said.startswith("error: fp16 under a DeepSpeed launch config is refused"), said
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (["--label_column", "stars"], "error: --label_column 'stars' is not in the train data"),
+        (["--max_steps", "3"], "stopped by signal 15 at optimizer step 1; resume from "),
+    ],
+    ids=["bad input", "a signal"],
+)
+def test_the_line_that_says_why_a_run_stopped_comes_before_its_process_group_ends(
+    tmp_path, quick_args, monkeypatch, capsys, extra, line
+):
+    # Under torchrun, once one rank exits the agent stops the others: a line said after the teardown can be lost.
+    import app.train
+
+    said_by_then = []
+    end = app.train.end_accelerator
+
+    def ending(accelerator):
+        said_by_then.append(capsys.readouterr().err)
+        end(accelerator)
+
+    monkeypatch.setattr(app.train, "end_accelerator", ending)
+    if "--max_steps" in extra:  # a real SIGTERM during the first step, as a scheduler sends it
+        from app.wiring import Training
+
+        loss = Training.loss
+
+        def loss_then_sigterm(training, batch):
+            signal.raise_signal(signal.SIGTERM)
+            return loss(training, batch)
+
+        monkeypatch.setattr(Training, "loss", loss_then_sigterm)
+    assert run_app([*quick_args, *extra]) == (2 if "--label_column" in extra else 143)
+    assert len(said_by_then) == 1 and line in said_by_then[0], said_by_then
