@@ -35,6 +35,7 @@ import torch
 from accelerate.state import AcceleratorState, GradientState
 
 import app.amp.policy
+from tests import forked
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "app" / "train.py"
@@ -350,7 +351,7 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """`accelerate launch [launcher_flags] app/train.py [app_args]` as a real subprocess."""
     cmd = [str(ACCELERATE), "launch", *map(str, launcher_flags), str(TRAIN_SCRIPT), *map(str, app_args)]
-    return subprocess.run(cmd, env=clean_env(tmp_path, **env), capture_output=True, text=True, timeout=timeout)
+    return forked.run(cmd, env=clean_env(tmp_path, **env), timeout=timeout)  # the launcher forked, its ranks new
 
 
 def python_app(tmp_path: Path, app_args: list, timeout: int = 240, **env) -> subprocess.CompletedProcess:

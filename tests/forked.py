@@ -5,12 +5,15 @@ files, another run beside it) needs a process of its own; the ~6 s of CPU that e
 transformers, datasets and Accelerate on a 2-core machine are not its point. Here each such process is forked from
 a server that imported them once (multiprocessing's forkserver, its preload list): a real process, with its own pid,
 signals, exit code, memory and environment, that runs the script's `__main__` block as `python SCRIPT` would, with
-the test's environment and working folder, its stdout and stderr in pipes the test reads.
+the test's environment and working folder, its stdout and stderr in pipes the test reads. `accelerate launch ARGS`
+is such a script too: the launcher is forked, and the ranks it starts are new interpreters, as always.
 
 What it does not do, so where these matter a test starts a real interpreter (subprocess) instead:
 - modules imported by the server read their environment then: a variable that a library reads when it is imported
   (`HF_HOME` in huggingface_hub and datasets, `OMP_NUM_THREADS` in OpenMP) has the suite's value, whatever the test
-  sets (the suite sets the ones that matter for every process, tests/conftest.py);
+  sets (the suite sets the ones that matter for every process, tests/conftest.py); the one that decides what
+  `accelerate launch` does, its default config under `HF_HOME`, is checked in the child, which becomes a new
+  interpreter (`exec`, same pid and pipes) where it would read another file than the server did;
 - interpreter start-up itself (`sitecustomize`, `-X` options) does not run again: the bf16 switch of the suite is
   applied here as tests/bf16_switch/sitecustomize.py applies it.
 """
@@ -28,7 +31,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 # What the server imports once: the app's entry points (and through them torch, transformers, datasets, Accelerate).
-PRELOAD = ["app.train", "app.predict"]
+PRELOAD = ["app.train", "app.predict", "accelerate.commands.launch"]
+ACCELERATE_CLI = Path(sys.executable).parent / "accelerate"
 _context = None
 
 
@@ -59,6 +63,8 @@ def _run_script(script: str, args: list[str], env: dict, cwd: str, out: Connecti
         import app.amp.policy
 
         app.amp.policy.cpu_has_native_bf16 = lambda: switch == "1"
+    if Path(script) == ACCELERATE_CLI and _stale_accelerate_config():
+        os.execve(sys.executable, [sys.executable, script, *args], env)  # a new interpreter after all, same pid
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).parent))  # as python puts the script's folder first
     code = 0
@@ -76,6 +82,18 @@ def _run_script(script: str, args: list[str], env: dict, cwd: str, out: Connecti
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _stale_accelerate_config() -> bool:
+    """Whether `accelerate launch` would read another default config here than in a new interpreter: accelerate
+    finds it under HF_HOME when `accelerate.commands.config` is imported, which the server did with its own HF_HOME."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("accelerate.commands.config.config_args")
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)  # accelerate's own code, reading this process's environment
+    served = sys.modules[spec.name].default_config_file
+    return fresh.default_config_file != served and (os.path.isfile(fresh.default_config_file) or os.path.isfile(served))
 
 
 class ForkedProcess:
@@ -146,10 +164,13 @@ class ForkedProcess:
 
 
 def python_script(cmd: list) -> tuple[str, list[str]] | None:
-    """(script, args) if `cmd` is `python SCRIPT ARGS` with this interpreter, else None."""
+    """(script, args) if `cmd` is `python SCRIPT ARGS` with this interpreter, or `accelerate launch ARGS` (a Python
+    script too: the launcher, whose ranks start as new interpreters), else None."""
     cmd = [str(part) for part in cmd]
     if len(cmd) >= 2 and cmd[0] == sys.executable and cmd[1].endswith(".py"):
         return cmd[1], cmd[2:]
+    if len(cmd) >= 2 and cmd[0] == str(ACCELERATE_CLI) and cmd[1] == "launch":
+        return cmd[0], cmd[1:]
     return None
 
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from app.telemetry import tags
-from tests import tb
+from tests import forked, tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app
 
 CONFIGS = ROOT / "accelerate_configs"
@@ -22,13 +22,7 @@ WORKERS = ROOT / "tests" / "workers"
 
 
 def accelerate_launch(tmp_path, *args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(ACCELERATE), "launch", *map(str, args)],
-        env=clean_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return forked.run([str(ACCELERATE), "launch", *map(str, args)], env=clean_env(tmp_path), timeout=timeout)
 
 
 @pytest.mark.parametrize("model", ["bert", "llama"])

@@ -7,14 +7,13 @@ The references are the same runs without checkpointing; each pair differs in tha
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import torch
 
 import app.host.dropout
 from app.host.dropout import DropoutMasks
-from tests import harness
+from tests import forked, harness
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, save_tiny_bert
 from tests.lm_models import save_tiny_llama
 from tests.test_causal_lm_runs import lm_run_options
@@ -100,7 +99,7 @@ def test_two_ranks_train_bitwise_the_weights_of_two_ranks_without_it(
     spec.write_text(json.dumps({"files": {k: str(v) for k, v in review_files.items()}, "runs": runs}))
     launcher = [ACCELERATE, "launch", "--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml"]
     cmd = [*launcher, "--main_process_port", free_port(), ROOT / "tests" / "workers" / "train_runs.py", spec, tmp_path]
-    result = subprocess.run(list(map(str, cmd)), env=clean_env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = forked.run(cmd, env=clean_env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank-{rank}.pt") for rank in (0, 1)]
     assert [saved["world"] for saved in ranks] == [2, 2]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +13,7 @@ from transformers import AutoTokenizer
 
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
-from tests import tb
+from tests import forked, tb
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app
 from tests.workers.record_examples import recording_load
 
@@ -67,7 +66,7 @@ def run_recorded(
     launcher += ["--main_process_port", str(free_port())]
     stop = ["--sigterm_at_forward", str(sigterm_at_forward)] if sigterm_at_forward else []
     cmd = [*launcher, str(RECORDER), str(record), *stop, *map(str, args)]
-    result = subprocess.run(cmd, env=clean_env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = forked.run(cmd, env=clean_env(tmp_path), timeout=300)
     if sigterm_at_forward:
         assert result.returncode != 0 and "stopped by signal 15 at optimizer step" in result.stderr, result.stderr
     else:

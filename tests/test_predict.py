@@ -7,7 +7,6 @@ put back in the wrong order or a wrong padding mask shows up as a mismatch.
 from __future__ import annotations
 
 import io
-import subprocess
 import sys
 
 import pandas as pd
@@ -15,6 +14,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from tests import forked
 from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, run_app
 
 PREDICT = ROOT / "app" / "predict.py"
@@ -102,7 +102,7 @@ def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, rev
         *("--input_file", tmp_path / "in.csv", "--output_file", tmp_path / "out.jsonl"),
         *("--per_device_eval_batch_size", "4", "--mixed_precision", "no", "--disable_tqdm"),
     ]
-    result = subprocess.run([str(c) for c in cmd], env=clean_env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = forked.run(cmd, env=clean_env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 process(es)" in result.stderr
     assert_predictions_match(pd.read_json(tmp_path / "out.jsonl", lines=True), source, trained)
