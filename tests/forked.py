@@ -1,19 +1,21 @@
 """`python SCRIPT ARGS` as a process of its own that starts without importing torch and transformers again.
 
 A test whose point is what a process does (its exit code, what it prints, its answer to a signal or a kill -9, its
-files, another run beside it) needs a process of its own; the ~6 s of CPU that each one spends importing torch,
-transformers, datasets and Accelerate on a 2-core machine are not its point. Here each such process is forked from
-a server that imported them once (multiprocessing's forkserver, its preload list): a real process, with its own pid,
-signals, exit code, memory and environment, that runs the script's `__main__` block as `python SCRIPT` would, with
-the test's environment and working folder, its stdout and stderr in pipes the test reads. `accelerate launch ARGS`
-is such a script too: the launcher is forked, and the ranks it starts are new interpreters, as always.
+files, another run beside it) needs a process of its own; the ~10 s of CPU that each one spends importing torch,
+transformers (its modeling code included), datasets and Accelerate on a 2-core machine are not its point. Here each
+such process is forked from a server that imported them once (multiprocessing's forkserver, its preload list): a
+real process, with its own pid, signals, exit code, memory and environment, that runs the script's `__main__` block
+as `python SCRIPT` would, with the test's environment and working folder, its stdout and stderr in pipes the test
+reads. `accelerate launch ARGS` is such a script too: the launcher is forked, and the processes it starts as
+`python SCRIPT` (torchrun's ranks, or the one process of a plain launch) are forked from it in turn, each in the
+session, environment and streams the launcher gives it; the launcher waits for them, signals and reaps them as its
+own (they are).
 
 What it does not do, so where these matter a test starts a real interpreter (subprocess) instead:
 - modules imported by the server read their environment then: a variable that a library reads when it is imported
-  (`HF_HOME` in huggingface_hub and datasets, `OMP_NUM_THREADS` in OpenMP) has the suite's value, whatever the test
-  sets (the suite sets the ones that matter for every process, tests/conftest.py); the one that decides what
-  `accelerate launch` does, its default config under `HF_HOME`, is checked in the child, which becomes a new
-  interpreter (`exec`, same pid and pipes) where it would read another file than the server did;
+  (`HF_HOME` in huggingface_hub and datasets) has the suite's value, whatever the test sets (the suite sets the ones
+  that matter for every process, tests/conftest.py). Two are read again in the child: `OMP_NUM_THREADS` (torch's
+  thread count) and the default config of `accelerate launch` under `HF_HOME`;
 - interpreter start-up itself (`sitecustomize`, `-X` options) does not run again: the bf16 switch of the suite is
   applied here as tests/bf16_switch/sitecustomize.py applies it.
 """
@@ -30,8 +32,20 @@ import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-# What the server imports once: the app's entry points (and through them torch, transformers, datasets, Accelerate).
-PRELOAD = ["app.train", "app.predict", "accelerate.commands.launch"]
+# What the server imports once: the app's entry points (and through them torch, transformers, datasets, Accelerate),
+# and what a run imports later, when it builds its model and writer (transformers' modeling code alone takes 3.6 s of
+# CPU on a 2-core EPYC), for the model types the suite trains and LoRA.
+PRELOAD = [
+    "app.train",
+    "app.predict",
+    "accelerate.commands.launch",
+    "transformers.modeling_utils",
+    "transformers.models.bert.modeling_bert",
+    "transformers.models.gpt2.modeling_gpt2",
+    "transformers.models.llama.modeling_llama",
+    "torch.utils.tensorboard",
+    "peft",
+]
 ACCELERATE_CLI = Path(sys.executable).parent / "accelerate"
 _context = None
 
@@ -45,15 +59,29 @@ def _server():
 
 
 def _run_script(script: str, args: list[str], env: dict, cwd: str, out: Connection, err: Connection | None) -> None:
-    """In the forked process: the environment, folder and streams of `python SCRIPT ARGS` (stderr into stdout's pipe
-    without `err`), then its __main__."""
+    """In the forked process: the streams of `python SCRIPT ARGS` (stderr into stdout's pipe without `err`), then the
+    script."""
     os.dup2(out.fileno(), 1)
     os.dup2((err or out).fileno(), 2)
     for end in (out, err):
         if end is not None:
             end.close()
+    if Path(script) == ACCELERATE_CLI:
+        os.environ.clear()
+        os.environ.update(env)
+        _accelerate_config_of_this_environment()
+        _fork_ranks_too()
+    _become(script, args, env, cwd)
+
+
+def _become(script: str, args: list[str], env: dict, cwd: str) -> None:
+    """In a forked process whose fds 1 and 2 are set: `python SCRIPT ARGS` from here on, as a new interpreter would
+    start it (environment, folder, signal handlers, thread count, the bf16 switch), then exit with its code."""
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+    for signum in signal.valid_signals():  # a launcher's handlers (torchrun's) are not the script's
+        if callable(signal.getsignal(signum)):
+            signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a new interpreter
     os.environ.clear()
     os.environ.update(env)
@@ -63,8 +91,10 @@ def _run_script(script: str, args: list[str], env: dict, cwd: str, out: Connecti
         import app.amp.policy
 
         app.amp.policy.cpu_has_native_bf16 = lambda: switch == "1"
-    if Path(script) == ACCELERATE_CLI and _stale_accelerate_config():
-        os.execve(sys.executable, [sys.executable, script, *args], env)  # a new interpreter after all, same pid
+    if env.get("OMP_NUM_THREADS", "").isdigit():  # what torch reads from it when a new interpreter imports it
+        import torch
+
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
     sys.argv = [script, *args]
     sys.path.insert(0, str(Path(script).parent))  # as python puts the script's folder first
     code = 0
@@ -84,16 +114,84 @@ def _run_script(script: str, args: list[str], env: dict, cwd: str, out: Connecti
     os._exit(code)
 
 
-def _stale_accelerate_config() -> bool:
-    """Whether `accelerate launch` would read another default config here than in a new interpreter: accelerate
-    finds it under HF_HOME when `accelerate.commands.config` is imported, which the server did with its own HF_HOME."""
+def _fork_ranks_too() -> None:
+    """In the forked `accelerate launch`: the processes it starts as `python [-u] SCRIPT ARGS` (torchrun's ranks, or
+    the one process of a plain launch) are forked from the launcher as well, which holds what the server imported,
+    through a subprocess.Popen whose child forks instead of exec'ing (ForkedRank), so that the launcher watches,
+    signals and reaps them as it does its own. Any other command starts as it would."""
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import subprocess_handler
+
+    started = subprocess.Popen
+
+    def popen(args, *positional, **kwargs):
+        found = _rank_script(list(map(str, args))) if isinstance(args, (list, tuple)) else None
+        if found is None or positional or kwargs.get("env") is None:
+            return started(args, *positional, **kwargs)
+        return ForkedRank(found, **kwargs)
+
+    subprocess.Popen = subprocess_handler.Popen = popen  # the launcher's own process only
+
+
+def _rank_script(cmd: list[str]) -> tuple[str, list[str]] | None:
+    """(script, args) for `python [-u] SCRIPT ARGS` with this interpreter, else None."""
+    if len(cmd) < 2 or cmd[0] != sys.executable:
+        return None
+    rest = cmd[1:]
+    if rest[0] == "-u":
+        rest = rest[1:]
+    if not rest or not rest[0].endswith(".py"):
+        return None
+    return rest[0], rest[1:]
+
+
+class ForkedRank(subprocess.Popen):
+    """A subprocess.Popen of `python SCRIPT ARGS` whose child is this process forked, then the script (_become):
+    pid, poll, wait, signals and the exit status are Popen's own."""
+
+    def __init__(self, script_and_args: tuple[str, list[str]], **kwargs):
+        self._script, self._script_args = script_and_args
+        super().__init__([sys.executable, self._script, *self._script_args], **kwargs)
+
+    def _execute_child(
+        self, args, executable, preexec_fn, close_fds, pass_fds, cwd, env, startupinfo, creationflags, shell,
+        p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite, restore_signals, gid, gids, uid, umask,
+        start_new_session, process_group,
+    ) -> None:  # fmt: skip
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child would write what the launcher had buffered once more
+        pid = os.fork()
+        if pid == 0:
+            try:
+                if start_new_session:
+                    os.setsid()
+                for fd, target in ((p2cread, 0), (c2pwrite, 1), (errwrite, 2)):
+                    if fd != -1:
+                        os.dup2(fd, target)
+                _become(self._script, self._script_args, dict(env), cwd or os.getcwd())
+            finally:
+                os._exit(1)
+        self.pid = pid
+        self._child_created = True
+
+
+def _accelerate_config_of_this_environment() -> None:
+    """accelerate finds its default config under HF_HOME when `accelerate.commands.config` is imported, which the
+    server did with its own HF_HOME: here the paths it keeps are computed again by accelerate's own code in this
+    process's environment, and set in each of accelerate's command modules that holds them, as a new interpreter
+    would have them."""
     import importlib.util
 
     spec = importlib.util.find_spec("accelerate.commands.config.config_args")
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)  # accelerate's own code, reading this process's environment
-    served = sys.modules[spec.name].default_config_file
-    return fresh.default_config_file != served and (os.path.isfile(fresh.default_config_file) or os.path.isfile(served))
+    names = ["hf_cache_home", "cache_dir", "default_config_file"]
+    names += ["default_json_config_file", "default_yaml_config_file"]
+    served = {name: getattr(sys.modules[spec.name], name) for name in names}
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("accelerate.commands") and module is not None:
+            for name in names:
+                if getattr(module, name, None) == served[name]:
+                    setattr(module, name, getattr(fresh, name))
 
 
 class ForkedProcess:
