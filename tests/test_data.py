@@ -162,3 +162,29 @@ def test_map_splits_maps_with_a_transform_that_cannot_be_hashed(review_files):
 
         mapped = data.map_splits(raw, lengths, batched=True)
     assert all(mapped[name]["n"] == [len(text) for text in raw[name]["text"]] for name in raw)
+
+
+def test_a_tokenizing_transform_is_named_by_its_tokenizers_contents(tiny_model_dir, tmp_path):
+    from datasets.fingerprint import Hasher
+    from transformers import AutoTokenizer
+
+    from app.inputs.fingerprint import transform_fingerprint
+
+    def encoder(tokenizer, max_length=32):
+        return lambda batch: tokenizer(batch["text"], truncation=True, max_length=max_length)
+
+    first, second = AutoTokenizer.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    name = transform_fingerprint(encoder(first))
+    assert transform_fingerprint(encoder(second)) == name, "the same files, the same name (every rank, every run)"
+    encoder(first)({"text": ["a review long enough to be cut"]})  # leaves truncation set on the backend
+    assert transform_fingerprint(encoder(first)) == name, "calling it changes nothing it does"
+    assert transform_fingerprint(encoder(first, max_length=16)) != name, "what the transform holds besides counts"
+    second.add_tokens(["<new-token>"])
+    assert transform_fingerprint(encoder(second)) != name, "another vocabulary, another name"
+    third = AutoTokenizer.from_pretrained(tiny_model_dir, do_lower_case=False)
+    assert transform_fingerprint(encoder(third)) != name, "another setting, another name"
+
+    def no_tokenizer(batch):
+        return {"n": [len(text) for text in batch["text"]]}
+
+    assert transform_fingerprint(no_tokenizer) == Hasher.hash(no_tokenizer), "the rest hashed as datasets hashes it"

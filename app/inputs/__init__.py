@@ -1,6 +1,7 @@
 """Inputs: what a run reads, checked before any weights load.
 
     data.py       the examples (the embedded reviews, --dataset_name, or files) and the loaders that batch them
+    fingerprint.py the name of a tokenizing transform in datasets' cache, its tokenizer hashed by its contents
     reading.py    errors of reading user input (files, stdin, text and label cells) that name the file and the line,
                   or the row
     sampling.py   the training order of each epoch (a function of seed and epoch), the data position in examples that

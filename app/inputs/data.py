@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
 from app.host.runtime import pinned_batches
+from app.inputs.fingerprint import transform_fingerprint
 from app.inputs.reading import read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
 
@@ -169,16 +170,13 @@ def map_splits(raw: DatasetDict, transform: Callable, **options) -> DatasetDict:
     """`raw.map(transform, **options)` in place of each split's own columns (each file keeps its own), with the
     transform hashed once rather than once per split.
 
-    datasets names each split's result, and its cache file, by a fingerprint of the split and of the transform, which
-    it takes by pickling the transform with all it holds: with a tokenizer inside, about 0.08 s each time. One hash of
-    the transform, combined with each split's own fingerprint and the options, names the results as specifically, so
-    that the ranks of a run and later runs still share the cache. A transform that cannot be pickled (a tokenizer
-    of a model's own code may hold such a thing) goes to datasets' own map, which warns and uses a random name.
+    datasets names each split's result, and its cache file, by a fingerprint of the split and of the transform. One
+    hash of the transform (app/inputs/fingerprint.py: its tokenizer by its contents), combined with each split's own
+    fingerprint and the options, names the results as specifically, so that the ranks of a run and later runs still
+    share the cache. A transform that cannot be pickled (a tokenizer of a model's own code may hold such a thing)
+    goes to datasets' own map, which warns and uses a random name.
     """
-    try:
-        transform_hash = Hasher.hash(transform)
-    except Exception:  # whatever pickling raises; datasets' update_fingerprint catches as broadly
-        transform_hash = None
+    transform_hash = transform_fingerprint(transform)
 
     def fingerprint(split: Dataset) -> str | None:
         return None if transform_hash is None else Hasher.hash([split._fingerprint, transform_hash, options])
