@@ -188,3 +188,19 @@ def test_a_tokenizing_transform_is_named_by_its_tokenizers_contents(tiny_model_d
         return {"n": [len(text) for text in batch["text"]]}
 
     assert transform_fingerprint(no_tokenizer) == Hasher.hash(no_tokenizer), "the rest hashed as datasets hashes it"
+
+
+def test_a_tokenizer_that_holds_a_set_is_hashed_as_datasets_hashes_it(tiny_model_dir):
+    # A set's pickled order follows the process's hash seed: by its contents, the ranks would name their results apart.
+    from datasets.fingerprint import Hasher
+    from transformers import AutoTokenizer
+
+    from app.inputs.fingerprint import transform_fingerprint
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.reserved = {"names": {f"<extra-{i}>" for i in range(20)}}
+
+    def encode(batch):
+        return tokenizer(batch["text"])
+
+    assert transform_fingerprint(encode) == Hasher.hash(encode)
