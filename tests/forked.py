@@ -124,24 +124,13 @@ def _fork_ranks_too() -> None:
     started = subprocess.Popen
 
     def popen(args, *positional, **kwargs):
-        found = _rank_script(list(map(str, args))) if isinstance(args, (list, tuple)) else None
+        cmd = [str(part) for part in args] if isinstance(args, (list, tuple)) else []
+        found = python_script([cmd[0], *cmd[2:]] if cmd[1:2] == ["-u"] else cmd)  # torchrun adds -u
         if found is None or positional or kwargs.get("env") is None:
             return started(args, *positional, **kwargs)
         return ForkedRank(found, **kwargs)
 
     subprocess.Popen = subprocess_handler.Popen = popen  # the launcher's own process only
-
-
-def _rank_script(cmd: list[str]) -> tuple[str, list[str]] | None:
-    """(script, args) for `python [-u] SCRIPT ARGS` with this interpreter, else None."""
-    if len(cmd) < 2 or cmd[0] != sys.executable:
-        return None
-    rest = cmd[1:]
-    if rest[0] == "-u":
-        rest = rest[1:]
-    if not rest or not rest[0].endswith(".py"):
-        return None
-    return rest[0], rest[1:]
 
 
 class ForkedRank(subprocess.Popen):
@@ -168,6 +157,10 @@ class ForkedRank(subprocess.Popen):
                     if fd != -1:
                         os.dup2(fd, target)
                 _become(self._script, self._script_args, dict(env), cwd or os.getcwd())
+            except BaseException:  # before the script ran (it exits on its own): say why, as exec's failure would
+                import traceback
+
+                traceback.print_exc()
             finally:
                 os._exit(1)
         self.pid = pid
