@@ -146,3 +146,19 @@ def test_a_reader_that_goes_away_neither_stops_the_run_nor_changes_its_exit_code
     assert first.startswith("precision: "), first
     assert code == 0, "the run died when its reader left"
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_a_run_ends_while_a_thread_pool_of_its_libraries_waits_for_work(tmp_path):
+    # torch.compile builds its kernels in a ThreadPoolExecutor whose idle workers only stop when threading's shutdown
+    # tells them to: a `python app/train.py --torch_compile` run trained, saved, then waited on them for ever.
+    script = tmp_path / "entry.py"
+    script.write_text(
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from app.cli import exit_process\n"
+        "pool = ThreadPoolExecutor(2)\n"
+        "assert pool.submit(sum, [1, 2]).result() == 3\n"
+        "print('done', flush=True)\n"
+        "exit_process(7)\n"
+    )
+    result = forked.run([sys.executable, script], env=clean_env(tmp_path, PYTHONPATH=str(ROOT)), timeout=30)
+    assert (result.returncode, result.stdout) == (7, "done\n"), result.stderr[-2000:]
