@@ -131,9 +131,9 @@ def fine_tune(
         f"run {paths.run_name}: {training.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
         f"model: {paths.output_dir}"
     )
-    if training.masks == DropoutMasks.UNIFORM:
+    if training.masks != DropoutMasks.TORCH:
         accelerator.print(
-            "dropout: masks from one float32 uniform per element, faster than torch's serial draw on this CPU "
+            f"dropout: masks from {training.masks.said}, faster than torch's serial draw on this CPU "
             "(--fast_cpu_dropout false: torch's own)"
         )
 

@@ -259,7 +259,7 @@ def checkpoint_activations(model: torch.nn.Module, masks: DropoutMasks) -> None:
     options = {"use_reentrant": False}
     # torch's own masks come back from the RNG state torch restores, with no help; and torch.compile (whose runs draw
     # torch's masks) takes only dispatch modes from a context_fn.
-    if masks == DropoutMasks.UNIFORM:
+    if masks != DropoutMasks.TORCH:
         options["context_fn"] = recompute_under_the_masks_mode
     # Newer transformers 5.x renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
     if hasattr(model, "activation_checkpointing_enable"):

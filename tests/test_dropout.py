@@ -1,16 +1,18 @@
-"""CPU dropout masks drawn from float32 uniforms (app/host/dropout.py): torch's dropout, from the same generator.
+"""CPU dropout masks drawn faster than torch's serial loop (app/host/dropout.py): torch's dropout, from its generator.
 
-The references here are written out by hand (a mask drawn with torch.rand after the same seed, attention computed in
-float64), so each test fails if the mode draws, keeps, scales or attends differently.
+The references here are written out by hand (a mask drawn after the same seed: SFC64 bits from numpy, or torch.rand;
+attention computed in float64), so each test fails if the mode draws, keeps, scales or attends differently.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import shutil
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,12 +22,42 @@ from transformers import BertForSequenceClassification
 
 import app.host.dropout
 from app.config import TrainConfig
-from app.host.dropout import DropoutMasks, UniformDropout, masks_of_run, math_path_mismatch, serial_bernoulli
+from app.host.dropout import (
+    DropoutMasks,
+    FastDropout,
+    masks_context,
+    masks_of_run,
+    math_path_mismatch,
+    serial_bernoulli,
+)
 from app.storage.checkpoints import STATE_FILE
 from tests.conftest import run_app, tiny_bert_config
 from tests.harness import build_training, train
 
 P = 0.1
+
+
+def sfc64_by_hand(shape, p: float) -> torch.Tensor:
+    """The mask of a new run: a seed from torch's generator, then per element 32 bits of SFC64's 64-bit outputs, the
+    low half first, kept where they are at least p * 2^32."""
+    seed = torch.randint(0, 2**63 - 1, ()).item()
+    count = math.prod(shape)
+    words = np.random.Generator(np.random.SFC64(seed)).bit_generator.random_raw(math.ceil(count / 2))
+    halves = np.stack([words & 0xFFFFFFFF, words >> 32], axis=1).reshape(-1)[:count]
+    return torch.from_numpy(halves >= math.ceil(p * 2**32)).reshape(shape)
+
+
+def uniform_by_hand(shape, p: float) -> torch.Tensor:
+    """The mask of a run that started with float32 uniforms: one torch.rand each, kept where >= p."""
+    return torch.rand(shape) >= p
+
+
+# Each kind of the mode's masks with its reference: what masks_context gives a run that draws them.
+KINDS = pytest.mark.parametrize(
+    "masks, by_hand",
+    [(DropoutMasks.SFC64, sfc64_by_hand), (DropoutMasks.UNIFORM, uniform_by_hand)],
+    ids=["sfc64", "uniform"],
+)
 
 
 class AtenCalls(TorchDispatchMode):
@@ -40,9 +72,10 @@ class AtenCalls(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_dropout_keeps_one_minus_p_of_the_elements_and_scales_them():
+@KINDS
+def test_dropout_keeps_one_minus_p_of_the_elements_and_scales_them(masks, by_hand):
     x = torch.ones(1000, 1000)
-    with UniformDropout():
+    with masks_context(masks)():
         out = F.dropout(x, P, training=True)
     kept = out != 0
     assert torch.equal(out[kept], torch.full_like(out[kept], 1 / (1 - P)))
@@ -52,17 +85,18 @@ def test_dropout_keeps_one_minus_p_of_the_elements_and_scales_them():
     assert not torch.equal(kept[0], kept[1]) and not torch.equal(kept[:, 0], kept[:, 1])
 
 
-def test_the_mask_is_a_float32_uniform_per_element_from_torchs_default_generator():
-    x = torch.randn(64, 48)
+@KINDS
+def test_the_mask_is_drawn_as_its_kind_says_from_torchs_default_generator(masks, by_hand):
+    x = torch.randn(64, 47)  # an odd count: SFC64's last 64 bits give one element
     torch.manual_seed(7)
-    with UniformDropout():
+    with masks_context(masks)():
         out = F.dropout(x, p=0.3, training=True)
     torch.manual_seed(7)
-    expected = x * (torch.rand(64, 48) >= 0.3) / 0.7
+    expected = x * by_hand((64, 47), 0.3) / 0.7
     torch.testing.assert_close(out, expected)
 
     state = torch.get_rng_state()  # what a checkpoint records, and a resume restores
-    with UniformDropout():
+    with masks_context(masks)():
         first = F.dropout(x, p=0.3, training=True)
         torch.set_rng_state(state)
         again = F.dropout(x, p=0.3, training=True)
@@ -70,9 +104,10 @@ def test_the_mask_is_a_float32_uniform_per_element_from_torchs_default_generator
     assert torch.equal(first, again) and not torch.equal(first, other)
 
 
-def test_dropout_off_or_in_place_behaves_as_torchs():
+@KINDS
+def test_dropout_off_or_in_place_behaves_as_torchs(masks, by_hand):
     x = torch.randn(32, 32)
-    with UniformDropout():
+    with masks_context(masks)():
         assert torch.equal(F.dropout(x, P, training=False), x)
         assert torch.equal(F.dropout(x, 0.0, training=True), x)
         assert torch.equal(F.dropout(x, 1.0, training=True), torch.zeros_like(x))  # torch's own: all dropped
@@ -81,7 +116,7 @@ def test_dropout_off_or_in_place_behaves_as_torchs():
         returned = F.dropout(y, P, True, True)
     assert returned is y
     torch.manual_seed(1)
-    torch.testing.assert_close(y, x * (torch.rand(32, 32) >= P) / (1 - P))
+    torch.testing.assert_close(y, x * by_hand((32, 32), P) / (1 - P))
 
 
 def attention_by_hand(q, k, v, keep, p, attn_mask=None, is_causal=False, scale=None):
@@ -98,11 +133,12 @@ def attention_by_hand(q, k, v, keep, p, attn_mask=None, is_causal=False, scale=N
     return (scores.softmax(-1) * keep / (1 - p)) @ v
 
 
+@KINDS
 @pytest.mark.parametrize(
     "case",
     ["no mask", "boolean mask", "additive mask", "causal", "scale", "grouped query"],
 )
-def test_attention_dropout_is_softmax_attention_with_the_drawn_mask(case):
+def test_attention_dropout_is_softmax_attention_with_the_drawn_mask(case, masks, by_hand):
     torch.manual_seed(0)
     heads, kv_heads = (4, 2) if case == "grouped query" else (3, 3)
     q = torch.randn(2, heads, 5, 8, requires_grad=True)
@@ -118,10 +154,10 @@ def test_attention_dropout_is_softmax_attention_with_the_drawn_mask(case):
     }[case]
     p = 0.4
     torch.manual_seed(3)
-    with UniformDropout():
+    with masks_context(masks)():
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, **options)
     torch.manual_seed(3)
-    keep = torch.rand(2, heads, 5, k.shape[-2]) >= p
+    keep = by_hand((2, heads, 5, k.shape[-2]), p)
     options.pop("enable_gqa", None)
     expected = attention_by_hand(q, k, v, keep, p, **options)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
@@ -137,10 +173,10 @@ def test_attention_in_bf16_keeps_torchs_precision():
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 16, 8).bfloat16() for _ in range(3))
     torch.manual_seed(5)
-    with UniformDropout():
+    with FastDropout():
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=P)
     torch.manual_seed(5)
-    expected = attention_by_hand(q, k, v, torch.rand(2, 3, 16, 16) >= P, P)
+    expected = attention_by_hand(q, k, v, sfc64_by_hand((2, 3, 16, 16), P), P)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.double(), expected, rtol=1e-2, atol=1e-2)  # one bf16 rounding of the output
 
@@ -155,7 +191,7 @@ def test_a_models_training_forward_draws_no_bernoulli_mask_under_the_mode():
     model = tiny_bert(P, P)
     batch = {"input_ids": torch.randint(1, 100, (4, 12)), "attention_mask": torch.ones(4, 12, dtype=torch.long)}
     batch["attention_mask"][0, 8:] = 0
-    for mode, bernoullis in ((contextlib.nullcontext, 8), (UniformDropout, 0)):
+    for mode, bernoullis in ((contextlib.nullcontext, 8), (FastDropout, 0)):
         # 8 of torch's: embeddings, 2 layers x (attention probabilities, attention output, feed-forward output), head
         with AtenCalls() as seen, mode():
             model(**batch).logits.sum().backward()
@@ -168,7 +204,7 @@ def test_attention_dropout_reaches_the_models_attention():
     batch = {"input_ids": torch.randint(1, 100, (4, 12))}
     with torch.no_grad():
         evaluated = model.eval()(**batch).logits
-        with UniformDropout(), AtenCalls() as seen:
+        with FastDropout(), AtenCalls() as seen:
             trained = model.train()(**batch).logits
     assert seen.calls["bernoulli_"] == 0
     assert not torch.allclose(trained, evaluated)
@@ -183,19 +219,18 @@ def test_torch_draws_its_cpu_masks_serially_except_with_mkl_on_intel():
 def test_which_runs_use_the_mode(monkeypatch):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)
-    assert masks_of_run(TrainConfig(), cpu) == DropoutMasks.UNIFORM
+    assert masks_of_run(TrainConfig(), cpu) == DropoutMasks.SFC64
     assert masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu) == DropoutMasks.TORCH
     assert masks_of_run(TrainConfig(torch_compile=True), cpu) == DropoutMasks.TORCH
     assert masks_of_run(TrainConfig(), cuda) == DropoutMasks.TORCH
     # a resume keeps the run's own, whatever the flag says now
     assert masks_of_run(TrainConfig(), cpu, started_with=DropoutMasks.TORCH) == DropoutMasks.TORCH
-    assert (
-        masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu, started_with=DropoutMasks.UNIFORM)
-        == DropoutMasks.UNIFORM
-    )
+    for started_with in (DropoutMasks.UNIFORM, DropoutMasks.SFC64):
+        assert masks_of_run(TrainConfig(fast_cpu_dropout=False), cpu, started_with=started_with) == started_with
+    assert masks_of_run(TrainConfig(), cpu, started_with=DropoutMasks.UNIFORM) == DropoutMasks.UNIFORM
     monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: True)
     assert masks_of_run(TrainConfig(), cpu) == (
-        DropoutMasks.TORCH if torch.backends.mkl.is_available() else DropoutMasks.UNIFORM
+        DropoutMasks.TORCH if torch.backends.mkl.is_available() else DropoutMasks.SFC64
     )
 
 
@@ -287,16 +322,16 @@ def test_a_resume_keeps_the_masks_the_run_started_with(tmp_path, monkeypatch, ti
         *("--validation_file", review_files["validation"], "--per_device_train_batch_size", 8, "--max_length", 32),
         *("--max_steps", 4, "--save_steps", 2, "--mixed_precision", "no", "--disable_tqdm", "--run_name", "r"),
     ]
-    for name, extra in (("torch", ["--fast_cpu_dropout", "false"]), ("uniform", [])):
+    for name, extra in (("torch", ["--fast_cpu_dropout", "false"]), ("sfc64", [])):
         assert run_app([*common, *extra, "--output_dir", tmp_path / name, "--logdir", tmp_path / f"runs_{name}"]) == 0
-        assert ("dropout: masks from one float32 uniform per element" in capsys.readouterr().out) == (
-            name == DropoutMasks.UNIFORM
+        assert ("dropout: masks from 32 bits of SFC64 per element" in capsys.readouterr().out) == (
+            name == DropoutMasks.SFC64
         )
         recorded = json.loads((tmp_path / name / "checkpoints" / "step-2" / STATE_FILE).read_text())
         assert recorded["dropout_masks"] == name
     uninterrupted = load_file(tmp_path / "torch" / "model.safetensors")
     assert not torch.equal(
-        uninterrupted["classifier.weight"], load_file(tmp_path / "uniform" / "model.safetensors")["classifier.weight"]
+        uninterrupted["classifier.weight"], load_file(tmp_path / "sfc64" / "model.safetensors")["classifier.weight"]
     )
 
     shutil.rmtree(tmp_path / "torch" / "checkpoints" / "step-4")
@@ -319,7 +354,7 @@ def test_the_backward_pass_keeps_a_byte_of_mask_per_element_not_a_float_copy():
         kept.append((tensor.dtype, tensor.numel() * tensor.element_size()))
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), UniformDropout():
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), FastDropout():
         y = torch.nn.functional.dropout(x, p=0.1, training=True)
     assert kept == [(torch.bool, x.numel())]
     y.sum().backward()

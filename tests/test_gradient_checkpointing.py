@@ -18,7 +18,7 @@ from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, save_tiny_ber
 from tests.lm_models import save_tiny_llama
 from tests.test_causal_lm_runs import lm_run_options
 
-MASKS = {True: DropoutMasks.UNIFORM, False: DropoutMasks.TORCH}  # --fast_cpu_dropout -> the masks a run draws
+MASKS = {True: DropoutMasks.SFC64, False: DropoutMasks.TORCH}  # --fast_cpu_dropout -> the masks a run draws
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +52,12 @@ def checkpointing_on(model) -> bool:
     return model.is_gradient_checkpointing if on is None else on
 
 
-@pytest.mark.parametrize("fast_cpu_dropout", [True, False], ids=["uniform masks", "torch masks"])
+@pytest.mark.parametrize("fast_cpu_dropout", [True, False], ids=["sfc64 masks", "torch masks"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_gradient_checkpointing_trains_bitwise_the_weights_of_a_run_without_it(
     case, fast_cpu_dropout, request, review_files, monkeypatch
 ):
-    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the flag picks the uniform masks
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the flag picks the SFC64 masks
     fixture, options = CASES[case]
     model_dir = request.getfixturevalue(fixture)
     final = {}

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import app.host.dropout  # noqa: E402
 from tests.harness import build_training, train  # noqa: E402
 
-app.host.dropout.intel_cpu = lambda: False  # where --fast_cpu_dropout picks the uniform masks
+app.host.dropout.intel_cpu = lambda: False  # where --fast_cpu_dropout picks the SFC64 masks
 
 spec, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
 files = {split: Path(path) for split, path in spec["files"].items()}
