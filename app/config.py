@@ -174,8 +174,8 @@ class TrainConfig:
         "Compile the model with torch.compile; autocast and the scaler stay eager.", default=False
     )
     fast_cpu_dropout: bool = flag(
-        "On a CPU where torch draws dropout masks one element at a time (any but Intel's), draw them from one float32 "
-        "uniform each: the same dropout, a faster training step (app/host/dropout.py). false: torch's own masks.",
+        "On a CPU where torch draws dropout masks one element at a time (any but Intel's), draw them from 32 bits of "
+        "numpy's SFC64 each: the same dropout, a faster training step (app/host/dropout.py). false: torch's own masks.",
         default=True,
     )
     train_sampling_strategy: Literal["group_by_length", "random"] = flag(
