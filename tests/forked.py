@@ -156,6 +156,10 @@ class ForkedRank(subprocess.Popen):
                 for fd, target in ((p2cread, 0), (c2pwrite, 1), (errwrite, 2)):
                     if fd != -1:
                         os.dup2(fd, target)
+                # As exec'ing Popen's child would: none of the pipes' own fds outlive the dup2 above (the launcher's
+                # ends among them, or its reads of them would never see the end of the stream).
+                for fd in {p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite} - {-1, 0, 1, 2}:
+                    os.close(fd)
                 _become(self._script, self._script_args, dict(env), cwd or os.getcwd())
             except BaseException:  # before the script ran (it exits on its own): say why, as exec's failure would
                 import traceback
@@ -165,6 +169,9 @@ class ForkedRank(subprocess.Popen):
                 os._exit(1)
         self.pid = pid
         self._child_created = True
+        # The child's ends, closed here as Popen's own _execute_child closes them: accelerate launch (1.16) reads its
+        # rank's stderr until the end of the stream, which never comes while this process holds the write end.
+        self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)
 
 
 def _accelerate_config_of_this_environment() -> None:
