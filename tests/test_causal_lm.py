@@ -150,6 +150,36 @@ def test_batched_generation_with_left_padding_equals_one_by_one(request, model_f
     assert any(text for text in batched), "the untrained model generates something to compare"
 
 
+def test_generation_with_a_frozen_head_never_copies_the_head_per_row(tiny_llama_dir):
+    """A frozen head (LoRA's base): torch's matmul would broadcast its weight to every row of the prefill's last-position
+    slice and copy it, [batch, hidden, vocab] (864 MiB for SmolLM2 at batch 16). No tensor that large is made."""
+    from accelerate import Accelerator
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from app.amp.policy import PrecisionPolicy
+
+    class LargestOutput(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in torch.utils._pytree.tree_leaves(out):
+                if isinstance(tensor, torch.Tensor):
+                    self.largest = max(self.largest, tensor.numel())
+            return out
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir).requires_grad_(False)
+    head = model.get_output_embeddings().weight
+    renderer = Renderer(tokenizer, max_length=64)
+    prompts = [renderer.prompt_ids(text) for text in ["a", "Stale coffee, bitter and old.", "Good tea, review 12"]]
+    accelerator, fp32 = Accelerator(cpu=True), PrecisionPolicy("no", "cpu", "test", "test")
+    with LargestOutput() as watch:
+        texts = generation.generate(accelerator, fp32, model, tokenizer, prompts, 4, batch_size=3)
+    assert len(texts) == 3
+    assert watch.largest < 2 * head.numel(), f"a tensor of {watch.largest} elements; the head has {head.numel()}"
+
+
 # ---- whole runs ---------------------------------------------------------------------------------------------------
 def test_the_task_is_inferred_from_the_model_config_and_said_with_its_reason(
     tmp_path, tiny_gpt2_dir, review_files, capsys
