@@ -71,7 +71,7 @@ def _main(argv: list[str] | None) -> int:
     refuse_amp_under_deepspeed(policy, requested_backend())
     refuse_mixed_dtypes_under_fsdp1(base_dtype(cfg.dtype, policy, cfg.use_peft)[0], requested_backend())
     accelerator = build_accelerator(cfg)
-    stop = StopRequest(HostCollective(accelerator.num_processes))
+    stop = StopRequest(HostCollective(accelerator.num_processes), announce=accelerator.is_main_process)
     try:
         with FolderClaims() as claims:  # the main process's claims on the run's folders; bad input removes them
             return fine_tune(cfg, accelerator, policy, notes, stop, claims)
@@ -145,7 +145,7 @@ def fine_tune(
                 f"stopped by signal {signum} before training started; resume from {path}", stop.exit_code(signum)
             )
         # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
-        accelerator.print("training: SIGTERM or Ctrl-C saves a checkpoint, then stops")
+        accelerator.print(stop.training_line())
         train(training)
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
             with training.telemetry.paused():

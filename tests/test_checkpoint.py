@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from app.host.preemption import ACKNOWLEDGED
 from app.storage.checkpoints import completed_checkpoints, find_checkpoint
 from app.telemetry import tags
 from tests import forked, tb
@@ -170,6 +171,9 @@ def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tin
     assert len(saved) == 1, saved
     assert {p.name for p in saved[0].glob("random_states_*.pkl")} == {"random_states_0.pkl", "random_states_1.pkl"}
     assert f"stopped by signal 15 at optimizer step {saved[0].name.removeprefix('step-')}" in outputs[0]
+    # Acknowledged at once, on the main process only, once for the run.
+    assert [output.count(f"SIGTERM received: {ACKNOWLEDGED}") for output in outputs] == [1, 0], outputs
+    assert "kills this process" not in outputs[0], "no launcher that kills: ranks started as torchrun starts them"
 
 
 def test_sigint_checkpoints_and_exits_130(tmp_path, quick_args):
@@ -199,6 +203,7 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, quick_args):
         process.kill()
     assert process.returncode == 130, output[-2000:]
     assert len(completed_checkpoints(tmp_path / "out" / "checkpoints")) == 1
+    assert output.count(f"SIGINT received: {ACKNOWLEDGED}\n") == 1, output[-2000:]  # plain python: no launcher
 
 
 def test_scaler_state_survives_a_resume(tmp_path, quick_args, capfd):

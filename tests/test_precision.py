@@ -6,6 +6,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import accelerate
 import pytest
 import torch
 
@@ -17,6 +18,8 @@ from tests.conftest import BF16_SWITCH, REAL_BF16_PROBE, force_bf16_probe, launc
 # `auto` on a CPU in the table below. The table forces the app's bf16 probe to match, so it holds on any host; the
 # suite-wide switch picks the branch (bf16 unless AMP_TRAINER_TEST_BF16=0), and the tests after it cover both anyway.
 AUTO_CPU = "no" if os.environ.get(BF16_SWITCH) == "0" else "bf16"
+
+ACCELERATE_VERSION = tuple(int(part) for part in accelerate.__version__.split(".")[:2])
 
 
 @pytest.mark.parametrize(
@@ -190,6 +193,10 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
             assert expected_note in result.stdout, f"{name}: {result.stdout[:1500]}"
         else:
             assert "overrides the launcher" not in result.stdout, name
+        # accelerate launch 1.16 and later kills its one process 5 s after passing a signal on; the app says how to
+        # give a checkpoint longer.
+        told = re.search(r"accelerate launch kills this process 5 s .* kill -TERM \d+\n", result.stdout) is not None
+        assert told == (ACCELERATE_VERSION >= (1, 16)), f"{name}: {result.stdout[:1500]}"
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
@@ -204,3 +211,4 @@ def test_plain_python_picks_the_fast_precision(quick_args, monkeypatch, capfd, n
     assert code == 0, err[-2000:]
     expected = "bf16 autocast on cpu" if native else "fp32, no autocast, on cpu"
     assert f"precision: {expected}, loss scaling off (from auto:" in out
+    assert "training: SIGTERM or Ctrl-C saves a checkpoint, then stops\n" in out  # no launcher to warn of

@@ -6,6 +6,7 @@ Each test waits for a line the run prints (never a sleep), and every wait on the
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from app.host.preemption import StopRequest
+from app.host.runtime import HostCollective
 from app.storage.checkpoints import completed_checkpoints
 from app.tasks.classification import SequenceClassification
 from tests import forked
@@ -162,3 +165,16 @@ def test_a_run_ends_while_a_thread_pool_of_its_libraries_waits_for_work(tmp_path
     )
     result = forked.run([sys.executable, script], env=clean_env(tmp_path, PYTHONPATH=str(ROOT)), timeout=30)
     assert (result.returncode, result.stdout) == (7, "done\n"), result.stderr[-2000:]
+
+
+def test_a_user_s_own_accelerate_use_cpu_is_not_taken_for_the_launcher(monkeypatch):
+    """Users export ACCELERATE_USE_CPU to keep a GPU host on its CPU and then run `python app/train.py`: no launcher
+    kills that process, so its lines must not say one does (the launched case is in test_precision.py)."""
+    for name in [name for name in os.environ if name.startswith("ACCELERATE_") or name == "LOCAL_RANK"]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    stop = StopRequest(HostCollective(1))
+    try:
+        assert stop.training_line() == "training: SIGTERM or Ctrl-C saves a checkpoint, then stops"
+    finally:
+        stop.restore()

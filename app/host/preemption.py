@@ -3,25 +3,55 @@
 The handler only sets a flag. The loop reads it after every micro-step and asks the ranks to agree once per
 optimizer step (a checkpoint must hold whole optimizer steps), on a CPU process group so that the check never waits
 on the GPU. Repeated signals change nothing: launchers such as torchrun forward a signal the workers already got,
-and that must not cut the checkpoint short. SIGKILL stops a run at once.
+and that must not cut the checkpoint short. SIGKILL stops a run at once. The first signal is acknowledged at once on
+the main process: a step on a slow CPU can take minutes, and a silent run looks hung.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import signal
+
+import accelerate
 
 from app.host.runtime import HostCollective
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
+ACKNOWLEDGED = "stopping after the step or save in progress, then checkpointing (SIGKILL would stop at once)"
+LAUNCHER_GRACE_S = 5  # accelerate launch's, with one process
+
+
+def killed_after_grace() -> bool:
+    """Whether this is the one process of `accelerate launch` 1.16 or later, which passes a SIGTERM or Ctrl-C on as
+    SIGTERM and kills the process 5 s later, whatever it is doing (torchrun's agent, for several processes, waits 30 s).
+
+    That launcher, alone of accelerate's, sets ACCELERATE_USE_CPU (which users export too, so its dynamo settings as
+    well) and no rank; under its mpirun path accelerate's own set-up has written LOCAL_RANK by the time this runs."""
+    launched = all(name in os.environ for name in ("ACCELERATE_USE_CPU", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"))
+    if not launched or "LOCAL_RANK" in os.environ:
+        return False
+    release = re.match(r"(\d+)\.(\d+)", accelerate.__version__)
+    return release is not None and (int(release[1]), int(release[2])) >= (1, 16)
 
 
 class StopRequest:
-    def __init__(self, host: HostCollective):
+    def __init__(self, host: HostCollective, announce: bool = True):
         self.signum = 0
         self.host = host
+        self.announce = announce  # the main process only: one line per run, not one per rank
+        self.killed_after_grace = killed_after_grace()
         self._previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
 
     def _handle(self, signum: int, frame) -> None:
+        if not self.signum and self.announce:
+            # os.write, not print: the handler may have interrupted a print to the same stream.
+            line = f"{signal.Signals(signum).name} received: {ACKNOWLEDGED}"
+            if self.killed_after_grace:
+                line += f"; if it came through accelerate launch, that kills this process {LAUNCHER_GRACE_S} s after it"
+            with contextlib.suppress(OSError):  # a reader that went away must not turn the signal into a crash
+                os.write(2, f"{line}\n".encode())
         self.signum = self.signum or signum
 
     def agreed(self) -> int:
@@ -30,6 +60,16 @@ class StopRequest:
 
     def exit_code(self, signum: int) -> int:
         return 128 + signum
+
+    def training_line(self) -> str:
+        """The line printed once training starts, with the launcher's limit where it has one."""
+        line = "training: SIGTERM or Ctrl-C saves a checkpoint, then stops"
+        if self.killed_after_grace:
+            line += (
+                f"; accelerate launch kills this process {LAUNCHER_GRACE_S} s after passing a signal on, so for a step "
+                f"and save that take longer, signal this process alone: kill -TERM {os.getpid()}"
+            )
+        return line
 
     def restore(self) -> None:
         """Put the previous handlers back; safe to call more than once."""
