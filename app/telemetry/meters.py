@@ -10,6 +10,7 @@ of exactly the tags this run writes.
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from typing import Callable
 
@@ -57,6 +58,17 @@ def peak_memory_tag(device: torch.device) -> tuple[str, str]:
     if device.type == "cuda":
         return MEMORY_PEAK_ALLOCATED_GIB, "GPU peak allocated"
     return MEMORY_RSS_GIB, "CPU RSS"
+
+
+def high_water_mark_gib() -> float | None:
+    """The most memory this process has held resident since it started: loading and the evaluations included, which
+    the RSS read at log steps misses. None where the OS does not say (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / GIB if sys.platform == "darwin" else peak * 1024 / GIB  # bytes on macOS, KiB on Linux
 
 
 def gpu_memory_tags(stats: dict[str, int], device_bytes: int) -> dict[str, float]:

@@ -11,7 +11,7 @@ from app.config import TrainConfig
 from app.host.runtime import backend_name, device_name
 from app.telemetry import tags
 from app.telemetry.footprint import Footprint, size
-from app.telemetry.meters import Telemetry
+from app.telemetry.meters import Telemetry, high_water_mark_gib
 
 
 def write_start_texts(writer, cfg: TrainConfig, accelerator, policy: PrecisionPolicy, notes: list[str]) -> None:
@@ -76,6 +76,8 @@ def summary_table(
         if telemetry.peak_memory_gib > 0
         else "n/a (no step was logged)"
     )
+    if telemetry.peak_memory_kind == "CPU RSS" and (high_water := high_water_mark_gib()):
+        peak_memory += f"; high-water mark {high_water:.2f} GiB (this process, loading and evaluation included)"
     if estimate:
         peak_memory += f"; estimated at start: {size(estimate.total_bytes)} for weights, gradients and AdamW state"
     steps = (
