@@ -8,8 +8,8 @@ step (docs/benchmarks.md).
 `FastDropout` keeps torch's dropout and only draws the mask another way, with one of two `keep_mask` functions:
 - `sfc64_keep_mask` (what new runs draw): 32 random bits per element from numpy's SFC64 generator, kept where they
   are at least p * 2^32, the SFC64 stream seeded by one draw from torch's default generator per mask. A 16 x 12 x
-  128 x 128 attention mask of the default job: 3.0 to 3.2 ms, against 8.1 to 9.2 ms for the float32 uniforms below
-  (docs/benchmarks.md).
+  128 x 128 attention mask of the default job: 3.0 to 3.2 ms against 8.1 to 9.2 ms for the float32 uniforms below on
+  an AVX2-only EPYC, 7.7 against 8.4 ms on one with AVX512-BF16 (docs/benchmarks.md).
 - `uniform_keep_mask` (runs that started with it, as their checkpoints record): one float32 uniform per element from
   torch's default generator (`torch.rand`), kept where it is >= p.
 Each element is kept with probability 1 - p (to 2^-32, or 2^-24), the survivors scaled by 1 / (1 - p), as in
