@@ -151,9 +151,9 @@ def test_batched_generation_with_left_padding_equals_one_by_one(request, model_f
 
 
 def test_generation_with_a_frozen_head_never_copies_the_head_per_row(tiny_llama_dir):
-    """A frozen head (LoRA's base): torch's matmul would broadcast its weight to every row of the prefill's
-    last-position slice and copy it, [batch, hidden, vocab] (864 MiB for SmolLM2 at batch 16). No tensor that large
-    is made."""
+    """A frozen head (LoRA's base): torch's matmul would broadcast its weight over the rows of the prefill's
+    last-position slice, [batch, hidden, vocab], for a batched product that copied it on SmolLM2's bfloat16 base
+    (864 MiB at batch 16). No tensor of that size is made, not even a view."""
     from accelerate import Accelerator
     from torch.utils._python_dispatch import TorchDispatchMode
 

@@ -207,7 +207,7 @@ def test_a_one_step_run_says_what_it_could_not_measure(tmp_path, quick_args, cap
     assert "0.00 GiB" not in summary and "GiB (CPU RSS" in summary, summary
     # The RSS read at a log step can only be at or under the process's high-water mark, read at the end, in GiB.
     sampled = float(re.search(r"peak memory +([\d.]+) GiB \(CPU RSS", summary)[1])
-    high_water = float(re.search(r"high-water mark ([\d.]+) GiB \(this process", summary)[1])
+    high_water = float(re.search(r"high-water mark ([\d.]+) GiB \(the main process", summary)[1])
     assert sampled <= high_water < 64, summary
 
 

@@ -62,7 +62,8 @@ def peak_memory_tag(device: torch.device) -> tuple[str, str]:
 
 def high_water_mark_gib() -> float | None:
     """The most memory this process has held resident since it started: loading and the evaluations included, which
-    the RSS read at log steps misses. None where the OS does not say (Windows)."""
+    the RSS read at log steps misses. None where the OS does not say (Windows). A process started by fork (a forked
+    rank, a run inside the caller's process) counts what its parent held before."""
     try:
         import resource
     except ImportError:

@@ -77,7 +77,7 @@ def summary_table(
         else "n/a (no step was logged)"
     )
     if telemetry.peak_memory_kind == "CPU RSS" and (high_water := high_water_mark_gib()):
-        peak_memory += f"; high-water mark {high_water:.2f} GiB (this process, loading and evaluation included)"
+        peak_memory += f"; high-water mark {high_water:.2f} GiB (the main process, loading and evaluation included)"
     if estimate:
         peak_memory += f"; estimated at start: {size(estimate.total_bytes)} for weights, gradients and AdamW state"
     steps = (
