@@ -37,7 +37,6 @@ from app.host.dropout import DropoutMasks
 from app.host.memory import keep_freed_memory
 from app.host.preemption import StopRequest
 from app.host.runtime import (
-    HostCollective,
     build_accelerator,
     compile_notes,
     describe_backend,
@@ -71,7 +70,7 @@ def _main(argv: list[str] | None) -> int:
     refuse_amp_under_deepspeed(policy, requested_backend())
     refuse_mixed_dtypes_under_fsdp1(base_dtype(cfg.dtype, policy, cfg.use_peft)[0], requested_backend())
     accelerator = build_accelerator(cfg)
-    stop = StopRequest(HostCollective(accelerator.num_processes), announce=accelerator.is_main_process)
+    stop = StopRequest.for_run(accelerator)
     try:
         with FolderClaims() as claims:  # the main process's claims on the run's folders; bad input removes them
             return fine_tune(cfg, accelerator, policy, notes, stop, claims)

@@ -292,7 +292,7 @@ def build_training(
         model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.
     """
     inputs = inputs or load_inputs(cfg, accelerator, policy, resume)
-    stop = stop or StopRequest(HostCollective(accelerator.num_processes), announce=accelerator.is_main_process)
+    stop = stop or StopRequest.for_run(accelerator)
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 
-import accelerate
+from accelerate.utils import compare_versions
 
 from app.host.runtime import HostCollective
 
@@ -32,8 +31,7 @@ def killed_after_grace() -> bool:
     launched = all(name in os.environ for name in ("ACCELERATE_USE_CPU", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"))
     if not launched or "LOCAL_RANK" in os.environ:
         return False
-    release = re.match(r"(\d+)\.(\d+)", accelerate.__version__)
-    return release is not None and (int(release[1]), int(release[2])) >= (1, 16)
+    return compare_versions("accelerate", ">=", "1.16.0")
 
 
 class StopRequest:
@@ -43,6 +41,11 @@ class StopRequest:
         self.announce = announce  # the main process only: one line per run, not one per rank
         self.killed_after_grace = killed_after_grace()
         self._previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
+
+    @classmethod
+    def for_run(cls, accelerator) -> StopRequest:
+        """The run's handler: collective over its processes, acknowledged by the main one."""
+        return cls(HostCollective(accelerator.num_processes), announce=accelerator.is_main_process)
 
     def _handle(self, signum: int, frame) -> None:
         if not self.signum and self.announce:
