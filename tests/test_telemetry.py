@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ import pytest
 from app.telemetry import tags
 from app.telemetry.meters import gpu_memory_tags
 from tests import tb
-from tests.conftest import data_flags, run_app
+from tests.conftest import ROOT, data_flags, run_app
 
 TRAIN_TAGS = {tags.TRAIN_LOSS, tags.TRAIN_LR, tags.TRAIN_GRAD_NORM, tags.TRAIN_EPOCH}
 AMP_TAGS = {
@@ -209,6 +211,25 @@ def test_a_one_step_run_says_what_it_could_not_measure(tmp_path, quick_args, cap
     sampled = float(re.search(r"peak memory +([\d.]+) GiB \(CPU RSS", summary)[1])
     high_water = float(re.search(r"high-water mark ([\d.]+) GiB \(the main process", summary)[1])
     assert sampled <= high_water < 64, summary
+
+
+def test_the_high_water_mark_keeps_a_peak_that_has_passed():
+    """Memory held for a moment and freed, as by a generation batch, stays in the high-water mark after the RSS
+    fell. A process of its own, so that no earlier test's peak is in the mark."""
+    code = (
+        "import psutil\n"
+        "from app.telemetry.meters import high_water_mark_gib\n"
+        "resident = lambda: psutil.Process().memory_info().rss / 2**30\n"
+        "before = resident()\n"
+        "block = b'x' * (768 * 2**20)\n"  # written, so resident: 0.75 GiB on top of what the process holds
+        "del block\n"
+        "print(before, high_water_mark_gib(), resident())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    before, after, rss = map(float, result.stdout.split())
+    assert after - before >= 0.7, (before, after)
+    assert rss < after - 0.5, "the block left the RSS, and only the mark kept it"
 
 
 def cuda_memory_stats(gib: dict[str, float], retries: int, ooms: int) -> dict[str, int]:
