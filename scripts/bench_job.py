@@ -13,8 +13,9 @@ and final evaluation:
   hf_grouped   HF Trainer with train_sampling_strategy="group_by_length"
 The job is the same for all three: the embedded MiniLM and reviews (4,000/1,000 split), batch 16, max_length 128,
 lr 5e-5 with 10% linear warm-up, weight decay 0.01, clipping at 1.0, 1 epoch, dynamic padding, one final evaluation
-at batch 64. HF runs in the precision the app resolves here (`auto`: bf16 on a CPU with native bf16, else fp32),
-printed with the figures. Wall-time ratios below 1 mean the app is faster.
+at batch 64. HF runs in the precision the app resolves here (`auto`: bf16 on a CPU with native bf16, else fp32;
+`--mixed_precision no` for fp32 on any CPU), printed with the figures. Wall-time ratios below 1 mean the app is
+faster.
 """
 
 from __future__ import annotations
@@ -56,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         help="--task causal_lm: the job with LoRA adapters (configs/smollm2-lora.yaml), against HF Trainer with the "
         "same peft model and trl's SFTTrainer with use_peft (if trl is installed: pip install trl)",
     )
+    parser.add_argument(
+        "--mixed_precision",
+        choices=("auto", "no", "bf16", "fp16"),
+        default="auto",
+        help="the precision of every run (default: auto, what `make train` gets on this machine); `no` compares in "
+        "fp32, as on a CPU without native bf16",
+    )
     parser.add_argument("--hf_worker", type=Path, help=argparse.SUPPRESS)  # internal: one HF run, figures to this file
     parser.add_argument("--peer", choices=("hf", "trl"), default="hf", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -83,14 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     train_samples = args.max_train_samples or (TINY_SAMPLES if args.tiny else None)
     eval_samples = TINY_SAMPLES if args.tiny else None
     # The precision `make train` gets here; HF runs in the same one, so that the comparison is of equals.
-    policy, _ = resolve_precision(False, "auto", device_type(), launcher=None)
+    policy, _ = resolve_precision(False, args.mixed_precision, device_type(), launcher=None)
     threads = os.cpu_count() or 1
 
     samples = [*_flag("max_train_samples", train_samples), *_flag("max_eval_samples", eval_samples)]
     app_cmd = [
         *(str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no"),
         *("--dynamo_backend", "no", "--num_cpu_threads_per_process", str(threads)),  # the Makefile's LAUNCH_FLAGS
-        *(str(ROOT / "app" / "train.py"), "--mixed_precision", "auto", "--disable_tqdm"),
+        *(str(ROOT / "app" / "train.py"), "--mixed_precision", args.mixed_precision, "--disable_tqdm"),
         *("--output_dir", str(workdir / "app"), "--logdir", str(workdir / "runs"), "--run_name", "job"),
         *_flag("model_name_or_path", model),
         *samples,

@@ -22,7 +22,7 @@ same reviews tokenized the same way (the app's chat-template rendering, prompt l
 the config's learning rate with 10% warm-up, weight decay 0.01, clipping at 1.0, one epoch, then an evaluation:
 eval loss, and exact match by greedy generation of each validation review's answer (HF has no generation in its
 evaluate(), so its run generates after evaluate(), in batches, as a user would). All run in the precision that the
-app's `auto` picks here. Wall-time ratios below 1 mean the app is faster.
+app's `auto` picks here, or in --mixed_precision's. Wall-time ratios below 1 mean the app is faster.
 """
 
 from __future__ import annotations
@@ -60,14 +60,21 @@ def main(args) -> int:
     cfg = parse_config(["--config", str(config), *model_flags])
     train_samples = args.max_train_samples or (32 if args.tiny else TRAIN_SAMPLES)
     eval_samples = 16 if args.tiny else cfg.max_eval_samples
-    policy, _ = resolve_precision(False, "auto", device_type(), launcher=None)
+    policy, _ = resolve_precision(False, args.mixed_precision, device_type(), launcher=None)
     samples = ["--max_train_samples", str(train_samples), "--max_eval_samples", str(eval_samples)]
     if not args.tiny:  # convert the GGUF file before any timing: every run then loads the same cached folder
         model = str(_converted_model())
     app_cmd = [
         *(str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no"),
         *("--dynamo_backend", "no", "--num_cpu_threads_per_process", str(os.cpu_count() or 1)),
-        *(str(ROOT / "app" / "train.py"), "--config", str(config), "--mixed_precision", "auto", "--disable_tqdm"),
+        *(
+            str(ROOT / "app" / "train.py"),
+            "--config",
+            str(config),
+            "--mixed_precision",
+            args.mixed_precision,
+            "--disable_tqdm",
+        ),
         *("--eval_on_start", "false", "--model_name_or_path", model, *samples),
     ]
     result = {"model": model if args.tiny else "SmolLM2-135M-Instruct", "device": _device_name()}
