@@ -10,7 +10,9 @@ collator, AdamW settings, clipping and precision:
   app          the app's own train() (accumulate, autocast, scaler, telemetry to TensorBoard, AMP watches)
   bare         autocast + GradScaler + clip + fused AdamW in ten lines: no Accelerate, no logging
   hf_trainer   transformers.Trainer with equivalent TrainingArguments
-Each warms up, then they take turns for --rounds rounds of --steps steps, so drift of the machine hits all alike.
+All batches are full: only the reviews that fill --max_length are kept, so that every step of every contender
+computes the same shapes. Each warms up, then they take turns for --rounds rounds of --steps steps, so drift of the
+machine hits all alike.
 Step time is measured the same way for all three: between consecutive training forward calls, which leaves out
 per-call set-up (Trainer builds its optimizer on every train() call) and includes everything done per step.
 """
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
+from datasets import DatasetDict  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import (  # noqa: E402
     BertConfig,
@@ -49,22 +52,25 @@ from app.inputs.model import embedded_model_dir, load_tokenizer  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402
 from app.telemetry.writer import TensorBoardWriter  # noqa: E402
-from app.wiring import build_training, load_inputs  # noqa: E402
+from app.wiring import Inputs, build_training, load_inputs  # noqa: E402
 
 GIB = 2**30
 
 
 class StepClock:
-    """Timestamps of a model's training forward calls, and the peak memory seen while they ran."""
+    """Timestamps of a model's training forward calls, the batch shapes they took, and the peak memory seen while they
+    ran."""
 
     def __init__(self, model: torch.nn.Module, device: torch.device):
         self.stamps: list[float] = []
+        self.shapes: set[tuple[int, ...]] = set()
         self.device, self.process, self.peak = device, psutil.Process(), 0.0
-        model.register_forward_pre_hook(self._tick)
+        model.register_forward_pre_hook(self._tick, with_kwargs=True)
 
-    def _tick(self, module, args) -> None:
+    def _tick(self, module, args, kwargs) -> None:
         if module.training:
             self.stamps.append(time.perf_counter())
+            self.shapes.add(tuple(kwargs.get("input_ids", args[0] if args else None).shape))
             if self.device.type != "cuda":
                 self.peak = max(self.peak, self.process.memory_info().rss / GIB)
 
@@ -93,6 +99,19 @@ def tiny_model_dir(folder: Path) -> str:
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+def full_batches_only(inputs: Inputs, batch_size: int, max_length: int) -> Inputs:
+    """The inputs with only training examples that fill --max_length, a whole number of batches of them: every batch of
+    every contender is then batch x max_length, whichever examples it draws (with dynamic padding, a contender that
+    drew shorter batches would look faster; HF Trainer's train() starts its epoch afresh at each call, and draws the
+    same first batches)."""
+    train = inputs.tokenized["train"]
+    full = train.filter(lambda ids: len(ids) == max_length, input_columns="input_ids")
+    if len(full) < batch_size:
+        sys.exit(f"error: fewer than {batch_size} training examples fill --max_length {max_length}; pass a smaller one")
+    full = full.select(range(len(full) - len(full) % batch_size))  # no short last batch
+    return replace(inputs, tokenized=DatasetDict(train=full, validation=inputs.tokenized["validation"]))
 
 
 def main() -> int:
@@ -135,7 +154,7 @@ def main() -> int:
     accelerator = build_accelerator(cfg)
     device = accelerator.device
 
-    inputs = load_inputs(cfg, accelerator, policy)
+    inputs = full_batches_only(load_inputs(cfg, accelerator, policy), args.batch_size, args.max_length)
     tokenized, pad_to = inputs.tokenized, policy.pad_to_multiple_of
 
     def fresh_model():
@@ -238,6 +257,7 @@ def main() -> int:
         "app_vs_bare": round(rates["app"] / rates["bare"], 4),
         "app_vs_hf_trainer": round(rates["app"] / rates["hf_trainer"], 4),
         **{f"{name}_peak_memory_gib": round(clock.peak, 3) for name, clock in clocks.items()},
+        **{f"{name}_batch_shapes": sorted(clock.shapes) for name, clock in clocks.items()},
         "peak_memory_kind": "GPU allocated, per segment"
         if device.type == "cuda"
         else "process RSS (shared by all three)",

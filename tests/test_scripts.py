@@ -170,8 +170,13 @@ def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
 
 @pytest.mark.slow
 def test_bench_tiny_writes_the_json_keys(tmp_path, run_here):
-    run_here("bench.py", "--tiny", "--steps", "3", "--rounds", "1", "--warmup", "1", "--json", tmp_path / "b.json")
+    run_here(
+        *("bench.py", "--tiny", "--steps", "3", "--rounds", "1", "--warmup", "1"),
+        *("--batch_size", "3", "--max_length", "96", "--json", tmp_path / "b.json"),
+    )
     figures = json.loads((tmp_path / "b.json").read_text())
+    for name in ("app", "bare", "hf_trainer"):  # a step is compared with a step: every batch of each is full
+        assert figures[f"{name}_batch_shapes"] == [[3, 96]], name
     for key in (
         "app_samples_per_sec",
         "bare_samples_per_sec",
