@@ -47,6 +47,7 @@ from transformers import (  # noqa: E402
 
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
+from app.errors import UsageError  # noqa: E402
 from app.host.runtime import build_accelerator, device_type  # noqa: E402
 from app.inputs.model import embedded_model_dir, load_tokenizer  # noqa: E402
 from app.loop import train  # noqa: E402
@@ -70,7 +71,7 @@ class StepClock:
     def _tick(self, module, args, kwargs) -> None:
         if module.training:
             self.stamps.append(time.perf_counter())
-            self.shapes.add(tuple(kwargs.get("input_ids", args[0] if args else None).shape))
+            self.shapes.add(tuple(kwargs["input_ids"].shape))  # all three call model(**batch)
             if self.device.type != "cuda":
                 self.peak = max(self.peak, self.process.memory_info().rss / GIB)
 
@@ -109,7 +110,10 @@ def full_batches_only(inputs: Inputs, batch_size: int, max_length: int) -> Input
     train = inputs.tokenized["train"]
     full = train.filter(lambda ids: len(ids) == max_length, input_columns="input_ids")
     if len(full) < batch_size:
-        sys.exit(f"error: fewer than {batch_size} training examples fill --max_length {max_length}; pass a smaller one")
+        raise UsageError(
+            f"fewer than {batch_size} training reviews fill --max_length {max_length}; "
+            "pass a smaller --max_length or --batch_size"
+        )
     full = full.select(range(len(full) - len(full) % batch_size))  # no short last batch
     return replace(inputs, tokenized=DatasetDict(train=full, validation=inputs.tokenized["validation"]))
 
@@ -154,7 +158,10 @@ def main() -> int:
     accelerator = build_accelerator(cfg)
     device = accelerator.device
 
-    inputs = full_batches_only(load_inputs(cfg, accelerator, policy), args.batch_size, args.max_length)
+    try:
+        inputs = full_batches_only(load_inputs(cfg, accelerator, policy), args.batch_size, args.max_length)
+    except UsageError as e:  # the app's checks of the model and data, and the one above
+        parser.error(str(e))  # one line, exit code 2
     tokenized, pad_to = inputs.tokenized, policy.pad_to_multiple_of
 
     def fresh_model():
