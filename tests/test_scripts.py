@@ -38,9 +38,10 @@ def run_script(tmp_path, name: str, *args, env=None) -> subprocess.CompletedProc
 def run_here(tmp_path, monkeypatch, capfd):
     """A script as `python scripts/NAME ARGS` runs it, but in this process, which has imported torch and
     transformers already: its __main__ block with that argv, working folder and clean_env's environment. The runs a
-    script starts are real processes of their own. Returns what the script printed; fails on a non-zero exit."""
+    script starts are real processes of their own. Returns what the script printed (to stderr, where a test expects
+    it to fail); fails unless it exits with `exit_code`."""
 
-    def run(name: str, *args) -> str:
+    def run(name: str, *args, exit_code: int = 0) -> str:
         launched = clean_env(tmp_path)
         for key in set(os.environ) - set(launched):
             monkeypatch.delenv(key)
@@ -58,8 +59,8 @@ def run_here(tmp_path, monkeypatch, capfd):
         finally:
             torch.set_num_threads(threads)
         said = capfd.readouterr()
-        assert code in (0, None), f"exit {code!r}: {said.err[-3000:]}"
-        return said.out
+        assert (code or 0) == exit_code, f"exit {code!r}: {said.err[-3000:]}"
+        return said.err if exit_code else said.out
 
     return run
 
@@ -199,10 +200,20 @@ def test_bench_tiny_writes_the_json_keys(tmp_path, run_here):
         assert abs(figures[ratio] - top / bottom) <= slack, (ratio, figures[ratio], top / bottom)
 
 
+def test_bench_refuses_a_batch_that_no_set_of_full_length_reviews_fills(run_here):
+    said = run_here("bench.py", "--tiny", "--batch_size", "100000", exit_code=2)
+    assert said.strip().splitlines()[-1] == (
+        "bench.py: error: fewer than 100000 training reviews fill --max_length 128; "
+        "pass a smaller --max_length or --batch_size"
+    )
+
+
 @pytest.mark.slow
 def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path, run_here, legs_in_process):
     # fp32 whatever `auto` would pick on this CPU.
-    run_here("bench.py", "--job", "--tiny", "--mixed_precision", "no", "--json", tmp_path / "job.json")
+    said = run_here("bench.py", "--job", "--tiny", "--mixed_precision", "no", "--json", tmp_path / "job.json")
+    # The app's own line (bench's says "precision for all three"): the flag reached the app, not only HF.
+    assert any(line.startswith("precision: fp32, no autocast") for line in said.splitlines())
     figures = json.loads((tmp_path / "job.json").read_text())
     for key in ("app_wall_s", "hf_wall_s", "hf_grouped_wall_s"):
         assert figures[key] > 0, key
