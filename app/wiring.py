@@ -297,7 +297,7 @@ def build_training(
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
     started_with = resume.record.dropout_masks if resume else None
-    masks = masks_of_run(cfg, accelerator.device, started_with, say=accelerator.print)
+    masks = masks_of_run(cfg, accelerator.device, started_with)
     plan = inputs.plan
     accelerator.print(plan.footprint.line())
     model = model or load_model(inputs.task, inputs.model_path, plan, accelerator.print)
@@ -340,7 +340,7 @@ def build_training(
         state = TrainState(**vars(resume.record.state))
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
-        if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw (any note was said above)
+        if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "
                 "--fast_cpu_dropout applies to new runs"

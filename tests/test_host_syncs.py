@@ -33,6 +33,7 @@ ALLOWED = {
     ("diagnose.py", "read"),  # the fp16 pre-flight's one read, once, before step 1 (and the alarm's replay)
     # a CPU dropout mask's seed, one draw of torch's CPU generator: those masks are never drawn on a GPU (masks_of_run)
     ("dropout.py", "sfc64_keep_mask"),
+    ("dropout.py", "attention"),  # whether a row of the CPU attention mask attends to no key: the same CPU-only mode
     # transformers' own BERT forward checks padding_mask.all() to skip the SDPA mask: the model's read, not the loop's
     ("masking_utils.py", "_ignore_bidirectional_mask_sdpa"),
     ("masking_utils.py", "_ignore_causal_mask_sdpa"),  # the same check in a decoder's forward

@@ -17,10 +17,11 @@ Each element is kept with probability 1 - p (to 2^-32, or 2^-24), the survivors 
 RNG state in checkpoints govern it as before.
 
 It covers the two ways models drop out: `F.dropout` (every `nn.Dropout`) and attention dropout inside
-`F.scaled_dot_product_attention`, where torch's CPU kernels fall back to their math path anyway when dropout_p > 0;
-that same math path is called here with the mask (its `dropout_mask` argument), so masking, scaling and precision
-stay torch's own. Anything else passes through unchanged. That path is a private operator of torch's: a run draws
-these masks only once `math_path_mismatch` has found it applying a given mask as the public SDPA would.
+`F.scaled_dot_product_attention`. Attention with dropout takes torch's math path on a CPU anyway (its fused kernels
+have no dropout); here that same math is written out with public operators and the drawn mask (`attention`):
+softmax(Q K^T scale + mask), zeroed where the mask drops and the rest scaled by 1 / (1 - p), times V, in float32 for
+float16 and bfloat16 inputs as torch's math path computes it, and faster than that path given the mask (one layer's
+forward and backward in the default job: docs/benchmarks.md). Anything else passes through unchanged.
 
 Gradient checkpointing runs a layer's forward again in the backward pass, outside the mode; torch puts the RNG state
 and autocast back for that recomputation, but no TorchFunctionMode. `recompute_under_the_masks_mode` enters the mode
@@ -34,7 +35,6 @@ import enum
 import functools
 import math
 import platform
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,11 +44,6 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from app.config import TrainConfig
-from app.errors import first_line
-
-# The math path asks callers that pass their own mask to be tests; here the mask is a real one, drawn as below. (Set
-# for the process: torch raises the warning only once the outer SDPA call returns, past any local filter.)
-warnings.filterwarnings("ignore", message="Dropout mask should only be used for testing purposes")
 
 
 def intel_cpu() -> bool:
@@ -108,6 +103,46 @@ class _KeptScaled(torch.autograd.Function):
         return grad * keep.to(grad.dtype).div_(1 - ctx.p), None, None, None
 
 
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keep: torch.Tensor,
+    p: float,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` with `keep` as its dropout mask (True: kept), as torch's math path computes
+    it: float16 and bfloat16 inputs taken to float32 and the output cast back to the query's dtype (under autocast,
+    the two matrix products run in its dtype, as torch's do); grouped-query heads repeated; a row that may attend to
+    no key gives zeros (torch's safe softmax), with zero gradients."""
+    dtype = query.dtype
+    query, key, value = (tensor.float() for tensor in (query, key, value))  # no copy of a float32 tensor
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        groups = query.shape[-3] // key.shape[-3]
+        key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
+    if is_causal:
+        attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+    scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
+    scores = (query * scale) @ key.transpose(-2, -1)  # the query scaled: a quarter of the scores' size or less
+    attends_to_none = None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(attn_mask.shape, device=query.device).masked_fill_(~attn_mask, float("-inf"))
+        attends_to_none = torch.isneginf(attn_mask).all(-1, keepdim=True)  # on the mask: small, broadcast
+        if attends_to_none.any():
+            attn_mask = attn_mask.masked_fill(attends_to_none, 0)  # a finite softmax there, zeroed below
+        else:
+            attends_to_none = None
+        scores = scores + attn_mask
+    weights = scores.softmax(-1)
+    if attends_to_none is not None:
+        weights = weights.masked_fill(attends_to_none, 0)
+    return (_KeptScaled.apply(weights, keep, p, False) @ value).to(dtype)
+
+
 class FastDropout(TorchFunctionMode):
     """While active, CPU dropout draws its masks with `keep_mask` (see the module docstring)."""
 
@@ -123,14 +158,15 @@ class FastDropout(TorchFunctionMode):
                 return _KeptScaled.apply(x, self.keep_mask(x.shape, p), p, inplace)
         elif func is F.scaled_dot_product_attention:
             query, key, value, attn_mask, dropout_p, is_causal, scale, options = _sdpa_args(*args, **kwargs)
-            if 0 < dropout_p < 1 and query.device.type == "cpu" and not query.is_nested:
-                if attn_mask is not None and attn_mask.dtype == torch.bool:  # as SDPA does before its math path
-                    attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill_(~attn_mask, float("-inf"))
+            if (
+                0 < dropout_p < 1
+                and query.device.type == "cpu"
+                and not query.is_nested
+                and not (is_causal and attn_mask is not None)  # torch's own call says what is wrong
+                and set(options) <= {"enable_gqa"}  # a newer torch's options: its own attention and masks
+            ):
                 keep = self.keep_mask((*query.shape[:-1], key.shape[-2]), dropout_p)
-                output, _ = torch.ops.aten._scaled_dot_product_attention_math(
-                    query, key, value, attn_mask, dropout_p, is_causal, keep, scale=scale, **options
-                )
-                return output
+                return attention(query, key, value, keep, dropout_p, attn_mask, is_causal, scale, **options)
         return func(*args, **kwargs)
 
 
@@ -140,51 +176,6 @@ def recompute_under_the_masks_mode() -> tuple[contextlib.AbstractContextManager,
     context (from the same stack); from the RNG state torch restores, it then draws the forward's masks."""
     modes = [mode for mode in _get_current_function_mode_stack() if isinstance(mode, FastDropout)]
     return contextlib.nullcontext(), FastDropout(modes[-1].keep_mask) if modes else contextlib.nullcontext()
-
-
-@functools.cache
-def math_path_mismatch() -> str | None:
-    """None where `FastDropout`'s attention, through torch's math path, equals the public SDPA's with the mask it
-    drew applied to the attention weights; else what differs. Checked once per process (milliseconds), before a run
-    relies on the private operator, the only way to hand attention a mask.
-
-    With the identity as values, attention returns its weights: the public path without dropout gives
-    softmax(QK^T scale + mask), and the mode must give those weights, zeroed where its mask drops and the rest scaled
-    by 1 / (1 - p). Three calls, on the mode's three ways in: an additive mask with -inf entries and a scale; a boolean
-    mask with grouped-query heads; causal."""
-    if not hasattr(torch.ops.aten, "_scaled_dot_product_attention_math"):
-        return f"torch {torch.__version__} has no _scaled_dot_product_attention_math"
-    generator = torch.Generator().manual_seed(0)  # its own: the global stream, that dropout draws from, stays as it is
-    heads, length, p = 4, 5, 0.25
-    query = torch.randn(1, heads, length, 8, generator=generator)
-    attends = ~torch.ones(length, length, dtype=torch.bool).triu(2)  # each row attends to 2 keys or more
-    additive = torch.randn(length, length, generator=generator).masked_fill(~attends, float("-inf"))
-    calls = (
-        (heads, {"attn_mask": additive, "scale": 0.3}),
-        (heads // 2, {"attn_mask": attends, "enable_gqa": True}),
-        (heads, {"is_causal": True}),
-    )
-    for key_heads, options in calls:
-        key = torch.randn(1, key_heads, length, 8, generator=generator)
-        identity = torch.eye(length).expand(1, key_heads, length, length)
-        weights = F.scaled_dot_product_attention(query, key, identity, **options)
-        state = torch.get_rng_state()  # the mask and the mode draw the same mask from here; then it is put back
-        keep = sfc64_keep_mask(weights.shape, p)
-        torch.set_rng_state(state)
-        try:
-            with FastDropout(sfc64_keep_mask):
-                output = F.scaled_dot_product_attention(query, key, identity, dropout_p=p, **options)
-        except Exception as e:  # a torch whose private operator changed its arguments or what it returns
-            return f"it raised {type(e).__name__}: {first_line(e)}"
-        finally:
-            torch.set_rng_state(state)
-        expected = weights.masked_fill(~keep, 0) / (1 - p)
-        if output.shape != expected.shape:
-            return f"start-up check with {', '.join(options)}: shape {tuple(output.shape)}, not {tuple(expected.shape)}"
-        if not torch.allclose(output, expected, rtol=1e-5, atol=1e-6):
-            off = (output - expected).abs().max().item()
-            return f"start-up check with {', '.join(options)}: {off:.3g} off"
-    return None
 
 
 class DropoutMasks(str, enum.Enum):
@@ -212,31 +203,18 @@ class DropoutMasks(str, enum.Enum):
             return cls.TORCH
 
 
-def masks_of_run(
-    cfg: TrainConfig,
-    device: torch.device,
-    started_with: DropoutMasks | None = None,
-    say: Callable[[str], object] = lambda line: None,
-) -> DropoutMasks:
+def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: DropoutMasks | None = None) -> DropoutMasks:
     """How this run draws its dropout masks: SFC64 or UNIFORM (`FastDropout`), or TORCH (torch's own).
 
     SFC64 with --fast_cpu_dropout on a CPU where torch's masks come from the serial loop. A resumed run keeps the way
     it started (`started_with`, from its checkpoint), so that it draws the masks an uninterrupted run would have drawn.
-    Compiled, or on a GPU: TORCH (a compiled graph and the GPU draw their masks in their own kernels). SFC64 or
-    UNIFORM only where torch's attention math path passes `math_path_mismatch`; else TORCH, with a note to `say`."""
+    Compiled, or on a GPU: TORCH (a compiled graph and the GPU draw their masks in their own kernels)."""
     if cfg.torch_compile or device.type != "cpu":
         return DropoutMasks.TORCH
-    wanted = started_with
-    if wanted is None:
-        serial = serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu())
-        wanted = DropoutMasks.SFC64 if cfg.fast_cpu_dropout and serial else DropoutMasks.TORCH
-    if wanted != DropoutMasks.TORCH and (mismatch := math_path_mismatch()) is not None:
-        say(
-            f"note: dropout masks: torch's own, as its attention math path does not apply a given mask as "
-            f"F.scaled_dot_product_attention does ({mismatch})"
-        )
-        return DropoutMasks.TORCH
-    return wanted
+    if started_with is not None:
+        return started_with
+    serial = serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu())
+    return DropoutMasks.SFC64 if cfg.fast_cpu_dropout and serial else DropoutMasks.TORCH
 
 
 def masks_context(masks: DropoutMasks) -> Callable[[], contextlib.AbstractContextManager]:
