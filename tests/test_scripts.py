@@ -316,3 +316,19 @@ def test_bench_headroom_tiny_pairs_log_steps_with_and_without_the_probe(tmp_path
     assert figures["pairs"] == 2 and len(figures["ratios"]) == 2 and figures["ratio_median"] > 0
     assert figures["log_step_s_with_probe"] > 0 and figures["log_step_s_without"] > 0
     assert figures["headroom_logged_at"] == [1, 3, 5], "steps 1 (warm-up), 3 and 5 with the probe; 2, 4 and 6 without"
+
+
+def test_bench_attention_times_the_apps_attention_against_torchs_math_path(tmp_path, run_here):
+    said = run_here(
+        "bench_attention.py",
+        *("--mixed_precision", "no", "--rounds", 1, "--step_rounds", 1, "--json", tmp_path / "attention.json"),
+    )
+    figures = json.loads((tmp_path / "attention.json").read_text())
+    assert figures["precision"] == "no"
+    assert figures["layer_max_abs_difference"] < 1e-5  # the same attention, float32 roundings apart
+    for measure in ("layer", "step"):
+        ms = figures[f"{measure}_ms"]
+        assert min(ms.values()) > 0
+        ratio = figures[f"{measure}_app_vs_math_path"]
+        assert ratio == pytest.approx(ms["app"] / ms["torch_math_path"], abs=1e-3)  # rounded to 3 places
+        assert f"app / math path {ratio}" in said

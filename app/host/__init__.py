@@ -4,8 +4,8 @@
                     collectives over host values, what runs (backend, device, threads) in words
     preemption.py   SIGTERM and SIGINT: a flag the ranks agree on once per optimizer step
     memory.py       glibc malloc keeps a step's large freed blocks for the next step
-    dropout.py      CPU dropout masks from one float32 uniform per element where torch draws them serially, and
-                    which masks a run draws (DropoutMasks), kept on resume
+    dropout.py      CPU dropout masks from 32 bits of SFC64 per element where torch draws them serially, attention
+                    with them, and which masks a run draws (DropoutMasks), kept on resume
 
 Model, data and precision code never ask which rank they run on: what differs by rank or machine is decided here.
 """

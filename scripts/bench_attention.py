@@ -1,0 +1,157 @@
+"""Attention dropout on a CPU: the app's attention with its drawn mask against torch's math path given the same mask.
+
+    python scripts/bench_attention.py                      # the precision `make train` gets here (auto)
+    python scripts/bench_attention.py --mixed_precision no --rounds 40 --step_rounds 10 --json attention.json
+
+On a CPU, attention with dropout takes torch's math path: its fused kernels have no dropout. The app's masks reach
+attention through app/host/dropout.attention, the same math written with public operators. Two measures, each
+interleaved in one process, so that a slower stretch of a noisy machine falls on every contender:
+  layer   one attention's forward and backward at the default job's shape (16 x 12 heads x 128 x 32, padding masks):
+          the app's `attention`; torch's math path given the same mask (`_scaled_dot_product_attention_math`, a
+          private operator, the reference); the fused kernel without dropout (attention with nothing dropped)
+  step    the embedded MiniLM's forward and backward of a 16 x 128 batch under the app's masks (`FastDropout`), its
+          attention as the app computes it, and with torch's math path in its place
+Medians in ms, and the ratio app / torch's math path (below 1: the app is faster). The layer's two attentions compute
+the same thing: their largest difference is printed too (float32 rounding; bf16 roundings under autocast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+from bench_job import ROOT, _device_name
+
+sys.path.insert(0, str(ROOT))
+
+BATCH, HEADS, LENGTH, HEAD_DIM, P = 16, 12, 128, 32, 0.1  # the default job: MiniLM, batch 16, max_length 128
+
+
+def interleaved(contenders: dict, rounds: int) -> dict[str, float]:
+    """Median ms of each contender, called in turn `rounds` times after two untimed calls each."""
+    for run in contenders.values():
+        run(), run()
+    seconds = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, run in contenders.items():
+            started = time.perf_counter()
+            run()
+            seconds[name].append(time.perf_counter() - started)
+    return {name: round(1000 * sorted(times)[rounds // 2], 2) for name, times in seconds.items()}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mixed_precision", choices=("auto", "no", "bf16", "fp16"), default="auto")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds of the layer's three contenders")
+    parser.add_argument("--step_rounds", type=int, default=10, help="rounds of the model step's two contenders")
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from transformers import AutoModelForSequenceClassification
+
+    from app.amp.policy import resolve_precision
+    from app.host.dropout import FastDropout, _sdpa_args, attention, sfc64_keep_mask
+    from app.host.memory import keep_freed_memory
+    from app.inputs.model import embedded_model_dir
+    from app.telemetry.console import show_library_notices
+
+    keep_freed_memory()  # as app/train.py does before a run
+    show_library_notices(False)
+    warnings.filterwarnings("ignore", message="Dropout mask should only be used for testing purposes")  # torch's
+    policy, _ = resolve_precision(False, args.mixed_precision, "cpu", launcher=None)
+    math_path = torch.ops.aten._scaled_dot_product_attention_math
+
+    class TorchsMathPath(FastDropout):
+        """The app's masks, with attention through torch's math path given the mask."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is not F.scaled_dot_product_attention:
+                return super().__torch_function__(func, types, args, kwargs)
+            query, key, value, attn_mask, dropout_p, is_causal, scale, options = _sdpa_args(*args, **(kwargs or {}))
+            if attn_mask is not None and attn_mask.dtype == torch.bool:  # the math path adds a mask: make it -inf
+                attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill_(~attn_mask, float("-inf"))
+            keep = self.keep_mask((*query.shape[:-1], key.shape[-2]), dropout_p)
+            return math_path(query, key, value, attn_mask, dropout_p, is_causal, keep, scale=scale, **options)[0]
+
+    # ---- one layer's attention ----------------------------------------------------------------------------------
+    generator = torch.Generator().manual_seed(0)
+    q, k, v, grad = (
+        torch.randn(BATCH, HEADS, LENGTH, HEAD_DIM, generator=generator).to(policy.dtype) for _ in range(4)
+    )
+    lengths = torch.randint(LENGTH // 3, LENGTH + 1, (BATCH,), generator=generator)
+    attends = (torch.arange(LENGTH) < lengths[:, None])[:, None, None, :].expand(BATCH, 1, LENGTH, LENGTH)
+    additive = torch.zeros(attends.shape).masked_fill_(~attends, float("-inf"))
+    keep = sfc64_keep_mask((BATCH, HEADS, LENGTH, LENGTH), P)
+
+    def layer(compute):
+        def run():
+            inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+            with policy.autocast():
+                out = compute(*inputs)
+            out.backward(grad)
+            return out
+
+        return run
+
+    layer_runs = {
+        "app": layer(lambda q, k, v: attention(q, k, v, keep, P, attends)),
+        "torch_math_path": layer(lambda q, k, v: math_path(q, k, v, additive, P, False, keep)[0]),
+        "fused_no_dropout": layer(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=attends)),
+    }
+    difference = (layer_runs["app"]().float() - layer_runs["torch_math_path"]().float()).abs().max().item()
+    layer_ms = interleaved(layer_runs, args.rounds)
+
+    # ---- the model's step ---------------------------------------------------------------------------------------
+    model = AutoModelForSequenceClassification.from_pretrained(str(embedded_model_dir()), num_labels=2).train()
+    batch = {
+        "input_ids": torch.randint(1000, 20000, (BATCH, LENGTH), generator=generator),
+        "attention_mask": (torch.arange(LENGTH) < lengths[:, None]).long(),
+        "labels": torch.randint(0, 2, (BATCH,), generator=generator),
+    }
+
+    def step(mode):
+        def run():
+            with mode(), policy.autocast():
+                loss = model(**batch).loss
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return run
+
+    step_ms = interleaved({"app": step(FastDropout), "torch_math_path": step(TorchsMathPath)}, args.step_rounds)
+
+    result = {
+        "device": _device_name(),
+        "precision": policy.mode,
+        "threads": torch.get_num_threads(),
+        "layer_ms": layer_ms,
+        "layer_max_abs_difference": difference,
+        "step_ms": step_ms,
+        "layer_app_vs_math_path": round(layer_ms["app"] / layer_ms["torch_math_path"], 3),
+        "step_app_vs_math_path": round(step_ms["app"] / step_ms["torch_math_path"], 3),
+    }
+    print(f"{result['device']}; {policy.mode}, {result['threads']} threads; medians in ms")
+    print(
+        f"  layer ({BATCH} x {HEADS} x {LENGTH} x {HEAD_DIM}, forward and backward): "
+        + ", ".join(f"{name} {ms}" for name, ms in layer_ms.items())
+        + f"; app / math path {result['layer_app_vs_math_path']}; outputs differ by {difference:.3g} at most"
+    )
+    print(
+        f"  step (MiniLM, {BATCH} x {LENGTH}, forward and backward): "
+        + ", ".join(f"{name} {ms}" for name, ms in step_ms.items())
+        + f"; app / math path {result['step_app_vs_math_path']}"
+    )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
