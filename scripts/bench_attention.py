@@ -7,12 +7,13 @@ On a CPU, attention with dropout takes torch's math path: its fused kernels have
 attention through app/host/dropout.attention, the same math written with public operators. Two measures, each
 interleaved in one process, so that a slower stretch of a noisy machine falls on every contender:
   layer   one attention's forward and backward at the default job's shape (16 x 12 heads x 128 x 32, padding masks):
-          the app's `attention`; torch's math path given the same mask (`_scaled_dot_product_attention_math`, a
-          private operator, the reference); the fused kernel without dropout (attention with nothing dropped)
+          the app's `attention`; torch's attention given the same mask (the reference: SDPA's autocast casts, then
+          its math path `_scaled_dot_product_attention_math`, a private operator, below autocast); the fused kernel
+          without dropout (attention with nothing dropped)
   step    the embedded MiniLM's forward and backward of a 16 x 128 batch under the app's masks (`FastDropout`), its
           attention as the app computes it, and with torch's math path in its place
 Medians in ms, and the ratio app / torch's math path (below 1: the app is faster). The layer's two attentions compute
-the same thing: their largest difference is printed too (float32 rounding; bf16 roundings under autocast).
+the same thing: their largest difference is printed too (float32 roundings; one bf16 rounding of the output).
 """
 
 from __future__ import annotations
@@ -66,19 +67,28 @@ def main() -> int:
     show_library_notices(False)
     warnings.filterwarnings("ignore", message="Dropout mask should only be used for testing purposes")  # torch's
     policy, _ = resolve_precision(False, args.mixed_precision, "cpu", launcher=None)
-    math_path = torch.ops.aten._scaled_dot_product_attention_math
+
+    def torchs_attention(query, key, value, attn_mask, dropout_p, is_causal, keep, **options):
+        """What torch computes for attention with dropout on a CPU, given the mask: SDPA's autocast casts, then its
+        math path below autocast (`_scaled_dot_product_attention_math`, a private operator)."""
+        if torch.is_autocast_enabled("cpu"):
+            low = torch.get_autocast_dtype("cpu")
+            query, key, value = (tensor.to(low) for tensor in (query, key, value))
+        if attn_mask is not None and attn_mask.dtype == torch.bool:  # the math path adds a mask: make it -inf
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill_(~attn_mask, float("-inf"))
+        with torch.autocast("cpu", enabled=False):
+            math_path = torch.ops.aten._scaled_dot_product_attention_math
+            return math_path(query, key, value, attn_mask, dropout_p, is_causal, keep, **options)[0]
 
     class TorchsMathPath(FastDropout):
-        """The app's masks, with attention through torch's math path given the mask."""
+        """The app's masks, with attention as torch computes it given the mask."""
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             if func is not F.scaled_dot_product_attention:
                 return super().__torch_function__(func, types, args, kwargs)
             query, key, value, attn_mask, dropout_p, is_causal, scale, options = _sdpa_args(*args, **(kwargs or {}))
-            if attn_mask is not None and attn_mask.dtype == torch.bool:  # the math path adds a mask: make it -inf
-                attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill_(~attn_mask, float("-inf"))
             keep = self.keep_mask((*query.shape[:-1], key.shape[-2]), dropout_p)
-            return math_path(query, key, value, attn_mask, dropout_p, is_causal, keep, scale=scale, **options)[0]
+            return torchs_attention(query, key, value, attn_mask, dropout_p, is_causal, keep, scale=scale, **options)
 
     # ---- one layer's attention ----------------------------------------------------------------------------------
     generator = torch.Generator().manual_seed(0)
@@ -87,7 +97,6 @@ def main() -> int:
     )
     lengths = torch.randint(LENGTH // 3, LENGTH + 1, (BATCH,), generator=generator)
     attends = (torch.arange(LENGTH) < lengths[:, None])[:, None, None, :].expand(BATCH, 1, LENGTH, LENGTH)
-    additive = torch.zeros(attends.shape).masked_fill_(~attends, float("-inf"))
     keep = sfc64_keep_mask((BATCH, HEADS, LENGTH, LENGTH), P)
 
     def layer(compute):
@@ -102,7 +111,7 @@ def main() -> int:
 
     layer_runs = {
         "app": layer(lambda q, k, v: attention(q, k, v, keep, P, attends)),
-        "torch_math_path": layer(lambda q, k, v: math_path(q, k, v, additive, P, False, keep)[0]),
+        "torch_math_path": layer(lambda q, k, v: torchs_attention(q, k, v, attends, P, False, keep)),
         "fused_no_dropout": layer(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=attends)),
     }
     difference = (layer_runs["app"]().float() - layer_runs["torch_math_path"]().float()).abs().max().item()

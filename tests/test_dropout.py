@@ -176,13 +176,6 @@ def test_attention_dropout_is_softmax_attention_with_the_drawn_mask(case, masks,
         )
 
 
-def test_attention_dropout_refuses_what_torchs_refuses():
-    q = torch.randn(1, 2, 4, 8)
-    mask = torch.ones(4, 4, dtype=torch.bool)
-    with pytest.raises(RuntimeError, match="attn_mask should not be set when is_causal=True"), FastDropout():
-        F.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=True, dropout_p=P)
-
-
 def test_attention_in_bf16_keeps_torchs_precision():
     """As torch's math path: computed in float32, rounded to bf16 once. Computed in bf16, fewer than half of these
     elements come out as the float64 reference rounded to bf16; computed in float32, all or nearly all do."""
@@ -198,31 +191,93 @@ def test_attention_in_bf16_keeps_torchs_precision():
     assert (out == expected.bfloat16()).float().mean() > 0.99
 
 
-class MatrixProducts(TorchDispatchMode):
-    """The dtypes of the matrix products that run while it is active (below autocast, which has cast them)."""
-
-    def __init__(self):
-        super().__init__()
-        self.dtypes = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ in ("mm", "bmm", "baddbmm", "addmm"):
-            self.dtypes.append((args[0].dtype, args[1].dtype))
-        return func(*args, **(kwargs or {}))
+def kept_everywhere(shape, p: float) -> torch.Tensor:
+    return torch.ones(shape, dtype=torch.bool)
 
 
-def test_attention_under_autocast_multiplies_in_its_dtype_as_torchs_math_path():
-    """Under bf16 autocast torch's own attention with dropout runs its two products in bf16 (the fast ones on a CPU
-    with native bf16); so does the mode's, with the softmax in float32."""
+# Calls of F.scaled_dot_product_attention: (query, key, value shapes), dtype, options, autocast's dtype or None.
+BOOL_MASK = torch.tensor([True] * 4 + [False] * 2).expand(2, 1, 5, 6)
+NO_KEY_ROW = torch.tensor([[True] * 6] * 2 + [[False] * 6] + [[True] * 6] * 2)
+FLOAT32_MIN_ROW = torch.zeros(5, 6).index_fill_(0, torch.tensor([1]), torch.finfo(torch.float32).min)
+CALLS = {
+    "float32": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {}, None),
+    "boolean mask": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {"attn_mask": BOOL_MASK}, None),
+    "additive mask": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {"attn_mask": torch.randn(2, 1, 5, 6)}, None),
+    "float32's min as the mask": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {"attn_mask": FLOAT32_MIN_ROW}, None),
+    "a row attends to no key": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {"attn_mask": NO_KEY_ROW}, None),
+    "causal, more queries than keys": (((2, 3, 7, 8), (2, 3, 5, 8)), torch.float32, {"is_causal": True}, None),
+    "causal, fewer queries than keys": (((2, 3, 5, 8), (2, 3, 7, 8)), torch.float32, {"is_causal": True}, None),
+    "scale": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {"scale": 0.05}, None),
+    "negative scale": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {"scale": -0.3}, None),
+    "grouped query": (((2, 4, 5, 8), (2, 2, 6, 8)), torch.float32, {"enable_gqa": True}, None),
+    "grouped query, equal heads": (((2, 4, 5, 8), (2, 4, 6, 8)), torch.float32, {"enable_gqa": True}, None),
+    "no head dimension": (((3, 5, 8), (3, 6, 8)), torch.float32, {}, None),
+    "float64": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float64, {"attn_mask": BOOL_MASK}, None),
+    "bfloat16": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.bfloat16, {"attn_mask": BOOL_MASK}, None),
+    "float16": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float16, {}, None),
+    "float32 under bf16 autocast": (((2, 3, 5, 8), (2, 3, 6, 8)), torch.float32, {}, torch.bfloat16),
+    "bfloat16 under bf16 autocast, float32's min as the mask": (
+        ((2, 3, 5, 8), (2, 3, 6, 8)),
+        torch.bfloat16,
+        {"attn_mask": FLOAT32_MIN_ROW},
+        torch.bfloat16,
+    ),
+    "float32 under fp16 autocast, causal": (
+        ((2, 3, 5, 8), (2, 3, 5, 8)),
+        torch.float32,
+        {"is_causal": True},
+        torch.float16,
+    ),
+}
+
+
+@pytest.mark.parametrize("call", CALLS, ids=list(CALLS))
+def test_attention_dropout_computes_what_torchs_attention_computes(call):
+    """With every element kept and p = 0.5, the mode's attention is exactly twice torch's own without dropout, on the
+    path torch takes with dropout on a CPU (its math path): the same casts under autocast, the same float32 for half
+    inputs, the same output dtype, the same answer for a mask torch would round to -inf, the same gradients. Up to
+    float rounding (one rounding of a half output)."""
+    (q_shape, kv_shape), dtype, options, autocast = CALLS[call]
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 16, 8) for _ in range(3))
-    torch.manual_seed(5)
-    with MatrixProducts() as seen, FastDropout(), torch.autocast("cpu", dtype=torch.bfloat16):
-        out = F.scaled_dot_product_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), dropout_p=P)
-    assert seen.dtypes == [(torch.bfloat16, torch.bfloat16)] * 2 and out.dtype == torch.bfloat16
-    torch.manual_seed(5)
-    expected = attention_by_hand(q.bfloat16(), k.bfloat16(), v.bfloat16(), sfc64_by_hand((2, 3, 16, 16), P), P)
-    torch.testing.assert_close(out.double(), expected, rtol=3e-2, atol=3e-2)  # bf16 scores: a few bf16 roundings
+    q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for shape in (q_shape, kv_shape, kv_shape))
+    along = torch.randn(q_shape[:-1] + kv_shape[-1:])
+    outputs = []
+    for mode, p in ((FastDropout(kept_everywhere), 0.5), (contextlib.nullcontext(), 0.0)):
+        with mode, torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, **options)
+        grads = torch.autograd.grad((out.double() * along).sum(), (q, k, v))
+        outputs.append((out, grads))
+    (out, grads), (torchs, torchs_grads) = outputs
+    assert out.dtype == torchs.dtype
+    half = torch.float16 in (out.dtype, dtype) or torch.bfloat16 in (out.dtype, dtype)
+    tolerance = {"rtol": 8e-3, "atol": 1e-5} if half else {"rtol": 1e-5, "atol": 1e-6}
+    if dtype == torch.float64:
+        tolerance = {"rtol": 1e-12, "atol": 1e-12}  # computed in float64, as torch does: not float32's 1e-7
+    torch.testing.assert_close(out, 2 * torchs, **tolerance)
+    for grad, torchs_grad in zip(grads, torchs_grads):
+        torch.testing.assert_close(grad, 2 * torchs_grad, **tolerance)
+
+
+# Calls torch refuses: the mode passes them on, so that torch's own error says what is wrong.
+REFUSED = {
+    "an integer mask": lambda q: {"attn_mask": torch.ones(4, 4, dtype=torch.long)},
+    "keys in another dtype": lambda q: {"key": q.bfloat16()},
+    "key heads that do not divide the query's": lambda q: {"key": q[:, :1].expand(1, 3, 4, 8), "enable_gqa": True},
+    "a causal call with a mask": lambda q: {"attn_mask": torch.ones(4, 4, dtype=torch.bool), "is_causal": True},
+}
+
+
+@pytest.mark.parametrize("bad", REFUSED, ids=list(REFUSED))
+def test_attention_dropout_refuses_what_torchs_refuses(bad):
+    q = torch.randn(1, 2, 4, 8)
+    arguments = {"query": q, "key": q, "value": q, "dropout_p": P, **REFUSED[bad](q)}
+    errors = []
+    for mode in (contextlib.nullcontext(), FastDropout()):
+        with pytest.raises(RuntimeError) as error, mode:
+            F.scaled_dot_product_attention(**arguments)
+        errors.append(str(error.value))
+    assert errors[1] == errors[0]
 
 
 def tiny_bert(hidden_dropout: float, attention_dropout: float) -> torch.nn.Module:

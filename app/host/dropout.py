@@ -5,7 +5,8 @@ vectorised, multi-threaded generator; everywhere else (AMD, ARM) it is a serial 
 uniform, two 32-bit Mersenne Twister outputs, per element. In the default job that loop was a fifth of a training
 step (docs/benchmarks.md).
 
-`FastDropout` keeps torch's dropout and only draws the mask another way, with one of two `keep_mask` functions:
+`FastDropout` computes what torch's dropout computes and only draws the mask another way, with one of two
+`keep_mask` functions:
 - `sfc64_keep_mask` (what new runs draw): 32 random bits per element from numpy's SFC64 generator, kept where they
   are at least p * 2^32, the SFC64 stream seeded by one draw from torch's default generator per mask. A 16 x 12 x
   128 x 128 attention mask of the default job: 3.0 to 3.2 ms against 8.1 to 9.2 ms for the float32 uniforms below on
@@ -18,10 +19,10 @@ RNG state in checkpoints govern it as before.
 
 It covers the two ways models drop out: `F.dropout` (every `nn.Dropout`) and attention dropout inside
 `F.scaled_dot_product_attention`. Attention with dropout takes torch's math path on a CPU anyway (its fused kernels
-have no dropout); here that same math is written out with public operators and the drawn mask (`attention`):
-softmax(Q K^T scale + mask), zeroed where the mask drops and the rest scaled by 1 / (1 - p), times V, in float32 for
-float16 and bfloat16 inputs as torch's math path computes it, and faster than that path given the mask (one layer's
-forward and backward in the default job: docs/benchmarks.md). Anything else passes through unchanged.
+have no dropout); `attention` writes that path out with public operators and the drawn mask: softmax(Q K^T scale +
+mask), zeroed where the mask drops and the rest scaled by 1 / (1 - p), times V, with torch's casts (autocast's dtype
+first under autocast, float32 for float16 and bfloat16). It is faster than torch's path given the mask
+(docs/benchmarks.md). A call it does not take (`computes_itself`), and anything else, passes through unchanged.
 
 Gradient checkpointing runs a layer's forward again in the backward pass, outside the mode; torch puts the RNG state
 and autocast back for that recomputation, but no TorchFunctionMode. `recompute_under_the_masks_mode` enters the mode
@@ -103,6 +104,36 @@ class _KeptScaled(torch.autograd.Function):
         return grad * keep.to(grad.dtype).div_(1 - ctx.p), None, None, None
 
 
+# What autocast casts to its dtype before F.scaled_dot_product_attention (a lower-precision op): not float64.
+_AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def computes_itself(query, key, value, attn_mask, is_causal: bool, options: dict) -> bool:
+    """Whether `attention` takes this call. Anything else goes to torch's own attention, with its own masks, and what
+    torch refuses (mixed dtypes, an integer mask, a causal call with a mask, heads that do not divide) it refuses."""
+    if query.is_nested or set(options) - {"enable_gqa"} or (is_causal and attn_mask is not None):
+        return False  # nested tensors, a newer torch's options, or torch's own error
+    if not (query.dtype == key.dtype == value.dtype and query.is_floating_point()) or query.dim() < 2:
+        return False
+    if attn_mask is not None and not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+        return False
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        return False
+    batch, kv_batches = query.shape[:-2], [key.shape[:-2], value.shape[:-2]]
+    if options.get("enable_gqa") and query.dim() >= 3:
+        heads = query.shape[-3]
+        if any(kv[-1] == 0 or heads % kv[-1] for kv in kv_batches):
+            return False
+        kv_batches = [(*kv[:-1], heads) for kv in kv_batches]
+    scores = (*query.shape[:-1], key.shape[-2])
+    try:  # broadcast to the query's batch, and the mask to the scores, as torch's own attention requires
+        return torch.broadcast_shapes(batch, *kv_batches) == batch and (
+            attn_mask is None or torch.broadcast_shapes(attn_mask.shape, scores) == scores
+        )
+    except RuntimeError:
+        return False
+
+
 def attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -114,33 +145,46 @@ def attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """`F.scaled_dot_product_attention` with `keep` as its dropout mask (True: kept), as torch's math path computes
-    it: float16 and bfloat16 inputs taken to float32 and the output cast back to the query's dtype (under autocast,
-    the two matrix products run in its dtype, as torch's do); grouped-query heads repeated; a row that may attend to
-    no key gives zeros (torch's safe softmax), with zero gradients."""
+    """`F.scaled_dot_product_attention` with `keep` as its dropout mask (True: kept), as torch computes it on a CPU
+    with dropout (its math path): under autocast, the inputs cast to autocast's dtype first (and the whole computed
+    below autocast); float16 and bfloat16 computed in float32 and the output cast back; grouped-query heads repeated;
+    a row that may attend to no key gives zeros (torch's safe softmax), with zero gradients. For a call that
+    `computes_itself` accepts."""
+    device = query.device.type
+    if torch.is_autocast_enabled(device):
+        low = torch.get_autocast_dtype(device)
+        query, key, value, attn_mask = (
+            tensor.to(low) if tensor is not None and tensor.dtype in _AUTOCAST_CASTS else tensor
+            for tensor in (query, key, value, attn_mask)
+        )
     dtype = query.dtype
-    query, key, value = (tensor.float() for tensor in (query, key, value))  # no copy of a float32 tensor
-    if enable_gqa and key.shape[-3] != query.shape[-3]:
-        groups = query.shape[-3] // key.shape[-3]
-        key, value = key.repeat_interleave(groups, -3), value.repeat_interleave(groups, -3)
-    if is_causal:
-        attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
-    scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
-    scores = (query * scale) @ key.transpose(-2, -1)  # the query scaled: a quarter of the scores' size or less
-    attends_to_none = None
-    if attn_mask is not None:
-        if attn_mask.dtype == torch.bool:
-            attn_mask = torch.zeros(attn_mask.shape, device=query.device).masked_fill_(~attn_mask, float("-inf"))
-        attends_to_none = torch.isneginf(attn_mask).all(-1, keepdim=True)  # on the mask: small, broadcast
-        if attends_to_none.any():
-            attn_mask = attn_mask.masked_fill(attends_to_none, 0)  # a finite softmax there, zeroed below
-        else:
-            attends_to_none = None
-        scores = scores + attn_mask
-    weights = scores.softmax(-1)
-    if attends_to_none is not None:
-        weights = weights.masked_fill(attends_to_none, 0)
-    return (_KeptScaled.apply(weights, keep, p, False) @ value).to(dtype)
+    with torch.autocast(device, enabled=False):
+        if dtype in (torch.float16, torch.bfloat16):
+            query, key, value = query.float(), key.float(), value.float()
+        if enable_gqa and query.dim() >= 3:
+            heads = query.shape[-3]
+            key = key.repeat_interleave(heads // key.shape[-3], -3)
+            value = value.repeat_interleave(heads // value.shape[-3], -3)
+        if is_causal:
+            attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+        scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
+        scores = (query * scale) @ key.transpose(-2, -1)  # the query scaled: a quarter of the scores' size or less
+        attends_to_none = None
+        if attn_mask is not None:
+            if attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=query.device).masked_fill_(
+                    ~attn_mask, float("-inf")
+                )
+            attends_to_none = torch.isneginf(attn_mask).all(-1, keepdim=True)  # on the mask: small, broadcast
+            if attends_to_none.any():
+                attn_mask = attn_mask.masked_fill(attends_to_none, 0)  # a finite softmax there, zeroed below
+            else:
+                attends_to_none = None
+            scores = scores + attn_mask
+        weights = scores.softmax(-1)
+        if attends_to_none is not None:
+            weights = weights.masked_fill(attends_to_none, 0)
+        return (_KeptScaled.apply(weights, keep, p, False) @ value).to(dtype)
 
 
 class FastDropout(TorchFunctionMode):
@@ -161,9 +205,7 @@ class FastDropout(TorchFunctionMode):
             if (
                 0 < dropout_p < 1
                 and query.device.type == "cpu"
-                and not query.is_nested
-                and not (is_causal and attn_mask is not None)  # torch's own call says what is wrong
-                and set(options) <= {"enable_gqa"}  # a newer torch's options: its own attention and masks
+                and computes_itself(query, key, value, attn_mask, is_causal, options)
             ):
                 keep = self.keep_mask((*query.shape[:-1], key.shape[-2]), dropout_p)
                 return attention(query, key, value, keep, dropout_p, attn_mask, is_causal, scale, **options)
