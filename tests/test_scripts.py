@@ -321,7 +321,8 @@ def test_bench_headroom_tiny_pairs_log_steps_with_and_without_the_probe(tmp_path
 def test_bench_attention_times_the_apps_attention_against_torchs_math_path(tmp_path, run_here):
     said = run_here(
         "bench_attention.py",
-        *("--mixed_precision", "no", "--rounds", 1, "--step_rounds", 1, "--json", tmp_path / "attention.json"),
+        *("--mixed_precision", "no", "--rounds", 1, "--step_rounds", 1, "--length", 32),
+        *("--json", tmp_path / "attention.json"),
     )
     figures = json.loads((tmp_path / "attention.json").read_text())
     assert figures["precision"] == "no"

@@ -108,19 +108,36 @@ class _KeptScaled(torch.autograd.Function):
 _AUTOCAST_CASTS = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def _cast_by_autocast(dtype: torch.dtype, device: str) -> torch.dtype:
+    """The dtype autocast gives a floating input of F.scaled_dot_product_attention (a lower-precision op) here."""
+    if torch.is_autocast_enabled(device) and dtype in _AUTOCAST_CASTS:
+        return torch.get_autocast_dtype(device)
+    return dtype
+
+
 def computes_itself(query, key, value, attn_mask, is_causal: bool, options: dict) -> bool:
-    """Whether `attention` takes this call. Anything else goes to torch's own attention, with its own masks, and what
-    torch refuses (mixed dtypes, an integer mask, a causal call with a mask, heads that do not divide) it refuses."""
+    """Whether `attention` takes this call. Anything else goes to torch's own attention, with its own masks; and what
+    torch refuses (mixed dtypes or devices, a mask of another dtype, a causal call with a mask, heads that do not
+    divide, too few dimensions), torch refuses with its own error."""
     if query.is_nested or set(options) - {"enable_gqa"} or (is_causal and attn_mask is not None):
         return False  # nested tensors, a newer torch's options, or torch's own error
-    if not (query.dtype == key.dtype == value.dtype and query.is_floating_point()) or query.dim() < 2:
+    device = query.device
+    tensors = (query, key, value) if attn_mask is None else (query, key, value, attn_mask)
+    if any(tensor.device != device for tensor in tensors):
         return False
-    if attn_mask is not None and not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+    dtype = _cast_by_autocast(query.dtype, device.type)
+    if not dtype.is_floating_point or any(_cast_by_autocast(t.dtype, device.type) != dtype for t in (key, value)):
+        return False
+    if attn_mask is not None and attn_mask.dtype != torch.bool:  # torch takes bool, float32 or the query's dtype
+        if _cast_by_autocast(attn_mask.dtype, device.type) not in (torch.float32, dtype):
+            return False
+    gqa = options.get("enable_gqa", False)
+    if min(query.dim(), key.dim(), value.dim()) < (3 if gqa else 2) or query.shape[-1] == 0:
         return False
     if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
         return False
     batch, kv_batches = query.shape[:-2], [key.shape[:-2], value.shape[:-2]]
-    if options.get("enable_gqa") and query.dim() >= 3:
+    if gqa:
         heads = query.shape[-3]
         if any(kv[-1] == 0 or heads % kv[-1] for kv in kv_batches):
             return False
@@ -148,20 +165,19 @@ def attention(
     """`F.scaled_dot_product_attention` with `keep` as its dropout mask (True: kept), as torch computes it on a CPU
     with dropout (its math path): under autocast, the inputs cast to autocast's dtype first (and the whole computed
     below autocast); float16 and bfloat16 computed in float32 and the output cast back; grouped-query heads repeated;
-    a row that may attend to no key gives zeros (torch's safe softmax), with zero gradients. For a call that
-    `computes_itself` accepts."""
+    a row whose mask lets it attend to no key gives zeros (torch's safe softmax), with zero gradients (torch also
+    zeroes a row whose scores overflow to -inf throughout, which this does not look for: a pass over every score).
+    For a call that `computes_itself` accepts."""
     device = query.device.type
-    if torch.is_autocast_enabled(device):
-        low = torch.get_autocast_dtype(device)
-        query, key, value, attn_mask = (
-            tensor.to(low) if tensor is not None and tensor.dtype in _AUTOCAST_CASTS else tensor
-            for tensor in (query, key, value, attn_mask)
-        )
+    query, key, value, attn_mask = (
+        tensor if tensor is None else tensor.to(_cast_by_autocast(tensor.dtype, device))
+        for tensor in (query, key, value, attn_mask)
+    )
     dtype = query.dtype
     with torch.autocast(device, enabled=False):
         if dtype in (torch.float16, torch.bfloat16):
             query, key, value = query.float(), key.float(), value.float()
-        if enable_gqa and query.dim() >= 3:
+        if enable_gqa:
             heads = query.shape[-3]
             key = key.repeat_interleave(heads // key.shape[-3], -3)
             value = value.repeat_interleave(heads // value.shape[-3], -3)
