@@ -177,10 +177,11 @@ def attention(
     with torch.autocast(device, enabled=False):
         if dtype in (torch.float16, torch.bfloat16):
             query, key, value = query.float(), key.float(), value.float()
-        if enable_gqa:
+        if enable_gqa:  # each key and value head serves a group of query heads (a copy only where groups are > 1)
             heads = query.shape[-3]
-            key = key.repeat_interleave(heads // key.shape[-3], -3)
-            value = value.repeat_interleave(heads // value.shape[-3], -3)
+            key, value = (
+                t if t.shape[-3] == heads else t.repeat_interleave(heads // t.shape[-3], -3) for t in (key, value)
+            )
         if is_causal:
             attn_mask = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
         scale = scale if scale is not None else 1 / math.sqrt(query.shape[-1])
