@@ -59,7 +59,14 @@ def main() -> int:
     from transformers import AutoModelForSequenceClassification
 
     from app.amp.policy import resolve_precision
-    from app.host.dropout import FastDropout, _cast_by_autocast, _sdpa_args, attention, sfc64_keep_mask
+    from app.host.dropout import (
+        FastDropout,
+        _cast_by_autocast,
+        _sdpa_args,
+        attention,
+        computes_itself,
+        sfc64_keep_mask,
+    )
     from app.host.memory import keep_freed_memory
     from app.inputs.model import embedded_model_dir
     from app.telemetry.console import show_library_notices
@@ -92,6 +99,8 @@ def main() -> int:
             if func is not F.scaled_dot_product_attention:
                 return super().__torch_function__(func, types, args, kwargs)
             query, key, value, attn_mask, dropout_p, is_causal, scale, options = _sdpa_args(*args, **(kwargs or {}))
+            if not (0 < dropout_p < 1 and computes_itself(query, key, value, attn_mask, is_causal, options)):
+                return super().__torch_function__(func, types, args, kwargs)  # the calls the app's mode takes
             keep = self.keep_mask((*query.shape[:-1], key.shape[-2]), dropout_p)
             return torchs_attention(query, key, value, attn_mask, dropout_p, is_causal, keep, scale=scale, **options)
 
