@@ -163,10 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.repeats):
         # Each round starts one further along, so that no contender always runs first (or last) on a drifting machine.
         order = contenders[round_ % len(contenders) :] + contenders[: round_ % len(contenders)]
+        ran = {name: runners[name](round_) for name in order}
         figures = {"order": order}
-        for name in order:
-            wall, accuracy = runners[name](round_)
-            figures[f"{name}_wall_s"], figures[f"{name}_accuracy"] = round(wall, 1), accuracy
+        for name in contenders:  # the same keys in the same order every round, whatever order they ran in
+            figures[f"{name}_wall_s"], figures[f"{name}_accuracy"] = round(ran[name][0], 1), ran[name][1]
         for peer in contenders[1:]:  # ratios of the rounded walls, so that the printed figures check out by hand
             figures[f"app_vs_{peer}"] = round(figures["app_wall_s"] / figures[f"{peer}_wall_s"], 3)
         result["rounds"].append(figures)
