@@ -23,7 +23,6 @@ import argparse
 import functools
 import json
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
+from bench_job import scratch_dir  # noqa: E402
 from datasets import DatasetDict  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import (  # noqa: E402
@@ -136,7 +136,7 @@ def main() -> int:
     if args.steps < 2:
         parser.error("--steps must be 2 or more: time is measured between steps")
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-"))
+    workdir = scratch_dir("bench-")
     model_path = tiny_model_dir(workdir / "tiny") if args.tiny else str(embedded_model_dir())
     total = (args.warmup + args.steps * args.rounds) * 4
     cfg = replace(

@@ -19,7 +19,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench import tiny_model_dir  # noqa: E402
+from bench_job import scratch_dir  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from app.amp.headroom import HeadroomProbe  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-headroom-"))
+    workdir = scratch_dir("bench-headroom-")
     model_path = tiny_model_dir(workdir / "tiny") if args.tiny else resolve_model_path(None)
     cfg = replace(
         TrainConfig(),

@@ -29,9 +29,11 @@ app's accuracy within a point of HF grouped's in every round, and at least three
 from __future__ import annotations
 
 import argparse
+import atexit
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.amp.policy import resolve_precision
     from app.host.runtime import device_type
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-job-"))
+    workdir = scratch_dir("bench-job-")
     if args.tiny:
         from bench import tiny_model_dir
 
@@ -218,6 +220,14 @@ def _against_targets(rounds: list[dict]) -> str:
     return f"targets of the job (docs/benchmarks.md) {'met' if all(met for _, met in checks) else 'not met'}: {said}"
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A new folder for a benchmark's runs, removed when the script ends: what it keeps is its figures (a run of the
+    default job leaves a few hundred MB of models and checkpoints)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def _flag(name: str, value) -> list[str]:
     return [] if value is None else [f"--{name}", str(value)]
 
@@ -286,7 +296,7 @@ def hf_worker(args) -> int:
     tokenized = raw.map(encode, batched=True, remove_columns=raw["train"].column_names)
     model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=len(labels))
     training_args = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="bench-hf-"),
+        output_dir=str(scratch_dir("bench-hf-")),
         train_sampling_strategy=args.strategy,
         per_device_train_batch_size=defaults.per_device_train_batch_size,
         per_device_eval_batch_size=defaults.per_device_eval_batch_size,

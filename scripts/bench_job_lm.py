@@ -31,11 +31,10 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from bench_job import ACCELERATE, ROOT, _device_name, tensorboard_last, timed
+from bench_job import ACCELERATE, ROOT, _device_name, scratch_dir, tensorboard_last, timed
 
 from app.telemetry import tags
 
@@ -50,7 +49,7 @@ def main(args) -> int:
     from app.host.runtime import device_type
 
     config = LORA_CONFIG if args.use_peft else CONFIG
-    workdir = Path(tempfile.mkdtemp(prefix="bench-lm-job-"))
+    workdir = scratch_dir("bench-lm-job-")
     model, model_flags = None, []
     if args.tiny:
         from tests.lm_models import save_tiny_llama
@@ -172,7 +171,7 @@ def hf_worker(args) -> int:
             task_type="CAUSAL_LM",
         )
     options = dict(
-        output_dir=tempfile.mkdtemp(prefix="bench-hf-lm-"),
+        output_dir=str(scratch_dir("bench-hf-lm-")),
         train_sampling_strategy=args.strategy,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         per_device_eval_batch_size=cfg.per_device_eval_batch_size,

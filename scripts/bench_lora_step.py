@@ -14,11 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from bench_job import ROOT, _device_name
+from bench_job import ROOT, _device_name, scratch_dir
 
 sys.path.insert(0, str(ROOT))
 
@@ -57,7 +56,7 @@ def main() -> int:
     keep_freed_memory()  # as app/train.py does before a run
     show_library_notices(False)
 
-    workdir = Path(tempfile.mkdtemp(prefix="bench-lora-step-"))
+    workdir = scratch_dir("bench-lora-step-")
     from app.config import parse_config
 
     accelerator = build_accelerator(parse_config(["--config", str(CONFIGS["full"])]))

@@ -15,7 +15,6 @@ import argparse
 import collections
 import json
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -24,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from bench_job import scratch_dir  # noqa: E402
 from datasets import Dataset, DatasetDict  # noqa: E402
 from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
 
@@ -93,7 +93,7 @@ def main() -> int:
     accelerator = build_accelerator(cfg)
     device = accelerator.device
     results: dict[str, dict] = {}
-    workdir = tempfile.mkdtemp(prefix="gpu-check-")  # save_steps=0: only the folders, nothing in them
+    workdir = str(scratch_dir("gpu-check-"))  # save_steps=0: only the folders, nothing in them
     syncs: dict[str, dict] = {}
 
     for mode in ("no", "fp16"):

@@ -289,6 +289,26 @@ def test_bench_job_refuses_rounds_it_cannot_run(run_here, flags, error):
     assert error in said.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("ending", ["sys.exit(0)", "sys.exit('error: a run failed')"], ids=["done", "failed"])
+def test_a_benchmarks_scratch_folder_is_gone_when_it_ends(tmp_path, ending):
+    # What every benchmark keeps its runs in (a run of the default job leaves a few hundred MB), in a process of its
+    # own, as a script ends: done, or stopped by a failed run (bench_job.timed's sys.exit).
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    code = (
+        f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); import bench_job; "
+        "folder = bench_job.scratch_dir('bench-job-'); (folder / 'run').mkdir(); "
+        "(folder / 'run' / 'model').write_text('x'); "
+        f"print(folder, flush=True); {ending}"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=clean_env(tmp_path, TMPDIR=str(scratch)), capture_output=True, text=True
+    )
+    assert result.returncode == (0 if ending == "sys.exit(0)" else 1), result.stderr[-2000:]
+    folder = Path(result.stdout.strip())
+    assert folder.parent == scratch and not folder.exists() and not any(scratch.iterdir())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("adapters", [[], ["--use_peft"]], ids=["full", "lora"])
 def test_bench_job_tiny_times_the_causal_lm_job_against_hf_trainer(tmp_path, run_here, legs_in_process, adapters):
