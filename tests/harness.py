@@ -1,6 +1,7 @@
 """Build one training in this process through the app's own wiring (app/wiring.py), so a test can hook into its parts.
 
-The training keeps its checkpoints in a temporary folder and writes no TensorBoard files.
+The training keeps its checkpoints in a temporary folder, removed with the test session, and writes no TensorBoard
+files.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from app.wiring import build_training as build_app_training
 
 # What a harness run uses unless the test says otherwise.
 DEFAULTS = dict(per_device_train_batch_size=8, max_length=64, eval_steps=0, save_steps=0, disable_tqdm=True)
+# Every harness run's folders, removed as the test process ends (a session builds hundreds).
+_SCRATCH = tempfile.TemporaryDirectory(prefix="harness-")
 
 
 def build_training(model_dir: Path, files: dict[str, Path], **overrides) -> Training:
@@ -32,7 +35,9 @@ def build_training(model_dir: Path, files: dict[str, Path], **overrides) -> Trai
     cfg.validate()
     accelerator = build_accelerator(cfg)
     policy, _ = resolve_precision(cfg.amp, cfg.mixed_precision, accelerator.device.type, launcher=None)
-    paths = RunPaths("run", Path(tempfile.mkdtemp(prefix="run-")), Path(tempfile.mkdtemp(prefix="runs-")))
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=_SCRATCH.name))
+    paths = RunPaths("run", folder / "output", folder / "runs")
+    paths.output_dir.mkdir(), paths.log_dir.mkdir()
     return build_app_training(cfg, accelerator, policy, paths=paths)
 
 
