@@ -20,8 +20,13 @@ from app.wiring import build_training as build_app_training
 
 # What a harness run uses unless the test says otherwise.
 DEFAULTS = dict(per_device_train_batch_size=8, max_length=64, eval_steps=0, save_steps=0, disable_tqdm=True)
-# Every harness run's folders, removed as the test process ends (a session builds hundreds).
+# Every harness run's folders, in one folder that the test session removes (conftest.py: a session builds hundreds).
 _SCRATCH = tempfile.TemporaryDirectory(prefix="harness-")
+
+
+def remove_folders() -> None:
+    """Remove every run folder this process made (pytest-xdist's workers end without the interpreter's clean-up)."""
+    _SCRATCH.cleanup()
 
 
 def build_training(model_dir: Path, files: dict[str, Path], **overrides) -> Training:
