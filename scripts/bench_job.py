@@ -1,6 +1,6 @@
 """Benchmark the whole default job, each process timed from start to end: this app against HF Trainer.
 
-    python scripts/bench.py --job                                      # the default job, three times over
+    python scripts/bench.py --job                                      # the three runs of the default job, once
     python scripts/bench.py --job --repeats 3 --json job.json          # three rounds of it, against the targets
     python scripts/bench.py --job --repeats 3 --without_hf_defaults    # the same without HF's longest run
     python scripts/bench.py --job --max_train_samples 800 --json job.json
@@ -23,7 +23,7 @@ faster.
 so that none always runs first on a machine whose speed drifts. It prints each round and the medians, and writes
 --json after every round, so that the rounds already run survive a failure or an interrupted session. The last line
 checks the rounds against the job's targets: the median of app / HF grouped at most 0.95, no round above 1.00, the
-app's accuracy within a point of HF grouped's in every round, and at least three rounds.
+app's accuracy within a point of HF grouped's in every round, at least three rounds, and the whole default job.
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats {args.repeats}: give at least 1 round")
+    if args.json and not args.json.parent.is_dir():  # found now, not after the first round's quarter of an hour
+        parser.error(f"--json {args.json}: no folder {args.json.parent}; create it or write the figures elsewhere")
     if args.task == "causal_lm" and (args.repeats != 1 or args.without_hf_defaults):
         parser.error("--repeats and --without_hf_defaults are for the classification job; run --task causal_lm once")
     if args.task == "causal_lm":
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"medians of {args.repeats} rounds (app vs: the median of the rounds' ratios)")
         _print_table(result, contenders)
     if "hf_grouped" in contenders:
-        print(_against_targets(result["rounds"]))
+        print(_against_targets(result["rounds"], whole_job=not (args.tiny or args.max_train_samples)))
     return 0
 
 
@@ -199,22 +201,26 @@ def _print_table(figures: dict, contenders: list[str]) -> None:
         print(f"  {name:<12}{figures[f'{name}_wall_s']:>10.1f}{figures[f'{name}_accuracy']:>10.4f}{ratio}", flush=True)
 
 
-def _against_targets(rounds: list[dict]) -> str:
-    """The project's speed targets for this job, against HF Trainer's group_by_length (docs/benchmarks.md)."""
+def _against_targets(rounds: list[dict], whole_job: bool) -> str:
+    """The project's speed targets for the default job, against HF Trainer's group_by_length (docs/benchmarks.md):
+    whether `rounds` meet them. `whole_job`: the rounds ran that job (the embedded model on all its reviews)."""
     ratios = [figures["app_vs_hf_grouped"] for figures in rounds]
-    # In points, rounded off float32's last digits: 1,000 reviews give accuracies in tenths of a point.
-    points = [round(100 * (figures["app_accuracy"] - figures["hf_grouped_accuracy"]), 6) for figures in rounds]
+    median = statistics.median(ratios)
+    # In points, each accuracy rounded first: the app's comes from TensorBoard as a float32 (0.841 reads
+    # 0.84100002), and an evaluation of 1,000 reviews moves in tenths of a point.
+    points = [
+        round(round(100 * figures["app_accuracy"], 3) - round(100 * figures["hf_grouped_accuracy"], 3), 3) + 0.0
+        for figures in rounds  # + 0.0: an equal pair prints +0.0, not -0.0
+    ]
     checks = [
-        (
-            f"median app / HF grouped {statistics.median(ratios):.3f} <= {TARGET_MEDIAN}",
-            statistics.median(ratios) <= TARGET_MEDIAN,
-        ),
+        (f"median app / HF grouped {median:.3f} <= {TARGET_MEDIAN}", median <= TARGET_MEDIAN),
         (f"each round <= {TARGET_EACH:.2f} (highest {max(ratios):.3f})", max(ratios) <= TARGET_EACH),
         (
             f"accuracy within {TARGET_POINTS:g} point of HF grouped's ({min(points):+.1f} to {max(points):+.1f})",
             all(abs(point) <= TARGET_POINTS for point in points),
         ),
         (f"at least {TARGET_ROUNDS} rounds ({len(rounds)})", len(rounds) >= TARGET_ROUNDS),
+        ("the whole default job", whole_job),
     ]
     said = "; ".join(f"{text}: {'yes' if met else 'NO'}" for text, met in checks)
     return f"targets of the job (docs/benchmarks.md) {'met' if all(met for _, met in checks) else 'not met'}: {said}"

@@ -88,15 +88,6 @@ def save_tiny_bert(path: Path, dropout: float) -> Path:
     return path
 
 
-@pytest.fixture(scope="session", autouse=True)
-def harness_folders_removed():
-    """The run folders of tests/harness.py go with the session: an xdist worker ends without the interpreter's
-    clean-up, which would leave them in the temporary folder."""
-    yield
-    if (harness := sys.modules.get("tests.harness")) is not None:
-        harness.remove_folders()
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), dropout=0.1)

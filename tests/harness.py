@@ -1,6 +1,6 @@
 """Build one training in this process through the app's own wiring (app/wiring.py), so a test can hook into its parts.
 
-The training keeps its checkpoints in a temporary folder, removed with the test session, and writes no TensorBoard
+The training keeps its checkpoints in a temporary folder, removed as the process ends, and writes no TensorBoard
 files.
 """
 
@@ -20,12 +20,13 @@ from app.wiring import build_training as build_app_training
 
 # What a harness run uses unless the test says otherwise.
 DEFAULTS = dict(per_device_train_batch_size=8, max_length=64, eval_steps=0, save_steps=0, disable_tqdm=True)
-# Every harness run's folders, in one folder that the test session removes (conftest.py: a session builds hundreds).
+# Every harness run's folders, in one folder removed as the process ends (a test session builds hundreds).
 _SCRATCH = tempfile.TemporaryDirectory(prefix="harness-")
 
 
 def remove_folders() -> None:
-    """Remove every run folder this process made (pytest-xdist's workers end without the interpreter's clean-up)."""
+    """Remove every run folder this process made: for a process that ends by os._exit (tests/forked.py), which
+    skips the clean-up at the interpreter's exit."""
     _SCRATCH.cleanup()
 
 

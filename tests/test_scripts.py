@@ -212,7 +212,7 @@ def test_bench_refuses_a_batch_that_no_set_of_full_length_reviews_fills(run_here
 def test_bench_job_tiny_times_the_app_and_hf_trainer_whole(tmp_path, run_here, legs_in_process):
     # fp32 whatever `auto` would pick on this CPU.
     said = run_here("bench.py", "--job", "--tiny", "--mixed_precision", "no", "--json", tmp_path / "job.json")
-    # The app's own line (bench's says "precision for all three"): the flag reached the app, not only HF.
+    # The app's own line (bench's says "precision for all"): the flag reached the app, not only HF.
     assert any(line.startswith("precision: fp32, no autocast") for line in said.splitlines())
     figures = json.loads((tmp_path / "job.json").read_text())
     for key in ("app_wall_s", "hf_wall_s", "hf_grouped_wall_s"):
@@ -276,13 +276,45 @@ def test_bench_job_keeps_the_rounds_finished_before_a_run_fails(tmp_path, run_he
     assert len(figures["rounds"]) == 1 and figures["app_vs_hf_grouped"] == figures["rounds"][0]["app_vs_hf_grouped"]
 
 
+def test_the_targets_check_takes_each_bound_as_met_and_no_more(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_job
+
+    app = float(torch.tensor(0.841, dtype=torch.float32))  # as TensorBoard gives the app's accuracy back: 0.84100002
+
+    def rounds(ratios, hf_grouped_accuracy, app_accuracy=app):
+        return [
+            {"app_vs_hf_grouped": r, "app_accuracy": app_accuracy, "hf_grouped_accuracy": hf_grouped_accuracy}
+            for r in ratios
+        ]
+
+    # Every bound reached and none passed: a median of 0.95, a round of 1.00, accuracies a point apart.
+    at_the_bounds = bench_job._against_targets(rounds([0.9, 0.95, 1.0], 0.831), whole_job=True)
+    assert at_the_bounds.startswith("targets of the job (docs/benchmarks.md) met: "), at_the_bounds
+    assert "(+1.0 to +1.0): yes" in at_the_bounds
+    for said, failed in [
+        (bench_job._against_targets(rounds([0.9, 0.951, 0.96], 0.831), whole_job=True), "median app / HF grouped"),
+        (bench_job._against_targets(rounds([0.9, 0.9, 1.001], 0.831), whole_job=True), "each round <= 1.00"),
+        (bench_job._against_targets(rounds([0.9, 0.9, 0.9], 0.852), whole_job=True), "accuracy within 1 point"),
+        (bench_job._against_targets(rounds([0.9, 0.9], 0.841), whole_job=True), "at least 3 rounds"),
+        (bench_job._against_targets(rounds([0.9, 0.9, 0.9], 0.841), whole_job=False), "the whole default job"),
+    ]:
+        assert said.startswith("targets of the job (docs/benchmarks.md) not met: "), said
+        checks = said.split(" met: ", 1)[1].split("; ")
+        assert [check.rsplit(": ", 1)[1] for check in checks if check.startswith(failed)] == ["NO"], said
+        assert sum(check.endswith(": NO") for check in checks) == 1, said
+    equal = bench_job._against_targets(rounds([0.9, 0.9, 0.9], 0.841), whole_job=True)
+    assert "(+0.0 to +0.0): yes" in equal and equal.startswith("targets of the job (docs/benchmarks.md) met"), equal
+
+
 @pytest.mark.parametrize(
     "flags, error",
     [
         (["--repeats", "0"], "--repeats 0: give at least 1 round"),
         (["--task", "causal_lm", "--repeats", "3"], "--repeats and --without_hf_defaults are for the classification"),
+        (["--json", "no/such/folder/job.json"], "--json no/such/folder/job.json: no folder no/such/folder; create it"),
     ],
-    ids=["no-rounds", "lm-rounds"],
+    ids=["no-rounds", "lm-rounds", "json-folder"],
 )
 def test_bench_job_refuses_rounds_it_cannot_run(run_here, flags, error):
     said = run_here("bench.py", "--job", "--tiny", *flags, exit_code=2)
