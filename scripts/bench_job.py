@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats {args.repeats}: give at least 1 round")
     if args.json and not args.json.parent.is_dir():  # found now, not after the first round's quarter of an hour
         parser.error(f"--json {args.json}: no folder {args.json.parent}; create it or write the figures elsewhere")
+    if args.json and args.json.is_dir():
+        parser.error(f"--json {args.json} is a folder; name a file in it, e.g. {args.json / 'job.json'}")
     if args.task == "causal_lm" and (args.repeats != 1 or args.without_hf_defaults):
         parser.error("--repeats and --without_hf_defaults are for the classification job; run --task causal_lm once")
     if args.task == "causal_lm":

@@ -313,8 +313,9 @@ def test_the_targets_check_takes_each_bound_as_met_and_no_more(monkeypatch):
         (["--repeats", "0"], "--repeats 0: give at least 1 round"),
         (["--task", "causal_lm", "--repeats", "3"], "--repeats and --without_hf_defaults are for the classification"),
         (["--json", "no/such/folder/job.json"], "--json no/such/folder/job.json: no folder no/such/folder; create it"),
+        (["--json", "."], "--json . is a folder; name a file in it, e.g. job.json"),
     ],
-    ids=["no-rounds", "lm-rounds", "json-folder"],
+    ids=["no-rounds", "lm-rounds", "json-folder", "json-is-a-folder"],
 )
 def test_bench_job_refuses_rounds_it_cannot_run(run_here, flags, error):
     said = run_here("bench.py", "--job", "--tiny", *flags, exit_code=2)
