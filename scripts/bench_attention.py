@@ -11,14 +11,21 @@ interleaved in one process, so that a slower stretch of a noisy machine falls on
           its math path `_scaled_dot_product_attention_math`, a private operator, below autocast); the fused kernel
           without dropout (attention with nothing dropped)
   step    the embedded MiniLM's forward and backward of a 16 x 128 batch under the app's masks (`FastDropout`), its
-          attention as the app computes it, and with torch's math path in its place
-Medians in ms, and the ratio app / torch's math path (below 1: the app is faster). The layer's two attentions compute
+          attention as the app computes it, and with torch's math path in its place; then torch's own masks
+          (`bernoulli_`, what a run draws on Intel's CPUs with MKL) under the mode, with the app's attention and
+          dropout, against no mode at all: torch's own masks, dropout and attention. Both of these draw the same
+          masks (torch's serial loop here, MKL's on Intel), so what parts them is the app's attention and dropout
+          alone: whether those would gain where torch's masks are already fast.
+Medians in ms, and the ratios app / torch's math path, app / torch's own (no mode: what the mode gains on this
+CPU), and with torch's masks app / torch's own (below 1: the app is faster). The layer's two attentions compute
 the same thing: their largest difference is printed too (float32 roundings; one bf16 rounding of the output).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import time
@@ -104,6 +111,10 @@ def main() -> int:
             keep = self.keep_mask((*query.shape[:-1], key.shape[-2]), dropout_p)
             return torchs_attention(query, key, value, attn_mask, dropout_p, is_causal, keep, scale=scale, **options)
 
+    def torchs_keep_mask(shape: tuple[int, ...], p: float) -> torch.Tensor:
+        """torch's own mask: what its dropout and attention would draw from the same generator state."""
+        return torch.empty(shape, dtype=torch.bool).bernoulli_(1 - p)
+
     # ---- one layer's attention ----------------------------------------------------------------------------------
     generator = torch.Generator().manual_seed(0)
     q, k, v, grad = (
@@ -148,7 +159,13 @@ def main() -> int:
 
         return run
 
-    step_ms = interleaved({"app": step(FastDropout), "torch_math_path": step(TorchsMathPath)}, args.step_rounds)
+    steps = {
+        "app": step(FastDropout),
+        "torch_math_path": step(TorchsMathPath),
+        "app_torch_masks": step(functools.partial(FastDropout, torchs_keep_mask)),
+        "torch_own": step(contextlib.nullcontext),
+    }
+    step_ms = interleaved(steps, args.step_rounds)
 
     result = {
         "device": _device_name(),
@@ -160,6 +177,8 @@ def main() -> int:
         "step_ms": step_ms,
         "layer_app_vs_math_path": round(layer_ms["app"] / layer_ms["torch_math_path"], 3),
         "step_app_vs_math_path": round(step_ms["app"] / step_ms["torch_math_path"], 3),
+        "step_app_vs_torch_own": round(step_ms["app"] / step_ms["torch_own"], 3),
+        "step_torch_masks_app_vs_torch_own": round(step_ms["app_torch_masks"] / step_ms["torch_own"], 3),
     }
     print(f"{result['device']}; {policy.mode}, {result['threads']} threads; medians in ms")
     print(
@@ -171,6 +190,8 @@ def main() -> int:
         f"  step (MiniLM, {BATCH} x {length}, forward and backward): "
         + ", ".join(f"{name} {ms}" for name, ms in step_ms.items())
         + f"; app / math path {result['step_app_vs_math_path']}"
+        + f"; app / torch's own {result['step_app_vs_torch_own']}"
+        + f"; with torch's masks, app / torch's own {result['step_torch_masks_app_vs_torch_own']}"
     )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -451,3 +451,10 @@ def test_bench_attention_times_the_apps_attention_against_torchs_math_path(tmp_p
         ratio = figures[f"{measure}_app_vs_math_path"]
         assert ratio == pytest.approx(ms["app"] / ms["torch_math_path"], abs=1e-3)  # rounded to 3 places
         assert f"app / math path {ratio}" in said
+    ms = figures["step_ms"]
+    for said_as, ratio, app in (
+        ("; app / torch's own", figures["step_app_vs_torch_own"], "app"),
+        ("with torch's masks, app / torch's own", figures["step_torch_masks_app_vs_torch_own"], "app_torch_masks"),
+    ):
+        assert ratio == pytest.approx(ms[app] / ms["torch_own"], abs=1e-3)
+        assert f"{said_as} {ratio}" in said
