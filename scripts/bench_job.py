@@ -3,6 +3,7 @@
     python scripts/bench.py --job                                      # the three runs of the default job, once
     python scripts/bench.py --job --repeats 3 --json job.json          # three rounds of it, against the targets
     python scripts/bench.py --job --repeats 3 --without_hf_defaults    # the same without HF's longest run
+    python scripts/bench.py --job --repeats 3 --app_torch_masks        # the app as it runs on Intel CPUs with MKL
     python scripts/bench.py --job --max_train_samples 800 --json job.json
     python scripts/bench.py --job --tiny                               # a tiny BERT: checks that it runs, no speed
     python scripts/bench.py --job --task causal_lm                     # the causal-LM job: scripts/bench_job_lm.py
@@ -91,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="leave out HF Trainer with its defaults (random batches), the longest run: the app against HF grouped",
     )
+    parser.add_argument(
+        "--app_torch_masks",
+        action="store_true",
+        help="the app with --fast_cpu_dropout false: torch's own dropout masks and attention, as HF's runs draw them "
+        "and as the app runs on Intel CPUs with MKL; elsewhere, what the app gains besides its masks (not the "
+        "default job: the targets' line says so)",
+    )
     parser.add_argument("--hf_worker", type=Path, help=argparse.SUPPRESS)  # internal: one HF run, figures to this file
     parser.add_argument("--peer", choices=("hf", "trl"), default="hf", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -104,8 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--json {args.json}: no folder {args.json.parent}; create it or write the figures elsewhere")
     if args.json and args.json.is_dir():
         parser.error(f"--json {args.json} is a folder; name a file in it, e.g. {args.json / 'job.json'}")
-    if args.task == "causal_lm" and (args.repeats != 1 or args.without_hf_defaults):
-        parser.error("--repeats and --without_hf_defaults are for the classification job; run --task causal_lm once")
+    if args.task == "causal_lm" and (args.repeats != 1 or args.without_hf_defaults or args.app_torch_masks):
+        parser.error(
+            "--repeats, --without_hf_defaults and --app_torch_masks are for the classification job; run --task "
+            "causal_lm once"
+        )
     if args.task == "causal_lm":
         import bench_job_lm
 
@@ -130,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = os.cpu_count() or 1
 
     samples = [*_flag("max_train_samples", train_samples), *_flag("max_eval_samples", eval_samples)]
+    app_flags = ["--fast_cpu_dropout", "false"] if args.app_torch_masks else []
 
     def run_app(round_: int) -> tuple[float, float]:
         name = f"job{round_}"  # a run of its own each round: the app refuses to write over an earlier one
@@ -140,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             *("--output_dir", str(workdir / name), "--logdir", str(workdir / "runs"), "--run_name", name),
             *_flag("model_name_or_path", model),
             *samples,
+            *app_flags,
         ]
         wall = timed(app_cmd)
         return wall, tensorboard_last(workdir / "runs" / name, tags.EVAL_ACCURACY)
@@ -162,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         "precision": policy.mode,
         "precision_reason": policy.describe(),
         "train_samples": train_samples or 4000,
+        "app_flags": app_flags,
         "rounds": [],
     }
     print(f"job: {result['model']}, {result['train_samples']} training reviews, 1 epoch; {result['device']}")
+    if app_flags:
+        print(f"the app with {' '.join(app_flags)}: torch's own dropout masks and attention")
     print(f"precision for all: {policy.mode} ({policy.describe()})", flush=True)
     for round_ in range(args.repeats):
         # Each round starts one further along, so that no contender always runs first (or last) on a drifting machine.
@@ -185,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"medians of {args.repeats} rounds (app vs: the median of the rounds' ratios)")
         _print_table(result, contenders)
     if "hf_grouped" in contenders:
-        print(_against_targets(result["rounds"], whole_job=not (args.tiny or args.max_train_samples)))
+        print(_against_targets(result["rounds"], whole_job=_runs_the_default_job(args)))
     return 0
 
 
@@ -201,6 +217,11 @@ def _print_table(figures: dict, contenders: list[str]) -> None:
     for name in contenders:
         ratio = f"{figures[f'app_vs_{name}']:>10.3f}" if name != "app" else ""
         print(f"  {name:<12}{figures[f'{name}_wall_s']:>10.1f}{figures[f'{name}_accuracy']:>10.4f}{ratio}", flush=True)
+
+
+def _runs_the_default_job(args: argparse.Namespace) -> bool:
+    """Whether the app runs the job `make train` runs: the embedded model on all its reviews, with its defaults."""
+    return not (args.tiny or args.max_train_samples or args.app_torch_masks)
 
 
 def _against_targets(rounds: list[dict], whole_job: bool) -> str:

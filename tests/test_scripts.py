@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import runpy
@@ -246,6 +247,31 @@ def test_bench_job_rounds_take_turns_and_keep_every_round(tmp_path, run_here, le
     assert "at least 3 rounds (2): NO" in verdict, verdict
 
 
+def test_bench_job_app_torch_masks_runs_the_app_on_torchs_masks(tmp_path, run_here, legs_in_process, monkeypatch):
+    """--app_torch_masks: the app as it runs on Intel CPUs with MKL, on any CPU; not the default job, which the
+    targets' line says."""
+    import app.host.dropout
+
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the app's default is its SFC64 masks
+    flags = ("bench.py", "--job", "--tiny", "--without_hf_defaults", "--mixed_precision", "no")
+    said = {
+        torch_masks: run_here(*flags, *(["--app_torch_masks"] if torch_masks else []), "--json", tmp_path / "job.json")
+        for torch_masks in (False, True)
+    }
+    figures = json.loads((tmp_path / "job.json").read_text())
+    assert figures["app_flags"] == ["--fast_cpu_dropout", "false"]
+    assert "the app with --fast_cpu_dropout false: torch's own dropout masks and attention" in said[True]
+    for torch_masks, output in said.items():  # the app's own start-up line says which masks it drew
+        assert ("dropout: masks from 32 bits of SFC64 per element" in output) != torch_masks
+        assert "the whole default job: NO" in output.strip().splitlines()[-1]  # --tiny, and with or without the flag
+    import bench_job
+
+    whole = argparse.Namespace(tiny=False, max_train_samples=None, app_torch_masks=False)
+    assert bench_job._runs_the_default_job(whole)
+    for changed in ({"tiny": True}, {"max_train_samples": 800}, {"app_torch_masks": True}):
+        assert not bench_job._runs_the_default_job(argparse.Namespace(**(vars(whole) | changed))), changed
+
+
 @pytest.mark.slow
 def test_bench_job_keeps_the_rounds_finished_before_a_run_fails(tmp_path, run_here, legs_in_process, monkeypatch):
     import bench_job
@@ -311,11 +337,15 @@ def test_the_targets_check_takes_each_bound_as_met_and_no_more(monkeypatch):
     "flags, error",
     [
         (["--repeats", "0"], "--repeats 0: give at least 1 round"),
-        (["--task", "causal_lm", "--repeats", "3"], "--repeats and --without_hf_defaults are for the classification"),
+        (["--task", "causal_lm", "--repeats", "3"], "--repeats, --without_hf_defaults and --app_torch_masks are for"),
+        (
+            ["--task", "causal_lm", "--app_torch_masks"],
+            "--repeats, --without_hf_defaults and --app_torch_masks are for",
+        ),
         (["--json", "no/such/folder/job.json"], "--json no/such/folder/job.json: no folder no/such/folder; create it"),
         (["--json", "."], "--json . is a folder; name a file in it, e.g. job.json"),
     ],
-    ids=["no-rounds", "lm-rounds", "json-folder", "json-is-a-folder"],
+    ids=["no-rounds", "lm-rounds", "lm-torch-masks", "json-folder", "json-is-a-folder"],
 )
 def test_bench_job_refuses_rounds_it_cannot_run(run_here, flags, error):
     said = run_here("bench.py", "--job", "--tiny", *flags, exit_code=2)
