@@ -226,7 +226,7 @@ def _runs_the_default_job(args: argparse.Namespace) -> bool:
 
 def _against_targets(rounds: list[dict], whole_job: bool) -> str:
     """The project's speed targets for the default job, against HF Trainer's group_by_length (docs/benchmarks.md):
-    whether `rounds` meet them. `whole_job`: the rounds ran that job (the embedded model on all its reviews)."""
+    whether `rounds` meet them. `whole_job`: the rounds ran that job (_runs_the_default_job)."""
     ratios = [figures["app_vs_hf_grouped"] for figures in rounds]
     median = statistics.median(ratios)
     # In points, each accuracy rounded first: the app's comes from TensorBoard as a float32 (0.841 reads
