@@ -56,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mixed_precision", choices=("auto", "no", "bf16", "fp16"), default="auto")
     parser.add_argument("--rounds", type=int, default=30, help="rounds of the layer's three contenders")
-    parser.add_argument("--step_rounds", type=int, default=10, help="rounds of the model step's two contenders")
+    parser.add_argument("--step_rounds", type=int, default=10, help="rounds of the model step's four contenders")
     parser.add_argument("--length", type=int, default=128, help="tokens per sequence (the default job's max_length)")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args()

@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--json {args.json} is a folder; name a file in it, e.g. {args.json / 'job.json'}")
     if args.task == "causal_lm" and (args.repeats != 1 or args.without_hf_defaults or args.app_torch_masks):
         parser.error(
-            "--repeats, --without_hf_defaults and --app_torch_masks are for the classification job; run --task "
-            "causal_lm once"
+            "--repeats, --without_hf_defaults and --app_torch_masks are for the classification job; leave them out "
+            "with --task causal_lm"
         )
     if args.task == "causal_lm":
         import bench_job_lm
