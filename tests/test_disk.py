@@ -3,6 +3,7 @@ what the run writes is as readable as the umask allows."""
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -12,6 +13,7 @@ import sys
 import pytest
 
 from app.storage.checkpoints import completed_checkpoints
+from app.storage.disk import write_text_atomically
 from app.storage.integrity import damage
 from tests import forked
 from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_app
@@ -110,6 +112,18 @@ def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, t
     assert [rank.returncode for rank in ranks] == [4, 4], errors
     assert last_line(errors[0]).startswith("error: no space left on device for checkpoint step-2 in "), errors[0]
     assert "error: " not in errors[1], "one rank says why"
+
+
+def test_a_text_written_atomically_is_the_old_or_the_new_even_on_a_full_disk(small_disk):
+    # What checkpoints' records and the benchmarks' per-round JSON are written with.
+    record = small_disk / "record.json"
+    write_text_atomically(record, "old")
+    write_text_atomically(record, "new")
+    assert record.read_text() == "new"
+    with pytest.raises(OSError) as error:
+        write_text_atomically(record, "x" * (30 << 20))  # more than the 20 MB filesystem holds
+    assert error.value.errno == errno.ENOSPC
+    assert record.read_text() == "new" and [path.name for path in small_disk.iterdir()] == ["record.json"]
 
 
 @pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])

@@ -7,7 +7,8 @@
     checkpoints.py   CheckpointRecord (what each checkpoint records besides Accelerate's state) and Checkpoints:
                      atomic save, latest, pruning, resume; the only module that knows the layout on disk
     integrity.py     each checkpoint's record of its files (sizes, sha256), checked before a resume
-    disk.py          file modes as the umask allows, free space before a save, a full disk as exit 4 on every rank
+    disk.py          file modes as the umask allows, free space before a save, a full disk as exit 4 on every rank,
+                     text files written atomically
     final_model.py   the final model and tokenizer, gathered from shards and written atomically
     model_card.py    the output folder's README.md, from what the run did
 

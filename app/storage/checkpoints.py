@@ -63,7 +63,7 @@ class CheckpointRecord:
         )
 
     def write(self, checkpoint: Path) -> None:
-        _write_atomically(checkpoint / STATE_FILE, json.dumps(dataclasses.asdict(self), indent=2))
+        disk.write_text_atomically(checkpoint / STATE_FILE, json.dumps(dataclasses.asdict(self), indent=2))
 
     def resume_notes(self, precision: str, scaler_toggled: str | None) -> list[str]:
         """How a run resuming from this checkpoint differs in precision from the run that saved it, one line each.
@@ -316,9 +316,3 @@ def _candidates(spec: str, output_dir: str | None) -> list[Path]:
             f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh"
         )
     return found[::-1]
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -44,6 +44,17 @@ def share_as_umask_allows(folder: Path) -> None:
             os.chmod(path, mode)
 
 
+def write_text_atomically(path: Path, text: str) -> None:
+    """`path` holds the old text or the new, never part of one: written beside it under a name of this process's,
+    then renamed over it (a rename within one folder is atomic). A failed write (a full disk) leaves no partial file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from app.storage.disk import write_text_atomically
 
 RECORD = "checkpoint_files.json"
 RANDOM_STATES = "random_states_{}.pkl"  # Accelerate's name for process i's RNG state
@@ -25,9 +26,7 @@ def write_record(folder: Path) -> int:
         for path in sorted(folder.rglob("*"))
         if path.is_file() and path.name != RECORD
     }
-    tmp = folder / f".{RECORD}.tmp"
-    tmp.write_text(json.dumps({"files": files}, indent=1))
-    os.replace(tmp, folder / RECORD)
+    write_text_atomically(folder / RECORD, json.dumps({"files": files}, indent=1))
     return sum(entry["bytes"] for entry in files.values())
 
 
