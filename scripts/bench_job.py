@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.config import TrainConfig  # noqa: E402
+from app.storage.disk import write_text_atomically  # noqa: E402
 from app.telemetry import tags  # noqa: E402
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -195,13 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"round {round_ + 1} of {args.repeats} (in this order: {', '.join(order)})")
         _print_table(figures, contenders)
         result.update(_medians(result["rounds"], contenders))
-        if args.json:  # after every round: a session that ends early keeps the rounds it finished
-            args.json.write_text(json.dumps(result, indent=2))
+        if args.json:  # after every round, atomically: a session that ends early keeps the rounds it finished
+            write_text_atomically(args.json, json.dumps(result, indent=2))
     if args.repeats > 1:
         print(f"medians of {args.repeats} rounds (app vs: the median of the rounds' ratios)")
         _print_table(result, contenders)
-    if "hf_grouped" in contenders:
-        print(_against_targets(result["rounds"], whole_job=_runs_the_default_job(args)))
+    print(_against_targets(result["rounds"], whole_job=_runs_the_default_job(args)))
     return 0
 
 

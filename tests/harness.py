@@ -43,7 +43,8 @@ def build_training(model_dir: Path, files: dict[str, Path], **overrides) -> Trai
     policy, _ = resolve_precision(cfg.amp, cfg.mixed_precision, accelerator.device.type, launcher=None)
     folder = Path(tempfile.mkdtemp(prefix="run-", dir=_SCRATCH.name))
     paths = RunPaths("run", folder / "output", folder / "runs")
-    paths.output_dir.mkdir(), paths.log_dir.mkdir()
+    paths.output_dir.mkdir()
+    paths.log_dir.mkdir()
     return build_app_training(cfg, accelerator, policy, paths=paths)
 
 
