@@ -191,6 +191,31 @@ def test_overflow_replay_draws_the_runs_dropout_masks_also_when_checkpointing_re
     assert seen.calls["bernoulli_"] == 0 and seen.calls["randint"] > 0, seen.calls  # a seed per SFC64 mask
 
 
+@pytest.mark.slow
+def test_under_torch_compile_the_diagnostic_passes_run_eagerly(overflow_model_dir, review_files, capsys):
+    """Their hooks would have torch.compile trace a hooked graph of its own for each pass (SmolLM2's pre-flight took
+    178 s on a CPU that way), and the pre-flight comes before the training graph is compiled at all."""
+    from torch._dynamo.utils import counters
+
+    run = harness.build_training(
+        overflow_model_dir, review_files, amp=True, max_steps=1, torch_compile=True, skip_amp_preflight=True
+    )
+    run.model.train()
+    batch = diagnose.first_training_batch(run.train_loader, run.accelerator.device)
+    counters.clear()
+    try:
+        run.preflight()
+        line = run.overflow_report(batch)
+        compiled = counters["stats"]["unique_graphs"]
+        run.model(**batch)  # the model itself is still compiled: this call traces it
+        assert counters["stats"]["unique_graphs"] > compiled
+    finally:
+        run.close()
+    assert compiled == 0, "a diagnostic pass compiled a graph"
+    assert f"first in execution order: bert.{OVERFLOWING} (max |x| = inf)" in capsys.readouterr().out
+    assert line == f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
+
+
 @pytest.mark.parametrize("has_bf16, target", [(True, "bf16"), (False, "no")])
 def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
     quick_args, overflow_model_dir, tmp_path, capsys, monkeypatch, has_bf16, target

@@ -37,6 +37,13 @@ def rng_untouched():
             torch.cuda.set_rng_state_all(cuda)
 
 
+def eager() -> contextlib.AbstractContextManager:
+    """A compiled model (--torch_compile) runs eagerly inside: the passes' hooks would otherwise have torch.compile
+    trace a hooked graph of its own for each pass, which took minutes on a CPU, before the training graph."""
+    set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
+    return set_stance("force_eager") if set_stance else contextlib.nullcontext()
+
+
 def _floating(value) -> list[torch.Tensor]:
     """The floating-point tensors in a module's output (a tensor, a tuple or a ModelOutput)."""
     if isinstance(value, torch.Tensor):
@@ -158,7 +165,7 @@ def preflight(policy: PrecisionPolicy, model: torch.nn.Module, loss: LossOf, bat
     was_training = model.training
     watch = ModuleWatch(model)
     try:
-        with rng_untouched(), torch.no_grad(), policy.autocast():
+        with rng_untouched(), eager(), torch.no_grad(), policy.autocast():
             model.eval()  # no dropout: the check sees the weights, not a random mask
             loss(model, batch)
     finally:
@@ -215,7 +222,7 @@ def overflow_report(
         p.grad = None
     watch = ModuleWatch(model, gradients=True)
     try:
-        with rng_untouched(), no_sync():
+        with rng_untouched(), eager(), no_sync():
             with policy.autocast(), dropout_masks():
                 replayed = loss(model, batch)
             (replayed.float() * scale).backward()  # the scale the failing step used: same gradients
