@@ -26,6 +26,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,6 +41,9 @@ from tests import forked
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "app" / "train.py"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
+# The temporary files of the runs a test starts, in one folder per worker, removed as the worker exits: torch's elastic
+# agent leaves a torchelastic_* folder behind for each launch. A short path: AF_UNIX sockets under it take 107 bytes.
+CHILDREN_TMPDIR = tempfile.TemporaryDirectory(prefix="suite-")
 
 # The switch that runs the whole suite as on a CPU with (1) or without (0) native bf16, whatever this host has. It is
 # read here only: in this process the app's probe is replaced, and a child gets tests/bf16_switch/sitecustomize.py,
@@ -272,6 +276,7 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PYTHONUNBUFFERED="1",
         CUDA_VISIBLE_DEVICES="",
+        TMPDIR=CHILDREN_TMPDIR.name,
     )
     env.update(extra)
     if env.get(BF16_SWITCH) is not None:

@@ -29,6 +29,7 @@ import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -85,6 +86,7 @@ def _become(script: str, args: list[str], env: dict, cwd: str) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a new interpreter
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # found again from TMPDIR, as a new interpreter would
     os.chdir(cwd)
     switch = env.get("AMP_TRAINER_TEST_BF16")
     if switch in ("0", "1"):  # tests/bf16_switch/sitecustomize.py, which a new interpreter would have run
