@@ -386,3 +386,35 @@ def test_the_adapters_start_from_the_seed_alone_as_a_peft_users_do(tiny_llama_di
     theirs = adapters(get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama_dir), config))
     assert ours.keys() == theirs.keys() and len(ours) == len(plan.targets)
     assert all(torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+def test_an_adapter_rank_no_layer_can_use_is_warned_of(tiny_llama_dir, tiny_gpt2_dir):
+    # An update of a d_in x d_out layer has rank min(d_in, d_out) at most: an adapter of rank r >= that holds
+    # r x (d_in + d_out) weights, more than the layer, to learn what training the layer in full would.
+    from transformers import AutoModelForCausalLM
+
+    from app.adapters.lora import add_adapters, plan_adapters
+    from app.adapters.plan import ModelPlan, describe_trainable
+    from app.config import TrainConfig
+
+    llama = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)  # q_proj 32 -> 32, k_proj and v_proj 32 -> 16
+
+    def warning(model, r: int, targets: list[str]) -> str | None:
+        cfg = TrainConfig(use_peft=True, lora_r=r, lora_target_modules=targets)
+        return plan_adapters(cfg, model, [], classifier=False).rank_warning()
+
+    assert warning(llama, 15, ["k_proj", "v_proj"]) is None
+    said = warning(llama, 16, ["k_proj", "v_proj"])
+    assert said.startswith("warning: --lora_r 16 is at least the rank of every adapted layer (at most 16, the smaller")
+    assert "of model.layers.0.self_attn.k_proj" in said and "use --lora_r below 16" in said
+    assert warning(llama, 16, ["all-linear"]) is None, "q_proj and the MLP can still use rank 16"
+    assert "(at most 32," in warning(llama, 32, ["all-linear"])
+    gpt2 = AutoModelForCausalLM.from_pretrained(tiny_gpt2_dir)  # GPT-2's Conv1D layers, c_attn 32 -> 96
+    assert warning(gpt2, 31, ["c_attn"]) is None and "(at most 32," in warning(gpt2, 32, ["c_attn"])
+
+    cfg = TrainConfig(use_peft=True, lora_r=16, lora_target_modules=["k_proj"])
+    adapters = plan_adapters(cfg, llama, [], classifier=False)
+    lines = describe_trainable(
+        add_adapters(llama, adapters, "causal_lm"), ModelPlan(torch.float32, "", adapters, "", None)
+    )
+    assert lines[0].startswith("adapters: LoRA r=16") and lines[1] == adapters.rank_warning(), lines

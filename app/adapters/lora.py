@@ -41,6 +41,7 @@ class AdapterPlan:
     rslora: bool
     asked: tuple[str, ...]  # --lora_target_modules as given: (all-linear,) or names
     seed: int  # the adapters' initial weights come from it alone (add_adapters)
+    widest: tuple[str, int]  # the target with the highest rank an update of it can have (the smaller of its sides)
 
     def record(self, base: str) -> dict:
         """What every checkpoint records of the adapters; a resume must match it (storage/checkpoints.py)."""
@@ -76,6 +77,18 @@ class AdapterPlan:
         return (
             f"adapters: LoRA r={self.r}, {scale}, dropout {self.dropout:g} on {len(self.targets)} layers "
             f"({what}{', '.join(kinds)}){full}"
+        )
+
+    def rank_warning(self) -> str | None:
+        """A warning when --lora_r is at least every target's own rank: each adapter then holds more weights than its
+        layer and learns nothing that training the layer in full could not."""
+        name, rank = self.widest
+        if self.r < rank:
+            return None
+        return (
+            f"warning: --lora_r {self.r} is at least the rank of every adapted layer (at most {rank}, the smaller side "
+            f"of {name}): each adapter holds more weights than its layer and can learn no more than training it in "
+            f"full; use --lora_r below {rank}, or drop --use_peft to train every weight"
         )
 
 
@@ -137,6 +150,7 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
             targets += [name for name in found if name not in targets]
     if not targets:
         raise UsageError("--lora_target_modules: the model has no linear layer to adapt; name its layers instead")
+    widest = max(((name, min(_sides(modules[name]))) for name in targets), key=lambda pair: pair[1])
     return AdapterPlan(
         tuple(targets),
         tuple(full),
@@ -146,22 +160,23 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
         cfg.use_rslora,
         tuple(cfg.lora_target_modules),
         cfg.seed,
+        widest,
     )
 
 
+def _sides(layer: torch.nn.Module) -> tuple[int, int]:
+    """The two sides of an adaptable layer's weight: an adapter of rank r on it holds r x (the sum of both)."""
+    if isinstance(layer, torch.nn.Linear):
+        return layer.in_features, layer.out_features
+    if isinstance(layer, Conv1D):
+        return tuple(layer.weight.shape)
+    return layer.num_embeddings, layer.embedding_dim
+
+
 def adapter_parameters(model: torch.nn.Module, plan: AdapterPlan) -> int:
-    """How many parameters the adapters of `plan` add to `model` (built on the meta device): r x (in + out) each."""
+    """How many parameters the adapters of `plan` add to `model` (built on the meta device)."""
     modules = dict(model.named_modules())
-    total = 0
-    for name in plan.targets:
-        layer = modules[name]
-        if isinstance(layer, torch.nn.Linear):
-            total += plan.r * (layer.in_features + layer.out_features)
-        elif isinstance(layer, Conv1D):
-            total += plan.r * sum(layer.weight.shape)
-        else:  # an embedding
-            total += plan.r * (layer.num_embeddings + layer.embedding_dim)
-    return total
+    return sum(plan.r * sum(_sides(modules[name])) for name in plan.targets)
 
 
 def add_adapters(model: torch.nn.Module, plan: AdapterPlan, task: str) -> torch.nn.Module:

@@ -87,7 +87,8 @@ def describe_trainable(model: torch.nn.Module, plan: ModelPlan) -> list[str]:
         f"{_count(n)} in {base_model.dtype_name(d)} ({_mib(n * d.itemsize)})"
         for d, n in sorted(frozen.items(), key=str)
     )
-    return [plan.adapters.describe(), f"frozen base ({plan.why}): {held}; {trains}"]
+    warning = plan.adapters.rank_warning()
+    return [plan.adapters.describe(), *([warning] if warning else []), f"frozen base ({plan.why}): {held}; {trains}"]
 
 
 def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path) -> None:
