@@ -41,7 +41,7 @@ from app.errors import UsageError
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_data_file
 from app.inputs.model import load_model_config, load_tokenizer, max_positions
-from app.inputs.reading import stdin_lines
+from app.inputs.reading import separator_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
@@ -146,7 +146,10 @@ def read_input(
     for name in text_columns:
         if name not in table.columns:
             option = next(f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name)
-            raise UsageError(f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}")
+            raise UsageError(
+                f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}"
+                f"{separator_hint(list(table.columns))}"
+            )
         odd = [v for v in table[name] if not isinstance(v, str) and not is_empty_cell(v)]
         if odd:
             raise UsageError(f"column {name!r} holds {type(odd[0]).__name__} {odd[0]!r}; texts must be strings")

@@ -148,7 +148,25 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
                 write(csv_dir / "fv.csv", "text,label\nok,0.5\n"),
             ],
             {},
-            "must hold only ints or only strings; found float 0.5",
+            "must hold only ints or only strings; found float 0.5: a float target is regression, which this app "
+            "does not train",
+        ),
+        (
+            "class ids written as floats",
+            [
+                "--train_file",
+                write(csv_dir / "ids.csv", "text,label\ngood,1.0\nbad,0.0\n"),
+                "--validation_file",
+                write(csv_dir / "idsv.csv", "text,label\nok,1.0\n"),
+            ],
+            {},
+            "must hold only ints or only strings; found float 1.0: write class ids as ints (1, not 1.0)",
+        ),
+        (
+            "a csv file separated by tabs",
+            ["--train_file", write(csv_dir / "tabs.csv", "text\tlabel\ngood, really\t1\nbad\t0\n")],
+            {},
+            "its columns are: text\tlabel, __index_level_0__ (the header holds tabs: a .csv file is read with commas",
         ),
         (
             "label out of range",

@@ -253,6 +253,12 @@ def test_data_errors_name_the_column_and_the_row_counted_from_1(tmp_path, tiny_g
             "(prompt/response pairs: --prompt_column prompt --response_column response)",
         ),
         ("messages,source", '"[]",web', "(conversations: --messages_column messages)"),
+        (
+            "prompt;response",
+            "Fresh coffee.;great",
+            "(the header holds semicolons: a .csv file is read with commas between its columns; save it "
+            "comma-separated, or as .jsonl)",
+        ),
     ],
 )
 def test_a_file_in_trls_formats_without_its_flags_names_them(tmp_path, tiny_gpt2_dir, capsys, header, row, hint):

@@ -160,17 +160,21 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
 
 
 @pytest.mark.parametrize(
-    "case", ["missing column", "unreadable file", "no classification head", "empty file", "empty stdin"]
+    "case",
+    ["missing column", "semicolons", "unreadable file", "no classification head", "empty file", "empty stdin"],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
     tmp_path, trained, tiny_model_dir, review_files, case, capsys, monkeypatch
 ):
     (tmp_path / "garbage.parquet").write_bytes(b"this is not parquet")
     (tmp_path / "empty.csv").write_text("text,label\n")
+    (tmp_path / "semicolons.csv").write_text("text;label\nFresh coffee, strong;1\n")
     monkeypatch.setattr(sys, "stdin", stdin_of(b""))
     model, source = trained, ["--input_file", review_files["validation"]]
     if case == "missing column":
         source += ["--text_column", "review"]
+    elif case == "semicolons":
+        source = ["--input_file", tmp_path / "semicolons.csv"]
     elif case == "unreadable file":
         source = ["--input_file", tmp_path / "garbage.parquet"]
     elif case == "no classification head":
@@ -188,6 +192,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     expected = {
         "missing column": "--text_column 'review' is not in the input; its columns are: text, label",
+        "semicolons": "--text_column 'text' is not in the input; its columns are: text;label, __index_level_0__ (the "
+        "header holds semicolons: a .csv file is read with commas between its columns; save it comma-separated, or as "
+        ".jsonl)",
         "unreadable file": "cannot read",
         "no classification head": "has no trained classification head (architectures: BertModel)",
         "empty file": "has no rows",

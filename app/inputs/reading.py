@@ -80,6 +80,18 @@ def row_of(split: str, row: int) -> str:
     return f"row {row} of the {split} data (rows counted from 1, after the header)"
 
 
+def separator_hint(columns: list[str]) -> str:
+    """For a column that is not there: a hint when the header holds another separator (a .csv file written with
+    semicolons, as spreadsheets do in many locales, or tabs), which pandas reads as one column; else nothing."""
+    for separator, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "vertical bars")):
+        if any(separator in column for column in columns):
+            return (
+                f" (the header holds {name}: a .csv file is read with commas between its columns; save it "
+                "comma-separated, or as .jsonl)"
+            )
+    return ""
+
+
 def check_label_cells(values: list, label_column: str, split: str) -> None:
     """An empty label cell turns a column of ints into floats with a gap; say where the gap is, not "float 0.0"."""
     for row, value in enumerate(values, start=1):

@@ -24,7 +24,7 @@ from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.inputs.model import load_weights
-from app.inputs.reading import check_label_cells, check_text_cells
+from app.inputs.reading import check_label_cells, check_text_cells, separator_hint
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
@@ -73,7 +73,10 @@ def check_columns(raw: DatasetDict, columns: Columns) -> None:
         present = raw[split].column_names
         for option, name in (("--text_column", text), ("--text_pair_column", pair), ("--label_column", label)):
             if name is not None and name not in present:
-                raise UsageError(f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}")
+                raise UsageError(
+                    f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}"
+                    f"{separator_hint(present)}"
+                )
         for name in filter(None, (text, pair)):
             check_text_cells(raw[split][name], name, split)
 
@@ -108,8 +111,15 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
     else:
         odd = next(v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool))
+        if isinstance(odd, float) and odd.is_integer():  # class ids a spreadsheet or pandas wrote as floats
+            fix = f"write class ids as ints ({int(odd)}, not {odd!r})"
+        elif isinstance(odd, float):
+            fix = "a float target is regression, which this app does not train; give classes as ints 0..N-1 or strings"
+        else:
+            fix = "give classes as ints 0..N-1 or as strings"
         raise UsageError(
-            f"label column {label_column!r} must hold only ints or only strings; found {type(odd).__name__} {odd!r}"
+            f"label column {label_column!r} must hold only ints or only strings; found {type(odd).__name__} {odd!r}: "
+            f"{fix}"
         )
     if fixed is not None:
         space = _fit_to_trained_head(space, fixed, label_column)
