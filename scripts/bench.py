@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
-from bench_job import scratch_dir  # noqa: E402
+from bench_job import exit_on_sigterm, scratch_dir  # noqa: E402
 from datasets import DatasetDict  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import (  # noqa: E402
@@ -286,4 +286,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

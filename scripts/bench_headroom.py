@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 from bench import tiny_model_dir  # noqa: E402
-from bench_job import scratch_dir  # noqa: E402
+from bench_job import exit_on_sigterm, scratch_dir  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 from app.amp.headroom import HeadroomProbe  # noqa: E402
@@ -132,4 +132,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

@@ -35,6 +35,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -257,6 +258,12 @@ def scratch_dir(prefix: str) -> Path:
     return path
 
 
+def exit_on_sigterm() -> None:
+    """A `kill` (SIGTERM) ends the script as an exit: its scratch folders are removed (atexit) and subprocess.run kills
+    the run it waits on. By default the script would die at once and leave both behind. In a script's main block."""
+    signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
+
+
 def _flag(name: str, value) -> list[str]:
     return [] if value is None else [f"--{name}", str(value)]
 
@@ -362,4 +369,5 @@ def hf_worker(args) -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

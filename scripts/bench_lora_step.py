@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_job import ROOT, _device_name, scratch_dir
+from bench_job import ROOT, _device_name, exit_on_sigterm, scratch_dir
 
 sys.path.insert(0, str(ROOT))
 
@@ -85,4 +85,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()
     sys.exit(main())

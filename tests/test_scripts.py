@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import time
@@ -370,6 +371,27 @@ def test_a_benchmarks_scratch_folder_is_gone_when_it_ends(tmp_path, ending):
     assert result.returncode == (0 if ending == "sys.exit(0)" else 1), result.stderr[-2000:]
     folder = Path(result.stdout.strip())
     assert folder.parent == scratch and not folder.exists() and not any(scratch.iterdir())
+
+
+def test_a_benchmark_killed_with_sigterm_removes_its_scratch_folder_and_stops_its_run(tmp_path):
+    # `kill PID` of a benchmark (SIGTERM; its main block calls exit_on_sigterm): by default it died at once, and the
+    # run it waited on went on writing into a folder that nothing would remove.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    code = (
+        f"import subprocess, sys; sys.path.insert(0, {str(SCRIPTS)!r}); import bench_job; bench_job.exit_on_sigterm(); "
+        "folder = bench_job.scratch_dir('bench-job-'); (folder / 'model').write_text('x'); print(folder, flush=True); "
+        "subprocess.run([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); time.sleep(120)'])"
+    )
+    script = subprocess.Popen(
+        [sys.executable, "-c", code], env=clean_env(tmp_path, TMPDIR=str(scratch)), stdout=subprocess.PIPE, text=True
+    )
+    folder = Path(script.stdout.readline().strip())
+    run = int(script.stdout.readline())  # the run has started
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(timeout=30) == 128 + signal.SIGTERM
+    assert folder.parent == scratch and not folder.exists() and not any(scratch.iterdir())
+    assert not Path(f"/proc/{run}").exists(), "the run it waited on is stopped and reaped"
 
 
 @pytest.mark.slow
