@@ -166,7 +166,18 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "a csv file separated by tabs",
             ["--train_file", write(csv_dir / "tabs.csv", "text\tlabel\ngood, really\t1\nbad\t0\n")],
             {},
-            "its columns are: text\tlabel, __index_level_0__ (the header holds tabs: a .csv file is read with commas",
+            f"cannot read {csv_dir / 'tabs.csv'}: its rows have more fields than its header (the header holds tabs: a "
+            ".csv file is read with commas",
+        ),
+        (
+            "a csv file whose texts hold commas without quotes",  # pandas would cut each text's start off, silently
+            [
+                "--validation_file",
+                write(csv_dir / "commas.csv", "text,label\ngreat, would buy again,1\nstale, bland,0\n"),
+            ],
+            {},
+            f"cannot read {csv_dir / 'commas.csv'}: its rows have more fields than its header (1 more), so the first "
+            "field of each row was cut off as a row label: texts hold commas without quotes; put quotes around fields",
         ),
         (
             "label out of range",

@@ -168,7 +168,7 @@ def test_bad_input_one_line_exit_2_nothing_written(
 ):
     (tmp_path / "garbage.parquet").write_bytes(b"this is not parquet")
     (tmp_path / "empty.csv").write_text("text,label\n")
-    (tmp_path / "semicolons.csv").write_text("text;label\nFresh coffee, strong;1\n")
+    (tmp_path / "semicolons.csv").write_text("text;label\nFresh coffee;1\n")
     monkeypatch.setattr(sys, "stdin", stdin_of(b""))
     model, source = trained, ["--input_file", review_files["validation"]]
     if case == "missing column":
@@ -192,9 +192,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     expected = {
         "missing column": "--text_column 'review' is not in the input; its columns are: text, label",
-        "semicolons": "--text_column 'text' is not in the input; its columns are: text;label, __index_level_0__ (the "
-        "header holds semicolons: a .csv file is read with commas between its columns; save it comma-separated, or as "
-        ".jsonl)",
+        "semicolons": "--text_column 'text' is not in the input; its columns are: text;label (the header holds "
+        "semicolons: a .csv file is read with commas between its columns; save it comma-separated, or as .jsonl)",
         "unreadable file": "cannot read",
         "no classification head": "has no trained classification head (architectures: BertModel)",
         "empty file": "has no rows",

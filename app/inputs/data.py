@@ -25,7 +25,7 @@ from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
 from app.host.runtime import pinned_batches
 from app.inputs.fingerprint import transform_fingerprint
-from app.inputs.reading import read_error
+from app.inputs.reading import check_no_row_labels, read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
@@ -126,11 +126,14 @@ def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
 
 def _read_file(kind: str, split: str, path: str) -> Dataset:
     try:
-        return load_dataset(kind, data_files={split: path})[split]
+        dataset = load_dataset(kind, data_files={split: path})[split]
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
         if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
             raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
         raise UsageError(read_error(kind, path, e)) from None
+    if kind == "csv":
+        check_no_row_labels(dataset.column_names, path)
+    return dataset
 
 
 def _row_count(path: str, kind: str) -> int | None:

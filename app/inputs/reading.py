@@ -92,6 +92,20 @@ def separator_hint(columns: list[str]) -> str:
     return ""
 
 
+def check_no_row_labels(columns: list[str], path: str) -> None:
+    """A csv file whose rows all have more fields than its header: pandas reads the first fields of each row as its
+    label (datasets keeps them as `__index_level_0__`), and the text column holds only the rest of each text. Texts with
+    commas but no quotes do that, silently, and so does a file with another separator."""
+    labels = [name for name in columns if name.startswith("__index_level_")]
+    if not labels:
+        return
+    why = separator_hint(columns) or (
+        f" ({len(labels)} more), so the first field of each row was cut off as a row label: texts hold commas without "
+        "quotes; put quotes around fields that hold commas, as csv writers do, or save the file as .jsonl"
+    )
+    raise UsageError(f"cannot read {path}: its rows have more fields than its header{why}")
+
+
 def check_label_cells(values: list, label_column: str, split: str) -> None:
     """An empty label cell turns a column of ints into floats with a gap; say where the gap is, not "float 0.0"."""
     for row, value in enumerate(values, start=1):
