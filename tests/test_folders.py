@@ -77,6 +77,23 @@ def test_what_a_failed_start_left_does_not_block_the_same_command_again(tmp_path
     assert "--resume_from_checkpoint" not in err, "no advice that would fail with 'no checkpoint'"
 
 
+def test_a_named_output_dir_in_use_says_so_also_when_the_run_name_is_left_to_the_app(tmp_path, quick_args, capfd):
+    # A default run name is tried with suffixes -2, -3, ... while a name is taken; no name frees an --output_dir that
+    # holds a finished run, which was said as "no free default run name ...; pass --run_name".
+    named = quick_args.index("--run_name")
+    args = quick_args[:named] + quick_args[named + 2 :]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_text("a finished run's model")
+    assert run_app(args) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"error: --output_dir {out} is not empty (it holds model.safetensors); pass --overwrite_output_dir "
+        "to replace what is there, or another --output_dir"
+    ], lines
+    assert [p.name for p in out.iterdir()] == ["model.safetensors"] and not (tmp_path / "runs").exists()
+
+
 def crashing_at_step(monkeypatch, step: int) -> None:
     """The task's own loss raises at training step `step` (its forward of that step): a crash of the run in this
     process, after its start texts, before any checkpoint."""

@@ -142,6 +142,8 @@ def claim_run_folders(
     precision; a run started in the same second as another one takes the next free suffix (-2, -3, ...).
     """
     output_dir = Path(cfg.output_dir) if cfg.output_dir else resume.output_dir if resume else None
+    if output_dir is not None:  # given (and claimed), or the resumed run's: no run name can make it free
+        check_output_dir(output_dir, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
     name = cfg.run_name or (resume.record.run_name if resume else None)
     if name:
         return _claim(cfg, name, output_dir, resume, claims)
@@ -158,12 +160,12 @@ def _claim(cfg, name: str, output_dir: Path | None, resume, claims: FolderClaims
     paths = RunPaths(name, output_dir or Path("outputs") / name, Path(cfg.logdir) / name)
     claimed = []
     try:
-        if output_dir is None:  # the default output folder, named after the run; else claimed already
+        if output_dir is None:  # the default output folder, named after the run; else claimed and checked already
             claims.claim(paths.output_dir, "--output_dir", "pass another --run_name or an --output_dir")
             claimed.append(paths.output_dir)
+            check_output_dir(paths.output_dir, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
         claims.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
         claimed.append(paths.log_dir)
-        check_output_dir(paths, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
         check_log_dir(paths, resuming=resume is not None)
     except Taken:
         for folder in claimed:
@@ -172,18 +174,18 @@ def _claim(cfg, name: str, output_dir: Path | None, resume, claims: FolderClaims
     return paths
 
 
-def check_output_dir(paths: RunPaths, resuming: bool, overwrite: bool) -> None:
-    work = _work_in(paths.output_dir)
+def check_output_dir(output_dir: Path, resuming: bool, overwrite: bool) -> None:
+    work = _work_in(output_dir)
     if not work or resuming or overwrite:
         return
-    if completed_checkpoints(paths.output_dir / "checkpoints"):
+    if completed_checkpoints(output_dir / "checkpoints"):
         raise Taken(
-            f"--output_dir {paths.output_dir} is not empty; pass --resume_from_checkpoint latest to continue that run, "
+            f"--output_dir {output_dir} is not empty; pass --resume_from_checkpoint latest to continue that run, "
             "--overwrite_output_dir to replace it, or another --output_dir"
         )
     raise Taken(
-        f"--output_dir {paths.output_dir} is not empty (it holds {work[0]}); pass --overwrite_output_dir to replace "
-        "what is there, or another --output_dir"
+        f"--output_dir {output_dir} is not empty (it holds {work[0]}); pass --overwrite_output_dir to replace what "
+        "is there, or another --output_dir"
     )
 
 
