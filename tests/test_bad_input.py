@@ -152,6 +152,18 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "does not train",
         ),
         (
+            "ints and strings in one label column",  # a JSON file keeps both (datasets' Json feature)
+            [
+                "--train_file",
+                write(csv_dir / "mixed.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n'),
+                "--validation_file",
+                write(csv_dir / "mixedv.jsonl", '{"text": "c", "label": 1}\n'),
+            ],
+            {},
+            "label column 'label' mixes ints and strings: 1 in row 1 and 'pos' in row 2 of the train data (rows "
+            "counted from 1, after the header); write every label as a string, or every one as an int 0..N-1",
+        ),
+        (
             "class ids written as floats",
             [
                 "--train_file",

@@ -110,7 +110,15 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             )
         space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
     else:
-        odd = next(v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool))
+        odd = next((v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool)), None)
+        if odd is None:  # ints and strings both: a JSON file can hold that, and datasets keeps it as it is
+            number = next(row for row, v in enumerate(values, start=1) if isinstance(v, int))
+            text = next(row for row, v in enumerate(values, start=1) if isinstance(v, str))
+            raise UsageError(
+                f"label column {label_column!r} mixes ints and strings: {values[number - 1]!r} in row {number} and "
+                f"{values[text - 1]!r} in row {text} of the train data (rows counted from 1, after the header); write "
+                "every label as a string, or every one as an int 0..N-1"
+            )
         if isinstance(odd, float) and odd.is_integer():  # class ids a spreadsheet or pandas wrote as floats
             fix = f"write class ids as ints ({int(odd)}, not {odd!r})"
         elif isinstance(odd, float):
