@@ -41,7 +41,7 @@ from app.errors import UsageError
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_data_file
 from app.inputs.model import load_model_config, load_tokenizer, max_positions
-from app.inputs.reading import separator_hint, stdin_lines
+from app.inputs.reading import header_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
@@ -148,7 +148,7 @@ def read_input(
             option = next(f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name)
             raise UsageError(
                 f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}"
-                f"{separator_hint(list(table.columns))}"
+                f"{header_hint(list(table.columns), option, name)}"
             )
         odd = [v for v in table[name] if not isinstance(v, str) and not is_empty_cell(v)]
         if odd:

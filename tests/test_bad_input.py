@@ -182,6 +182,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             ".csv file is read with commas",
         ),
         (
+            "a csv header with a space after its comma",
+            ["--train_file", write(csv_dir / "spaced.csv", "text, label\ngood, 1\nbad, 0\n")],
+            {},
+            "--label_column 'label' is not in the train data; its columns are: text,  label (' label' has spaces "
+            "around its name: remove them from the header, or pass --label_column ' label')",
+        ),
+        (
             "a csv file whose texts hold commas without quotes",  # pandas would cut each text's start off, silently
             [
                 "--validation_file",

@@ -80,15 +80,19 @@ def row_of(split: str, row: int) -> str:
     return f"row {row} of the {split} data (rows counted from 1, after the header)"
 
 
-def separator_hint(columns: list[str]) -> str:
+def header_hint(columns: list[str], option: str = "", wanted: str = "") -> str:
     """For a column that is not there: a hint when the header holds another separator (a .csv file written with
-    semicolons, as spreadsheets do in many locales, or tabs), which pandas reads as one column; else nothing."""
+    semicolons, as spreadsheets do in many locales, or tabs), which pandas reads as one column, or when the column is
+    there with spaces around its name ("text, label"); else nothing."""
     for separator, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "vertical bars")):
         if any(separator in column for column in columns):
             return (
                 f" (the header holds {name}: a .csv file is read with commas between its columns; save it "
                 "comma-separated, or as .jsonl)"
             )
+    spaced = next((column for column in columns if wanted and column != wanted and column.strip() == wanted), None)
+    if spaced is not None:
+        return f" ({spaced!r} has spaces around its name: remove them from the header, or pass {option} {spaced!r})"
     return ""
 
 
@@ -99,7 +103,7 @@ def check_no_row_labels(columns: list[str], path: str) -> None:
     labels = [name for name in columns if name.startswith("__index_level_")]
     if not labels:
         return
-    why = separator_hint(columns) or (
+    why = header_hint(columns) or (
         f" ({len(labels)} more), so the first field of each row was cut off as a row label: texts hold commas without "
         "quotes; put quotes around fields that hold commas, as csv writers do, or save the file as .jsonl"
     )

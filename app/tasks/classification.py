@@ -24,7 +24,7 @@ from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.inputs.model import load_weights
-from app.inputs.reading import check_label_cells, check_text_cells, separator_hint
+from app.inputs.reading import check_label_cells, check_text_cells, header_hint
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
@@ -75,7 +75,7 @@ def check_columns(raw: DatasetDict, columns: Columns) -> None:
             if name is not None and name not in present:
                 raise UsageError(
                     f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}"
-                    f"{separator_hint(present)}"
+                    f"{header_hint(present, option, name)}"
                 )
         for name in filter(None, (text, pair)):
             check_text_cells(raw[split][name], name, split)

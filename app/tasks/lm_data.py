@@ -25,7 +25,7 @@ from datasets import DatasetDict
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
-from app.inputs.reading import check_text_cells, row_of, separator_hint
+from app.inputs.reading import check_text_cells, header_hint, row_of
 
 IGNORE = -100  # the label of a position that the loss skips (PyTorch's and HF's convention)
 
@@ -61,10 +61,10 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
         present = raw[split].column_names
         for role, name in columns.names.items():
             if name not in present:
-                hint = (_format_hint(present) if role == "text" else "") or separator_hint(present)
+                option = flags.get(role, "--text_column")
+                hint = (_format_hint(present) if role == "text" else "") or header_hint(present, option, name)
                 raise UsageError(
-                    f"{flags.get(role, '--text_column')} {name!r} is not in the {split} data; its columns are: "
-                    f"{', '.join(present)}{hint}"
+                    f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}{hint}"
                 )
             if role != "messages":  # an empty prompt is a prompt (an empty CSV cell is read as None)
                 check_text_cells(raw[split][name], name, split, may_be_empty=role == "prompt")
