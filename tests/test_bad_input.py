@@ -46,6 +46,14 @@ def write_bytes(path: Path, data: bytes) -> Path:
     return path
 
 
+def checkpoint(path: Path) -> Path:
+    """A checkpoint folder as the app writes it, its record of its files included (storage/integrity.py)."""
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"weights")
+    (path / "checkpoint_files.json").write_text('{"files": {}}')
+    return path
+
+
 def fixed_head_model(path: Path, tiny_model_dir: Path) -> Path:
     """A model whose classification head is trained for 2 labels, saved like a fine-tuned checkpoint."""
     config = BertConfig.from_pretrained(tiny_model_dir, num_labels=2)
@@ -86,6 +94,14 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ("padding to 0", ["--pad_to_multiple_of", "0"], {}, "--pad_to_multiple_of must be 1 or more"),
         ("unknown fallback", ["--on_scale_collapse", "retry"], {}, "invalid choice: 'retry'"),
         ("missing model", ["--model_name_or_path", ws / "no_such_model"], {}, "no_such_model: no such folder"),
+        (
+            "a checkpoint as the model",  # what HF Trainer's checkpoint-N folders are; here they hold no config
+            ["--model_name_or_path", checkpoint(ws / "ck_run" / "checkpoints" / "step-3")],
+            {},
+            f"--model_name_or_path {ws / 'ck_run' / 'checkpoints' / 'step-3'} is a training checkpoint, which holds "
+            f"what a resume needs but no model config: give the run's output folder ({ws / 'ck_run'}) once its run has "
+            "ended",
+        ),
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
         (
             "unreadable data file",

