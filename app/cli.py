@@ -4,6 +4,7 @@ wrapper that turns the app's errors into exit codes, and the process's end."""
 from __future__ import annotations
 
 import atexit
+import difflib
 import os
 import sys
 import threading
@@ -31,6 +32,49 @@ class OneLineParser(HfArgumentParser):
 
     def error(self, message: str) -> typing.NoReturn:
         raise UsageError(f"{message}; see python {self.script} --help")
+
+
+# What HF TrainingArguments and trl call a flag that this app names or covers another way: what to do here instead.
+_EVALUATE = "use --eval_steps N: an evaluation every N optimizer steps (0: only at the end)"
+_ON_CPU = "use accelerate launch --cpu app/train.py, or a CPU config from accelerate_configs/"
+_QUANTIZED = "drop it: quantized bases do not train here; --use_peft --dtype bfloat16 keeps the base in half precision"
+OTHER_NAMES = {
+    "fp16": "use --mixed_precision fp16, or --amp",
+    "bf16": "use --mixed_precision bf16",
+    "half_precision_backend": "drop it: the app drives autocast and the loss scaler itself (--mixed_precision)",
+    "eval_strategy": _EVALUATE,
+    "evaluation_strategy": _EVALUATE,
+    "save_strategy": "use --save_steps N: a checkpoint every N optimizer steps (0: only on a signal)",
+    "logging_strategy": "use --logging_steps N",
+    "logging_dir": "use --logdir, the TensorBoard folder that holds a folder per run",
+    "report_to": "drop it: TensorBoard event files are always written, under --logdir",
+    "per_gpu_train_batch_size": "use --per_device_train_batch_size",
+    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
+    "warmup_steps": "use --warmup_ratio, a fraction of the optimizer steps",
+    "lr_scheduler_type": "drop it: the schedule is HF's default, linear warmup (--warmup_ratio) then linear decay to 0",
+    "optim": "drop it: the optimizer is fused AdamW, HF's default",
+    "use_cpu": _ON_CPU,
+    "no_cuda": _ON_CPU,
+    "max_seq_length": "use --max_length",
+    "dataset_text_field": "use --text_column",
+    "torch_dtype": "use --dtype, the frozen base's dtype under --use_peft",
+    "load_in_4bit": _QUANTIZED,
+    "load_in_8bit": _QUANTIZED,
+    "push_to_hub": "drop it: the model is saved to --output_dir; upload that folder with `hf upload`",
+    "lr": "use --learning_rate",
+    "epochs": "use --num_train_epochs",
+    "batch_size": "use --per_device_train_batch_size",
+}
+
+
+def unknown_flag_advice(name: str, known: typing.Iterable[str], script: str) -> str:
+    """What to say of a flag or --config key that is not one of `known` (flag names without dashes): this app's way
+    for an HF or trl flag, else the nearest flag, else where the flags are listed."""
+    bare = name.removeprefix("--").partition("=")[0]
+    if bare in OTHER_NAMES:
+        return OTHER_NAMES[bare]
+    nearest = difflib.get_close_matches(bare, list(known), n=1)
+    return f"did you mean --{nearest[0]}?" if nearest else f"see python {script} --help for the flags"
 
 
 def exit_code_of(main_body: Callable[[], int]) -> int:

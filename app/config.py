@@ -20,7 +20,7 @@ from typing import Literal, Optional
 
 import yaml
 
-from app.cli import OneLineParser, flag
+from app.cli import OneLineParser, flag, unknown_flag_advice
 from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
@@ -382,9 +382,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     if known.config:
         parser.set_defaults(**_read_yaml(Path(known.config)))
     namespace, unknown = parser.parse_known_args(argv)
-    if unknown:
-        raise UsageError(f"unknown flag {unknown[0]!r}; see python app/train.py --help for the flags")
     names = {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise UsageError(f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], names, 'app/train.py')}")
     cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
     given = [
         arg.partition("=")[0].removeprefix("--")
@@ -415,7 +415,8 @@ def _read_yaml(path: Path) -> dict:
     for key, value in values.items():
         if key not in hints:
             raise UsageError(
-                f"--config {path}: unknown key {key!r}; keys are the flag names of python app/train.py --help"
+                f"--config {path}: unknown key {key!r} ({unknown_flag_advice(key, hints, 'app/train.py')}); its keys "
+                "are the flag names, without the dashes"
             )
         values[key] = _check_type(path, key, value, hints[key])
     return values

@@ -66,13 +66,25 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
     csv_dir = ws / "data"
     csv_dir.mkdir(exist_ok=True)
     return [
-        ("unknown flag", ["--learning_rat", "1e-4"], {}, "unknown flag '--learning_rat'"),
+        (
+            "unknown flag",
+            ["--learning_rat", "1e-4"],
+            {},
+            "unknown flag '--learning_rat'; did you mean --learning_rate?",
+        ),
+        ("HF Trainer's --fp16", ["--fp16"], {}, "unknown flag '--fp16'; use --mixed_precision fp16, or --amp"),
+        (
+            "HF Trainer's bf16 in a yaml",
+            ["--config", write(csv_dir / "hf.yaml", "bf16: true\n")],
+            {},
+            "unknown key 'bf16' (use --mixed_precision bf16); its keys are the flag names, without the dashes",
+        ),
         ("malformed yaml", ["--config", write(csv_dir / "bad.yaml", "learning_rate: [1, 2\n")], {}, "not valid YAML"),
         (
             "unknown yaml key",
             ["--config", write(csv_dir / "key.yaml", "learning_rat: 0.001\n")],
             {},
-            "unknown key 'learning_rat'",
+            "unknown key 'learning_rat' (did you mean --learning_rate?)",
         ),
         (
             "wrong yaml type",

@@ -120,3 +120,21 @@ def test_a_hand_written_yaml_may_spell_floats_as_the_command_line_does(tmp_path)
     path.write_text("learning_rate: 5e-5\nweight_decay: 1E-2\nwarmup_ratio: .05\n")
     cfg = parse_config(["--config", str(path)])
     assert (cfg.learning_rate, cfg.weight_decay, cfg.warmup_ratio) == (5e-5, 1e-2, 0.05)
+
+
+def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():
+    # Each name that HF TrainingArguments or trl gives a flag of another name here (app/cli.OTHER_NAMES) is no flag
+    # of the app, and the advice names only flags that the app or accelerate launch has.
+    import re
+
+    from accelerate.commands.launch import launch_command_parser
+
+    from app.cli import OTHER_NAMES
+    from app.config import TrainConfig
+
+    flags = {field.name for field in dataclasses.fields(TrainConfig)}
+    launcher = {option.lstrip("-") for action in launch_command_parser()._actions for option in action.option_strings}
+    assert not flags & set(OTHER_NAMES)
+    for name, advice in OTHER_NAMES.items():
+        named = re.findall(r"--(\w+)", advice)
+        assert all(flag in flags or flag in launcher for flag in named), (name, advice)
