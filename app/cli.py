@@ -31,6 +31,10 @@ class OneLineParser(HfArgumentParser):
         self.script = script
 
     def error(self, message: str) -> typing.NoReturn:
+        if message.startswith("unrecognized arguments: "):  # predict.py's; train.py reads its unknown flags itself
+            first = message.removeprefix("unrecognized arguments: ").split()[0]
+            known = [option.lstrip("-") for action in self._actions for option in action.option_strings]
+            raise UsageError(f"unknown flag {first!r}; {unknown_flag_advice(first, known, self.script, {})}")
         raise UsageError(f"{message}; see python {self.script} --help")
 
 
@@ -67,12 +71,14 @@ OTHER_NAMES = {
 }
 
 
-def unknown_flag_advice(name: str, known: typing.Iterable[str], script: str) -> str:
+def unknown_flag_advice(
+    name: str, known: typing.Iterable[str], script: str, other_names: dict[str, str] = OTHER_NAMES
+) -> str:
     """What to say of a flag or --config key that is not one of `known` (flag names without dashes): this app's way
-    for an HF or trl flag, else the nearest flag, else where the flags are listed."""
+    for an HF or trl flag (`other_names`: train.py's), else the nearest flag, else where the flags are listed."""
     bare = name.removeprefix("--").partition("=")[0]
-    if bare in OTHER_NAMES:
-        return OTHER_NAMES[bare]
+    if bare in other_names:
+        return other_names[bare]
     nearest = difflib.get_close_matches(bare, list(known), n=1)
     return f"did you mean --{nearest[0]}?" if nearest else f"see python {script} --help for the flags"
 

@@ -201,3 +201,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
     }[case]
     assert expected in err
     assert out.read_text() == "earlier results\n" and [p.name for p in out.parent.iterdir()] == ["predicted.csv"]
+
+
+def test_a_misspelt_flag_gets_the_nearest_one(trained, capsys):
+    assert predict("--model_name_or_path", trained, "--input_fle", "reviews.csv") == 2
+    assert capsys.readouterr().err == "error: unknown flag '--input_fle'; did you mean --input_file?\n"
