@@ -259,8 +259,8 @@ def scratch_dir(prefix: str) -> Path:
 
 
 def exit_on_sigterm() -> None:
-    """A `kill` (SIGTERM) ends the script as an exit: its scratch folders are removed (atexit) and subprocess.run kills
-    the run it waits on. By default the script would die at once and leave both behind. In a script's main block."""
+    """A `kill` (SIGTERM) ends the script as an exit: `timed` stops the run it waits on, and the scratch folders are
+    removed (atexit). By default the script would die at once and leave both behind. In a script's main block."""
     signal.signal(signal.SIGTERM, lambda signum, _: sys.exit(128 + signum))
 
 
@@ -269,12 +269,24 @@ def _flag(name: str, value) -> list[str]:
 
 
 def timed(cmd: list[str]) -> float:
-    """Seconds from the process's start to its end; its output is shown only if it fails."""
+    """Seconds from the process's start to its end; its output is shown only if it fails.
+
+    The run is a process group of its own: `accelerate launch` starts the app as a child, and a benchmark stopped
+    while it waits (SIGTERM through exit_on_sigterm, Ctrl-C) kills the whole group, where killing the launcher alone
+    would leave the app training on.
+    """
     started = time.perf_counter()
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with subprocess.Popen(cmd, start_new_session=True, **pipes) as run:
+        try:
+            _, stderr = run.communicate()
+        except BaseException:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+            raise
     seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        sys.exit(f"error: {' '.join(cmd[:4])} ... failed with exit code {result.returncode}:\n{result.stderr[-3000:]}")
+    if run.returncode != 0:
+        sys.exit(f"error: {' '.join(cmd[:4])} ... failed with exit code {run.returncode}:\n{stderr[-3000:]}")
     return seconds
 
 

@@ -18,7 +18,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 from app.telemetry import tags
 from tests import tb
-from tests.conftest import ROOT, clean_env, data_flags, gpu_env, run_app
+from tests.conftest import ACCELERATE, ROOT, clean_env, data_flags, gpu_env, run_app
 
 SCRIPTS = ROOT / "scripts"
 
@@ -373,25 +373,44 @@ def test_a_benchmarks_scratch_folder_is_gone_when_it_ends(tmp_path, ending):
     assert folder.parent == scratch and not folder.exists() and not any(scratch.iterdir())
 
 
+@pytest.mark.slow
 def test_a_benchmark_killed_with_sigterm_removes_its_scratch_folder_and_stops_its_run(tmp_path):
-    # `kill PID` of a benchmark (SIGTERM; its main block calls exit_on_sigterm): by default it died at once, and the
-    # run it waited on went on writing into a folder that nothing would remove.
-    scratch = tmp_path / "tmp"
+    # `kill PID` of a benchmark (SIGTERM; its main block calls exit_on_sigterm) while it waits on a run that
+    # `accelerate launch` started, as bench_job.timed starts the app: by default the script died at once, and the run
+    # went on writing into a folder that nothing would remove; killing the launcher alone leaves its child going.
+    scratch, pid_file = tmp_path / "tmp", tmp_path / "run.pid"
     scratch.mkdir()
+    (tmp_path / "run.py").write_text(
+        f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    launch = [str(ACCELERATE), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no"]
+    launch += ["--dynamo_backend", "no", str(tmp_path / "run.py")]
     code = (
-        f"import subprocess, sys; sys.path.insert(0, {str(SCRIPTS)!r}); import bench_job; bench_job.exit_on_sigterm(); "
+        f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); import bench_job; bench_job.exit_on_sigterm(); "
         "folder = bench_job.scratch_dir('bench-job-'); (folder / 'model').write_text('x'); print(folder, flush=True); "
-        "subprocess.run([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); time.sleep(120)'])"
+        f"bench_job.timed({launch!r})"
     )
     script = subprocess.Popen(
         [sys.executable, "-c", code], env=clean_env(tmp_path, TMPDIR=str(scratch)), stdout=subprocess.PIPE, text=True
     )
     folder = Path(script.stdout.readline().strip())
-    run = int(script.stdout.readline())  # the run has started
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():  # the launcher has started the run
+        assert time.monotonic() < deadline and script.poll() is None, "the run never started"
+        time.sleep(0.1)
+    run = int(pid_file.read_text())
     script.send_signal(signal.SIGTERM)
     assert script.wait(timeout=30) == 128 + signal.SIGTERM
     assert folder.parent == scratch and not folder.exists() and not any(scratch.iterdir())
-    assert not Path(f"/proc/{run}").exists(), "the run it waited on is stopped and reaped"
+    assert process_state(run) in (None, "Z"), "the run the launcher started is stopped (gone, or a zombie for init)"
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter in /proc/PID/stat (R, S, Z, ...), or None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return None
 
 
 @pytest.mark.slow
