@@ -31,14 +31,14 @@ class OneLineParser(HfArgumentParser):
         self.script = script
 
     def error(self, message: str) -> typing.NoReturn:
-        if message.startswith("unrecognized arguments: "):  # predict.py's; train.py reads its unknown flags itself
-            first = message.removeprefix("unrecognized arguments: ").split()[0]
-            known = [option.lstrip("-") for action in self._actions for option in action.option_strings]
-            raise UsageError(f"unknown flag {first!r}; {unknown_flag_advice(first, known, self.script, {})}")
         raise UsageError(f"{message}; see python {self.script} --help")
 
+    def flag_names(self) -> list[str]:
+        return [option.lstrip("-") for action in self._actions for option in action.option_strings]
 
-# What HF TrainingArguments and trl call a flag that this app names or covers another way: what to do here instead.
+
+# What HF TrainingArguments and trl (and common shorthands) call a flag that this app names or covers another way:
+# what to do here instead.
 _EVALUATE = "use --eval_steps N: an evaluation every N optimizer steps (0: only at the end)"
 _ON_CPU = "use accelerate launch --cpu app/train.py, or a CPU config from accelerate_configs/"
 _QUANTIZED = "drop it: quantized bases do not train here; --use_peft --dtype bfloat16 keeps the base in half precision"

@@ -384,7 +384,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     namespace, unknown = parser.parse_known_args(argv)
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
-        raise UsageError(f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], names, 'app/train.py')}")
+        raise UsageError(
+            f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
+        )
     cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
     given = [
         arg.partition("=")[0].removeprefix("--")
@@ -414,9 +416,9 @@ def _read_yaml(path: Path) -> dict:
     hints = typing.get_type_hints(TrainConfig)
     for key, value in values.items():
         if key not in hints:
+            advice = unknown_flag_advice(str(key), hints, "app/train.py")  # str: YAML reads `on:` as True
             raise UsageError(
-                f"--config {path}: unknown key {key!r} ({unknown_flag_advice(key, hints, 'app/train.py')}); its keys "
-                "are the flag names, without the dashes"
+                f"--config {path}: unknown key {key!r} ({advice}); its keys are the flag names, without the dashes"
             )
         values[key] = _check_type(path, key, value, hints[key])
     return values

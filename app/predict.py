@@ -36,7 +36,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
-from app.cli import OneLineParser, exit_code_of, exit_process, flag, outlive_readers
+from app.cli import OneLineParser, exit_code_of, exit_process, flag, outlive_readers, unknown_flag_advice
 from app.errors import UsageError
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_data_file
@@ -111,8 +111,18 @@ class PredictConfig:
 
 def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     parser = OneLineParser(PredictConfig, "app/predict.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("texts", nargs="*", help="Texts or prompts (before the flags), if no --input_file.")
-    namespace = parser.parse_args(argv)
+    parser.add_argument(
+        "texts", nargs="*", help="Texts or prompts (all before the flags or all after them), if no --input_file."
+    )
+    namespace, extras = parser.parse_known_args(argv)
+    if extras and extras[0].startswith("-"):
+        advice = unknown_flag_advice(extras[0], parser.flag_names(), "app/predict.py", other_names={})
+        raise UsageError(f"unknown flag {extras[0]!r}; {advice}")
+    if extras:  # argparse takes the texts in one run: those after a flag's value are left over
+        raise UsageError(
+            f"unexpected argument {extras[0]!r}: give the texts in one run, all before the flags or all after them, "
+            "or use --input_file"
+        )
     names = {f.name for f in dataclasses.fields(PredictConfig)}
     cfg = PredictConfig(**{k: v for k, v in vars(namespace).items() if k in names})
     cfg.validate(namespace.texts)

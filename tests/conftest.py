@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "app" / "train.py"
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 # The temporary files of the runs a test starts, in one folder per worker, removed as the worker exits: torch's elastic
-# agent leaves a torchelastic_* folder behind for each launch. A short path: AF_UNIX sockets under it take 107 bytes.
+# agent leaves a torchelastic_* folder behind for each launch. A short path: socket paths under it must stay within
+# AF_UNIX's 107 bytes.
 CHILDREN_TMPDIR = tempfile.TemporaryDirectory(prefix="suite-")
 
 # The switch that runs the whole suite as on a CPU with (1) or without (0) native bf16, whatever this host has. It is

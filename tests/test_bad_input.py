@@ -87,6 +87,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "unknown key 'learning_rat' (did you mean --learning_rate?)",
         ),
         (
+            "a yaml key that yaml reads as a boolean",  # YAML 1.1: on, off, yes, no
+            ["--config", write(csv_dir / "on.yaml", "on: true\n")],
+            {},
+            "unknown key True (see python app/train.py --help for the flags)",
+        ),
+        (
             "wrong yaml type",
             ["--config", write(csv_dir / "type.yaml", "learning_rate: fast\n")],
             {},
@@ -224,7 +230,8 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             ],
             {},
             f"cannot read {csv_dir / 'commas.csv'}: its rows have more fields than its header (1 more), so the first "
-            "field of each row was cut off as a row label: texts hold commas without quotes; put quotes around fields",
+            "field of each row was cut off as a row label: texts with commas but no quotes, or a comma at the end of "
+            "every row, do that; quote the fields that hold commas",
         ),
         (
             "label out of range",

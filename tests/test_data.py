@@ -204,3 +204,24 @@ def test_a_tokenizer_that_holds_a_set_is_hashed_as_datasets_hashes_it(tiny_model
         return tokenizer(batch["text"])
 
     assert transform_fingerprint(encode) == Hasher.hash(encode)
+
+
+def test_a_csv_column_named_like_pandas_row_labels_is_read_as_a_column(tmp_path):
+    # pandas names the row labels it takes from rows longer than their header `__index_level_0__`; a header that
+    # holds that name itself (a frame written with its index) is a file like any other.
+    written = tmp_path / "indexed.csv"
+    written.write_text("__index_level_0__,text,label\n7,good,1\n9,bad,0\n")
+    rows = data.read_data_file(str(written), "--input_file")
+    assert rows.column_names == ["__index_level_0__", "text", "label"] and rows["text"] == ["good", "bad"]
+    cut = tmp_path / "cut.csv"
+    cut.write_text("text,label\ngood, really,1\nbad, truly,0\n")
+    with pytest.raises(UsageError, match=r"its rows have more fields than its header \(1 more\)"):
+        data.read_data_file(str(cut), "--input_file")
+
+
+def test_the_separator_hint_is_for_a_header_read_as_one_column():
+    from app.inputs.reading import header_hint
+
+    assert header_hint(["text;label"]).startswith(" (the header holds semicolons: a .csv file is read with commas")
+    assert header_hint(["text;label", "__index_level_0__"]).startswith(" (the header holds semicolons")
+    assert header_hint(["text", "score|v2"], "--label_column", "label") == "", "a json file's columns, one with a bar"

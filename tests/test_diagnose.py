@@ -193,8 +193,8 @@ def test_overflow_replay_draws_the_runs_dropout_masks_also_when_checkpointing_re
 
 @pytest.mark.slow
 def test_under_torch_compile_the_diagnostic_passes_run_eagerly(overflow_model_dir, review_files, capsys):
-    """Their hooks would have torch.compile trace a hooked graph of its own for each pass (SmolLM2's pre-flight took
-    178 s on a CPU that way), and the pre-flight comes before the training graph is compiled at all."""
+    """Their hooks would have torch.compile trace a hooked graph of its own for each pass (minutes for SmolLM2 on a
+    CPU: docs/benchmarks.md#fp16-pre-flight), and the pre-flight comes before the training graph is compiled."""
     from torch._dynamo.utils import counters
 
     run = harness.build_training(

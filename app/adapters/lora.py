@@ -41,7 +41,7 @@ class AdapterPlan:
     rslora: bool
     asked: tuple[str, ...]  # --lora_target_modules as given: (all-linear,) or names
     seed: int  # the adapters' initial weights come from it alone (add_adapters)
-    widest: tuple[str, int]  # the target with the highest rank an update of it can have (the smaller of its sides)
+    max_rank: tuple[str, int]  # the target whose update can have the highest rank, and that rank (its smaller side)
 
     def record(self, base: str) -> dict:
         """What every checkpoint records of the adapters; a resume must match it (storage/checkpoints.py)."""
@@ -82,7 +82,7 @@ class AdapterPlan:
     def rank_warning(self) -> str | None:
         """A warning when --lora_r is at least every target's own rank: each adapter then holds more weights than its
         layer and learns nothing that training the layer in full could not."""
-        name, rank = self.widest
+        name, rank = self.max_rank
         if self.r < rank:
             return None
         return (
@@ -150,7 +150,7 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
             targets += [name for name in found if name not in targets]
     if not targets:
         raise UsageError("--lora_target_modules: the model has no linear layer to adapt; name its layers instead")
-    widest = max(((name, min(_sides(modules[name]))) for name in targets), key=lambda pair: pair[1])
+    max_rank = max(((name, min(_sides(modules[name]))) for name in targets), key=lambda pair: pair[1])
     return AdapterPlan(
         tuple(targets),
         tuple(full),
@@ -160,7 +160,7 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
         cfg.use_rslora,
         tuple(cfg.lora_target_modules),
         cfg.seed,
-        widest,
+        max_rank,
     )
 
 

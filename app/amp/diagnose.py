@@ -39,7 +39,7 @@ def rng_untouched():
 
 def eager() -> contextlib.AbstractContextManager:
     """A compiled model (--torch_compile) runs eagerly inside: the passes' hooks would otherwise have torch.compile
-    trace a hooked graph of its own for each pass, which took minutes on a CPU, before the training graph."""
+    trace a hooked graph of its own for each pass, before the training graph (docs/benchmarks.md#fp16-pre-flight)."""
     set_stance = getattr(torch.compiler, "set_stance", None)  # torch >= 2.6
     return set_stance("force_eager") if set_stance else contextlib.nullcontext()
 

@@ -94,10 +94,12 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
     if _looks_like_a_path(name) and not Path(name).exists():
         raise UsageError(f"--model_name_or_path {name}: no such folder; give a local model folder or a hub id")
     if (Path(name) / CHECKPOINT_RECORD).is_file() and not (Path(name) / "config.json").is_file():
+        given = Path(name)  # as given where it names the run's folder; "step-3" alone: the full path, not "."
+        run_folder = output_dir_of(given if len(given.parts) >= 3 else given.absolute())
         raise UsageError(
             f"--model_name_or_path {name} is a training checkpoint, which holds what a resume needs but no model "
-            f"config: give the run's output folder ({output_dir_of(Path(name))}) once its run has ended, or continue "
-            "the run with --resume_from_checkpoint"
+            f"config: give the run's output folder ({run_folder}) once its run has ended, or continue the run with "
+            "--resume_from_checkpoint"
         )
     try:
         return AutoConfig.from_pretrained(name, gguf_file=gguf_file)

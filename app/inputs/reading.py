@@ -8,6 +8,7 @@ found, what is wrong there. Rows are counted as a user counts them in a file: fr
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from typing import BinaryIO
@@ -84,8 +85,9 @@ def header_hint(columns: list[str], option: str = "", wanted: str = "") -> str:
     """For a column that is not there: a hint when the header holds another separator (a .csv file written with
     semicolons, as spreadsheets do in many locales, or tabs), which pandas reads as one column, or when the column is
     there with spaces around its name ("text, label"); else nothing."""
+    named = [column for column in columns if not column.startswith("__index_level_")]  # pandas' row labels
     for separator, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "vertical bars")):
-        if any(separator in column for column in columns):
+        if len(named) == 1 and separator in named[0]:
             return (
                 f" (the header holds {name}: a .csv file is read with commas between its columns; save it "
                 "comma-separated, or as .jsonl)"
@@ -98,14 +100,20 @@ def header_hint(columns: list[str], option: str = "", wanted: str = "") -> str:
 
 def check_no_row_labels(columns: list[str], path: str) -> None:
     """A csv file whose rows all have more fields than its header: pandas reads the first fields of each row as its
-    label (datasets keeps them as `__index_level_0__`), and the text column holds only the rest of each text. Texts with
-    commas but no quotes do that, silently, and so does a file with another separator."""
+    label (datasets keeps them as `__index_level_0__`), and the text column holds only the rest of each text. Texts
+    with commas but no quotes do that, silently, and so do a comma at the end of every row and another separator. A
+    column of that name in the header itself is a column like any other."""
     labels = [name for name in columns if name.startswith("__index_level_")]
     if not labels:
         return
+    with open(path, encoding="utf-8-sig", newline="") as file:
+        header = next(csv.reader(file), [])
+    if all(name in header for name in labels):
+        return
     why = header_hint(columns) or (
-        f" ({len(labels)} more), so the first field of each row was cut off as a row label: texts hold commas without "
-        "quotes; put quotes around fields that hold commas, as csv writers do, or save the file as .jsonl"
+        f" ({len(labels)} more), so the first field of each row was cut off as a row label: texts with commas but no "
+        "quotes, or a comma at the end of every row, do that; quote the fields that hold commas, as csv writers do, "
+        "drop the trailing commas, or save the file as .jsonl"
     )
     raise UsageError(f"cannot read {path}: its rows have more fields than its header{why}")
 

@@ -24,7 +24,7 @@ from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.inputs.model import load_weights
-from app.inputs.reading import check_label_cells, check_text_cells, header_hint
+from app.inputs.reading import check_label_cells, check_text_cells, header_hint, row_of
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
@@ -116,8 +116,8 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             text = next(row for row, v in enumerate(values, start=1) if isinstance(v, str))
             raise UsageError(
                 f"label column {label_column!r} mixes ints and strings: {values[number - 1]!r} in row {number} and "
-                f"{values[text - 1]!r} in row {text} of the train data (rows counted from 1, after the header); write "
-                "every label as a string, or every one as an int 0..N-1"
+                f"{values[text - 1]!r} in {row_of('train', text)}; write every label as a string, or every one as an "
+                "int 0..N-1"
             )
         if isinstance(odd, float) and odd.is_integer():  # class ids a spreadsheet or pandas wrote as floats
             fix = f"write class ids as ints ({int(odd)}, not {odd!r})"
