@@ -72,7 +72,7 @@ class AdapterPlan:
         what = f"{ALL_LINEAR}: " if self.asked == (ALL_LINEAR,) else ""
         full = f"; trained in full: {', '.join(self.trained_in_full)}" if self.trained_in_full else ""
         scale = (
-            f"alpha/sqrt(r) = {self.alpha / self.r**0.5:.3g}" if self.rslora else f"alpha/r = {self.alpha / self.r:g}"
+            f"alpha/sqrt(r) = {self.alpha / self.r**0.5:.3g}" if self.rslora else f"alpha/r = {self.alpha / self.r:.3g}"
         )
         return (
             f"adapters: LoRA r={self.r}, {scale}, dropout {self.dropout:g} on {len(self.targets)} layers "
