@@ -201,3 +201,30 @@ def test_sorted_evaluation_gives_the_metrics_of_unsorted_evaluation(tiny_model_d
     in_data_order[torch.tensor(length_order(token_counts(validation)))] = logits(run.eval_loader)
     torch.testing.assert_close(in_data_order, logits(unsorted), rtol=1e-5, atol=1e-5)
     assert torch.equal(in_data_order.argmax(-1), logits(unsorted).argmax(-1))
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
+def test_a_resume_with_another_seed_keeps_the_runs_order_and_says_so(tokenizer, strategy):
+    # The order is drawn from the seed; a resume whose --seed differs would train some examples twice and skip others.
+    lengths = mixed_lengths(16 * 6)
+    saving = loader_for(tokenizer, lengths, strategy)
+    saved = DataPosition(saving, BATCH, 1, accumulation=1)
+    state = TrainState(epoch=0, batches_in_epoch=2)
+    state.samples_in_epoch = saved.samples(state)
+    record = CheckpointRecord("r", "no", 1, state, data=saved.record())
+
+    resuming = loader_for(tokenizer, lengths, strategy)
+    get_sampler(resuming).seed = SEED + 2  # as --seed 7 would
+    notes = DataPosition(resuming, BATCH, 1, accumulation=1).resume(replace(state), record)
+    assert notes == [
+        f"note: the examples come in the order of the run's seed ({SEED}), so that it continues exactly; "
+        f"--seed {SEED + 2} applies to new runs"
+    ]
+    assert get_sampler(resuming).order(0).tolist() == get_sampler(saving).order(0).tolist()
+
+    fewer = loader_for(tokenizer, lengths[:-16], strategy)  # another training file
+    notes = DataPosition(fewer, BATCH, 1, accumulation=1).resume(replace(state), record)
+    assert notes == [
+        f"note: the training data has {len(lengths) - 16} examples, the checkpoint's run had {len(lengths)}: the rest "
+        "of the epoch is not the examples the run would have seen"
+    ]

@@ -141,7 +141,13 @@ class DataPosition:
         return min(consumed, self.sampler.num_examples)  # Accelerate pads an epoch's last step out: not examples
 
     def record(self) -> dict:
-        return {"order": self.sampler.spec(), "global_batch_size": self.global_batch_size}
+        """The order's spec, the global batch, and what the order is drawn from: the seed and the examples' count."""
+        return {
+            "order": self.sampler.spec(),
+            "global_batch_size": self.global_batch_size,
+            "seed": self.sampler.seed,
+            "examples": self.sampler.num_examples,
+        }
 
     def resume(self, state, record) -> list[str]:
         """Continue at the checkpoint's example: set `state.batches_in_epoch` and the sampler. Returns notes.
@@ -151,12 +157,25 @@ class DataPosition:
         """
         state.batches_in_epoch, rest = divmod(state.samples_in_epoch, self.examples_per_micro_step)
         self.sampler.resumed_at = (state.epoch, rest)
-        if self.sampler.follow(record.data["order"]):
-            return []
-        return [
-            "note: --train_sampling_strategy changed since the checkpoint, so the rest of the epoch is not the "
-            "examples the run would have seen"
-        ]
+        notes = []
+        seed, examples = record.data.get("seed"), record.data.get("examples")  # absent in older checkpoints
+        if seed is not None and seed != self.sampler.seed:  # the only thing --seed still draws on a resume
+            notes.append(
+                f"note: the examples come in the order of the run's seed ({seed}), so that it continues exactly; "
+                f"--seed {self.sampler.seed} applies to new runs"
+            )
+            self.sampler.seed = seed
+        if examples is not None and examples != self.sampler.num_examples:
+            notes.append(
+                f"note: the training data has {self.sampler.num_examples} examples, the checkpoint's run had "
+                f"{examples}: the rest of the epoch is not the examples the run would have seen"
+            )
+        if not self.sampler.follow(record.data["order"]):
+            notes.append(
+                "note: --train_sampling_strategy changed since the checkpoint, so the rest of the epoch is not the "
+                "examples the run would have seen"
+            )
+        return notes
 
 
 def recorded_in_examples(record, cfg):
