@@ -269,3 +269,29 @@ def test_a_file_in_trls_formats_without_its_flags_names_them(tmp_path, tiny_gpt2
     assert run_app(args) == 2
     line = one_error_line(capsys)
     assert line.startswith("error: --text_column 'text' is not in the train data") and line.endswith(hint), line
+
+
+@pytest.mark.parametrize(
+    "conversation, expected",
+    [
+        ("not a list", "a conversation must be a list of {role, content} turns with string values, got str"),
+        (
+            [{"from": "human", "value": "Fresh?"}, {"from": "gpt", "value": "great"}],
+            "found {'from': 'human', 'value': 'Fresh?'} (ShareGPT's {from, value} turns: rename the keys, and human "
+            "to user, gpt to assistant)",
+        ),
+        ([{"role": "user", "content": "Fresh?"}], "the conversation has no assistant turn, so nothing in it would be"),
+    ],
+    ids=["a string", "sharegpt", "no assistant"],
+)
+def test_a_conversation_of_another_shape_is_one_line_naming_its_row(
+    tmp_path, tiny_llama_dir, capsys, conversation, expected
+):
+    good = [{"role": "user", "content": "Tasty?"}, {"role": "assistant", "content": "great"}]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": chat}) for chat in (good, conversation)) + "\n")
+    args = [arg for arg in train_args(tmp_path, tiny_llama_dir, data, data) if arg not in PROMPTS]
+    assert run_app([*args, "--messages_column", "messages"]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: row 2 of the train data (rows counted from 1, after the header), column 'messages'")
+    assert expected in line, line

@@ -95,7 +95,9 @@ def _conversation_problem(value) -> str | None:
             or not isinstance(turn.get("role"), str)
             or not isinstance(turn.get("content"), str)
         ):
-            return f"{shape}; found {turn!r}"
+            sharegpt = isinstance(turn, dict) and {"from", "value"} <= turn.keys()
+            fix = " (ShareGPT's {from, value} turns: rename the keys, and human to user, gpt to assistant)"
+            return f"{shape}; found {turn!r}{fix if sharegpt else ''}"
     if not any(turn["role"] == "assistant" for turn in value):
         return "the conversation has no assistant turn, so nothing in it would be learned"
     return None
