@@ -104,6 +104,11 @@ class PredictConfig:
             raise UsageError("give texts on the command line or --input_file, not both")
         if self.output_file and Path(self.output_file).suffix.lower() not in OUTPUT_TYPES:
             raise UsageError(f"--output_file {self.output_file}: unsupported type; use {' or '.join(OUTPUT_TYPES)}")
+        if self.input_file and self.output_file and Path(self.output_file).resolve() == Path(self.input_file).resolve():
+            raise UsageError(
+                f"--output_file {self.output_file} is the --input_file: the predictions would replace the file they "
+                "are made from; write them to another file"
+            )
         for name in ("per_device_eval_batch_size", "max_length", "max_new_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")

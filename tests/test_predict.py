@@ -161,7 +161,15 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
 
 @pytest.mark.parametrize(
     "case",
-    ["missing column", "semicolons", "unreadable file", "no classification head", "empty file", "empty stdin"],
+    [
+        "missing column",
+        "semicolons",
+        "unreadable file",
+        "no classification head",
+        "empty file",
+        "empty stdin",
+        "output is the input",
+    ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
     tmp_path, trained, tiny_model_dir, review_files, case, capsys, monkeypatch
@@ -181,6 +189,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         model = tiny_model_dir  # a base BertModel, as the training starts from
     elif case == "empty file":
         source = ["--input_file", tmp_path / "empty.csv"]
+    elif case == "output is the input":
+        source = ["--input_file", tmp_path / "out" / ".." / "out" / "predicted.csv"]  # the same file, spelt otherwise
     else:
         source = []
     out = tmp_path / "out" / "predicted.csv"
@@ -198,6 +208,7 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "no classification head": "has no trained classification head (architectures: BertModel)",
         "empty file": "has no rows",
         "empty stdin": "the input has no texts to predict",
+        "output is the input": "is the --input_file: the predictions would replace the file they are made from",
     }[case]
     assert expected in err
     assert out.read_text() == "earlier results\n" and [p.name for p in out.parent.iterdir()] == ["predicted.csv"]
