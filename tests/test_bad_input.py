@@ -41,6 +41,11 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def both_files(train: Path, validation: Path) -> list:
+    """The flags of a run on these training and validation files."""
+    return ["--train_file", train, "--validation_file", validation]
+
+
 def write_bytes(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
@@ -123,12 +128,7 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
         (
             "unreadable data file",
-            [
-                "--train_file",
-                write(csv_dir / "broken.parquet", "not parquet"),
-                "--validation_file",
-                write(csv_dir / "v.parquet", "not parquet"),
-            ],
+            both_files(write(csv_dir / "broken.parquet", "not parquet"), write(csv_dir / "v.parquet", "not parquet")),
             {},
             "cannot read",
         ),
@@ -140,12 +140,10 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ),
         (
             "a json lines file with a broken line",
-            [
-                "--train_file",
+            both_files(
                 write(csv_dir / "t.jsonl", '{"text": "a", "label": 0}\n{"text": "b", "label": 1}\n'),
-                "--validation_file",
                 write(csv_dir / "broken.jsonl", '{"text": "a", "label": 0}\n{"text": oops}\n'),
-            ],
+            ),
             {},
             f"cannot read {csv_dir / 'broken.jsonl'}: line 2 is not valid JSON (Expecting value at column 10)",
         ),
@@ -157,12 +155,10 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ),
         (
             "an int label column with an empty cell",
-            [
-                "--train_file",
+            both_files(
                 write(csv_dir / "gap.csv", "text,label\na,0\nb,\nc,1\n"),
-                "--validation_file",
                 write(csv_dir / "gapv.csv", "text,label\nd,1\n"),
-            ],
+            ),
             {},
             "label column 'label' is empty in row 2 of the train data",
         ),
@@ -175,36 +171,30 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ("missing label column", ["--label_column", "stars"], {}, "--label_column 'stars' is not in the train data"),
         (
             "float labels",
-            [
-                "--train_file",
+            both_files(
                 write(csv_dir / "f.csv", "text,label\ngood,0.5\nbad,1.5\n"),
-                "--validation_file",
                 write(csv_dir / "fv.csv", "text,label\nok,0.5\n"),
-            ],
+            ),
             {},
             "must hold only ints or only strings; found float 0.5: a float target is regression, which this app "
             "does not train",
         ),
         (
             "ints and strings in one label column",  # a JSON file keeps both (datasets' Json feature)
-            [
-                "--train_file",
+            both_files(
                 write(csv_dir / "mixed.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n'),
-                "--validation_file",
                 write(csv_dir / "mixedv.jsonl", '{"text": "c", "label": 1}\n'),
-            ],
+            ),
             {},
             "label column 'label' mixes ints and strings: 1 in row 1 and 'pos' in row 2 of the train data (rows "
             "counted from 1, after the header); write every label as a string, or every one as an int 0..N-1",
         ),
         (
             "class ids written as floats",
-            [
-                "--train_file",
+            both_files(
                 write(csv_dir / "ids.csv", "text,label\ngood,1.0\nbad,0.0\n"),
-                "--validation_file",
                 write(csv_dir / "idsv.csv", "text,label\nok,1.0\n"),
-            ],
+            ),
             {},
             "must hold only ints or only strings; found float 1.0: write class ids as ints (1, not 1.0)",
         ),
