@@ -138,7 +138,8 @@ def test_a_resume_with_another_process_count_or_batch_size_trains_the_epoch_as_t
     assert (
         f"note: the checkpoint was saved by {saved_by} process(es) with {global_batch} examples per optimizer step; "
         f"this run keeps them: {resumed_by} process(es) x {per_device} per device x {accumulated} accumulated, and "
-        f"continues at example {len(before)} of epoch 0"
+        f"continues at example {len(before)} of epoch 0, so the steps and their LR are the uninterrupted run's and, "
+        "on the same training data, no example is trained twice or skipped"  # the data-count note says when it is not
     ) in said
 
     total = math.ceil(EXAMPLES / global_batch)  # the uninterrupted run's steps in one epoch

@@ -47,9 +47,9 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
     note = (
         f"note: the checkpoint was saved by {record.num_processes} process(es) with {saved_batch} examples per "
         f"optimizer step; this run keeps them: {num_processes} process(es) x {per_device} per device x "
-        f"{accumulation} accumulated, and continues at example {state.samples_in_epoch} of epoch {state.epoch}, so no "
-        "example is trained twice or skipped and the steps and their LR are the uninterrupted run's; dropout and "
-        "rounding differ from it"
+        f"{accumulation} accumulated, and continues at example {state.samples_in_epoch} of epoch {state.epoch}, so the "
+        "steps and their LR are the uninterrupted run's and, on the same training data, no example is trained twice or "
+        "skipped; dropout and rounding differ from it"
     )
     if asked[0] * record.num_processes * asked[1] != saved_batch:  # the flags changed, not only the process count
         note += (
