@@ -228,7 +228,11 @@ class TrainConfig:
     output_dir: Optional[str] = flag(
         "Where the final model and checkpoints go. Default: outputs/<run_name>.", default=None
     )
-    overwrite_output_dir: bool = flag("Allow a non-empty --output_dir; its old checkpoints are deleted.", default=False)
+    overwrite_output_dir: bool = flag(
+        "Allow a non-empty --output_dir; its old checkpoints are deleted, and so are the files of its old model that "
+        "the new model does not replace (adapters, a merged model, tokenizer files).",
+        default=False,
+    )
     run_name: Optional[str] = flag(
         "TensorBoard run name. Default: date, time and precision, e.g. 20261129-101500-fp16.", default=None
     )

@@ -191,6 +191,32 @@ def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
     assert float(probability) == pytest.approx(float(expected.max()), abs=1e-5)
 
 
+def test_a_model_saved_over_another_with_overwrite_output_dir_leaves_none_of_its_files(
+    tiny_model_dir, review_files, tmp_path
+):
+    out = tmp_path / "out"
+
+    def run(name: str, *extra) -> set[str]:
+        flags = [*data_flags(tiny_model_dir, review_files), "--output_dir", out, "--logdir", tmp_path / "runs"]
+        flags += ["--run_name", name, "--max_length", "64", "--disable_tqdm", "--overwrite_output_dir", *RUN, *extra]
+        assert run_app(flags) == 0
+        return {path.name for path in out.iterdir()}
+
+    full_model = {"model.safetensors", "config.json"}
+    assert full_model <= run("full")
+    adapters = {"adapter_config.json", "adapter_model.safetensors", "merged"}
+    with_adapters = run("adapters", "--use_peft", "--save_merged_model")
+    assert adapters <= with_adapters and "model.safetensors" not in with_adapters, "the full model's weights stayed"
+
+    left = run("full-again")
+    assert full_model <= left and not left & adapters, f"the adapters' run left {sorted(left & adapters)}"
+    # Loaded as transformers loads any folder: a stale adapter_config.json would give the base with the old adapters.
+    loaded = AutoModelForSequenceClassification.from_pretrained(out)
+    assert not hasattr(loaded, "peft_config")
+    trained = load_file(out / "checkpoints" / "step-6" / "model.safetensors")
+    torch.testing.assert_close(loaded.classifier.weight, trained["classifier.weight"], rtol=0, atol=0)
+
+
 def test_float16_weights_beyond_fp16s_range_are_named_before_loading(tiny_model_dir, review_files, tmp_path, capsys):
     model = tmp_path / "big-weights"
     model.mkdir()
