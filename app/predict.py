@@ -37,10 +37,10 @@ from tqdm.auto import tqdm
 
 from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
 from app.cli import OneLineParser, exit_code_of, exit_process, flag, outlive_readers, unknown_flag_advice
-from app.errors import UsageError
+from app.errors import UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_data_file
-from app.inputs.model import load_model_config, load_tokenizer, max_positions
+from app.inputs.model import check_max_length, load_model_config, load_tokenizer, max_positions
 from app.inputs.reading import header_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
@@ -195,8 +195,16 @@ def check_output_file(path: str | None) -> None:
 def trained_max_length(model_path: str, model_config, tokenizer) -> int:
     """What the model saw in training: longer inputs at prediction would be texts it never learned from."""
     args = Path(model_path) / CONFIG_FILE
-    trained = yaml.safe_load(args.read_text()).get("max_length") if args.is_file() else None
-    return trained if isinstance(trained, int) else max_positions(model_config, tokenizer)
+    if not args.is_file():
+        return max_positions(model_config, tokenizer)
+    try:
+        recorded = yaml.safe_load(args.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise UsageError(f"{args} cannot be read ({first_line(e)}); restore it, or pass --max_length") from None
+    trained = recorded.get("max_length") if isinstance(recorded, dict) else None
+    if not isinstance(trained, int) or isinstance(trained, bool) or trained < 1:
+        raise UsageError(f"{args} gives no max_length of 1 or more (got {trained!r}); restore it, or pass --max_length")
+    return trained
 
 
 def write_table(table: pd.DataFrame, path: str | None) -> None:
@@ -239,10 +247,11 @@ def predict_and_write(
         output_columns = LabelPredictor.columns
     tokenizer = load_tokenizer(cfg.model_name_or_path)
     max_length = cfg.max_length or trained_max_length(cfg.model_name_or_path, model_config, tokenizer)
+    check_max_length(max_length, model_config, tokenizer)
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":
-        TextGenerator.check_inputs(tokenizer, model_config, max_length, inputs[0])
+        TextGenerator.check_inputs(tokenizer, model_config, max_length, cfg.max_new_tokens, inputs[0])
     check_output_file(cfg.output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------

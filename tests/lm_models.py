@@ -63,14 +63,14 @@ def save_tiny_llama(path: Path, texts: list[str], dropout: float = 0.0) -> Path:
     return path
 
 
-def save_tiny_gpt2(path: Path, texts: list[str], dropout: float = 0.1) -> Path:
+def save_tiny_gpt2(path: Path, texts: list[str], dropout: float = 0.1, positions: int = 256) -> Path:
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=train_tokenizer(texts, ["<|endoftext|>"]),
         bos_token="<|endoftext|>",
         eos_token="<|endoftext|>",
-        model_max_length=256,
+        model_max_length=positions,
     )
     tokenizer.save_pretrained(path)
     config = GPT2Config(
@@ -78,7 +78,7 @@ def save_tiny_gpt2(path: Path, texts: list[str], dropout: float = 0.1) -> Path:
         n_embd=32,
         n_layer=2,
         n_head=2,
-        n_positions=256,
+        n_positions=positions,
         resid_pdrop=dropout,
         embd_pdrop=dropout,
         attn_pdrop=dropout,

@@ -271,6 +271,28 @@ def test_flags_of_the_other_task_are_refused(
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists(), "bad input leaves nothing"
 
 
+def test_generation_stays_within_learned_positions_in_evaluation_and_predict(
+    tmp_path, review_texts, uneven_responses, capsys
+):
+    # GPT-2's positions are a table: a prompt of --max_length positions plus new tokens past it was an IndexError, at
+    # the final evaluation (the longest response's room after a short response's long prompt) and in predict.py.
+    from app.predict import main as predict
+    from tests.lm_models import save_tiny_gpt2
+
+    model = save_tiny_gpt2(tmp_path / "gpt2-64", review_texts, positions=64)
+    args = lm_args(tmp_path, model, uneven_responses, *PROMPTS, "--max_length", 64, "--max_steps", 1)
+    assert run_app([*args, "--mixed_precision", "no"]) == 0
+
+    long_prompt = " ".join(review_texts[:20])  # hundreds of tokens: cut from the left to leave room for the answer
+    out = str(tmp_path / "out")
+    assert predict([long_prompt, "--model_name_or_path", out, "--max_new_tokens", "16", "--disable_tqdm"]) == 0
+    assert predict([long_prompt, "--model_name_or_path", out, "--max_new_tokens", "64"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "error: --max_new_tokens 64 leaves no room for a prompt in the model's 64 positions; use --max_new_tokens 63 "
+        "or less\n"
+    )
+
+
 def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, review_files, capsys):
     from app.predict import main as predict
 

@@ -7,7 +7,9 @@ put back in the wrong order or a wrong padding mask shows up as a mismatch.
 from __future__ import annotations
 
 import io
+import shutil
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -169,6 +171,8 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "empty file",
         "empty stdin",
         "output is the input",
+        "max_length beyond the model",
+        "unreadable training_args.yaml",
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
@@ -191,6 +195,11 @@ def test_bad_input_one_line_exit_2_nothing_written(
         source = ["--input_file", tmp_path / "empty.csv"]
     elif case == "output is the input":
         source = ["--input_file", tmp_path / "out" / ".." / "out" / "predicted.csv"]  # the same file, spelt otherwise
+    elif case == "max_length beyond the model":
+        source += ["--max_length", 129]
+    elif case == "unreadable training_args.yaml":
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        (model / "training_args.yaml").write_text("max_length: [64\n")  # cut short
     else:
         source = []
     out = tmp_path / "out" / "predicted.csv"
@@ -209,6 +218,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "empty file": "has no rows",
         "empty stdin": "the input has no texts to predict",
         "output is the input": "is the --input_file: the predictions would replace the file they are made from",
+        "max_length beyond the model": "--max_length 129 is beyond the model's 128 positions; use --max_length 128 or",
+        "unreadable training_args.yaml": "training_args.yaml cannot be read (while parsing a flow sequence); restore "
+        "it, or pass --max_length",
     }[case]
     assert expected in err
     assert out.read_text() == "earlier results\n" and [p.name for p in out.parent.iterdir()] == ["predicted.csv"]

@@ -266,9 +266,18 @@ class TextGenerator:
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
 
     @staticmethod
-    def check_inputs(tokenizer, model_config: PretrainedConfig, max_length: int, prompts: list[str]) -> None:
-        """Before the weights load: the special tokens have embeddings, and every prompt has a token to follow."""
+    def check_inputs(
+        tokenizer, model_config: PretrainedConfig, max_length: int, max_new_tokens: int, prompts: list[str]
+    ) -> None:
+        """Before the weights load: the special tokens have embeddings, the new tokens leave room for a prompt in the
+        model's positions, and every prompt has a token to follow."""
         check_special_tokens(tokenizer, model_config)
+        positions = generation.position_table(model_config)
+        if positions is not None and max_new_tokens >= positions:
+            raise UsageError(
+                f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's {positions} positions; "
+                f"use --max_new_tokens {positions - 1} or less"
+            )
         renderer = Renderer(tokenizer, max_length, getattr(model_config, "bos_token_id", None))
         empty = lm_data.first_empty_prompt(renderer, prompts)
         if empty is not None:
@@ -278,8 +287,11 @@ class TextGenerator:
             )
 
     def predict(self, accelerator: Accelerator, policy: PrecisionPolicy, texts: list[list[str]], progress) -> list[str]:
-        # A prompt longer than the model was trained with keeps its end, the part the answer follows.
-        prompts = [self.renderer.prompt_ids(prompt, room=self.max_length) for prompt in texts[0]]
+        # A prompt longer than the model was trained with keeps its end, the part the answer follows; and it leaves
+        # room in the model's positions for --max_new_tokens.
+        positions = generation.position_table(self.model.config)
+        room = self.max_length if positions is None else min(self.max_length, positions - self.max_new_tokens)
+        prompts = [self.renderer.prompt_ids(prompt, room=room) for prompt in texts[0]]
         return generation.generate(
             accelerator, policy, self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, progress
         )

@@ -49,6 +49,7 @@ def generate(
     was_training = raw.training
     raw.eval()
     config = greedy_config(raw, tokenizer, max_new_tokens)
+    positions = position_table(raw.config)
     pad = tokenizer.pad_token_id
     found = []
     with accelerator.split_between_processes(list(range(len(prompts)))) as mine, contiguous_head_input(raw):
@@ -58,11 +59,15 @@ def generate(
             width = max(len(prompts[i]) for i in chunk)
             ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in chunk])
             mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk])
+            # A prompt and its continuation fit in the position table: past it, learned positions (GPT-2's) fail with
+            # an IndexError. A validation prompt leaves room for its own response, not for the longest one.
+            new_tokens = max_new_tokens if positions is None else min(max_new_tokens, positions - width)
             with policy.autocast():
                 out = raw.generate(
                     input_ids=ids.to(accelerator.device),
                     attention_mask=mask.to(accelerator.device),
                     generation_config=config,
+                    max_new_tokens=new_tokens,
                 )
             texts = tokenizer.batch_decode(out[:, width:].cpu(), skip_special_tokens=True)  # a host sync per batch
             found.extend(zip(chunk, texts))
@@ -70,6 +75,12 @@ def generate(
                 on_batch(len(chunk))
     raw.train(was_training)
     return [text for _, text in sorted(gather_object(found), key=lambda pair: pair[0])]
+
+
+def position_table(model_config) -> int | None:
+    """The positions the model has embeddings or a trained range for, if its config says."""
+    positions = getattr(model_config, "max_position_embeddings", None)
+    return positions if isinstance(positions, int) and positions > 0 else None
 
 
 @contextlib.contextmanager
