@@ -245,7 +245,7 @@ def predict_and_write(
             )
         text_columns = (cfg.text_column, cfg.text_pair_column) if cfg.text_pair_column else (cfg.text_column,)
         output_columns = LabelPredictor.columns
-    tokenizer = load_tokenizer(cfg.model_name_or_path)
+    tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)
     max_length = cfg.max_length or trained_max_length(cfg.model_name_or_path, model_config, tokenizer)
     check_max_length(max_length, model_config, tokenizer)
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)

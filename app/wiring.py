@@ -89,7 +89,7 @@ def load_inputs(
     refuse_quantized(model_path, model_config)
     task_name, why = resolve_task(cfg.task, model_config)
     accelerator.print(f"task: {task_name} ({why})")
-    tokenizer = load_tokenizer(model_path, gguf_file)
+    tokenizer = load_tokenizer(model_path, model_config, gguf_file)
     check_max_length(cfg.max_length, model_config, tokenizer)
     raw = data.load_raw(cfg)
     task = build_task(task_name, cfg, raw, tokenizer, model_config)

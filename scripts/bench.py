@@ -36,6 +36,7 @@ from bench_job import exit_on_sigterm, scratch_dir  # noqa: E402
 from datasets import DatasetDict  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import (  # noqa: E402
+    AutoTokenizer,
     BertConfig,
     BertModel,
     DataCollatorWithPadding,
@@ -49,7 +50,7 @@ from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.errors import UsageError  # noqa: E402
 from app.host.runtime import build_accelerator, device_type  # noqa: E402
-from app.inputs.model import embedded_model_dir, load_tokenizer  # noqa: E402
+from app.inputs.model import embedded_model_dir  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402
 from app.telemetry.writer import TensorBoardWriter  # noqa: E402
@@ -88,7 +89,7 @@ class StepClock:
 
 
 def tiny_model_dir(folder: Path) -> str:
-    tokenizer = load_tokenizer(str(embedded_model_dir()))
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,

@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from bench_job import exit_on_sigterm, scratch_dir  # noqa: E402
 from datasets import Dataset, DatasetDict  # noqa: E402
-from transformers import BertConfig, BertForSequenceClassification  # noqa: E402
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification  # noqa: E402
 
 from app.adapters.plan import plan_model  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.host.runtime import build_accelerator, device_name  # noqa: E402
-from app.inputs.model import embedded_model_dir, load_tokenizer  # noqa: E402
+from app.inputs.model import embedded_model_dir  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402
 from app.tasks.classification import Columns, LabelSpace, SequenceClassification  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> int:
 
     size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if args.tiny else {}
     config = BertConfig(num_labels=2, max_position_embeddings=512, **size)  # BERT-base unless --tiny
-    tokenizer = load_tokenizer(str(embedded_model_dir()))  # the embedded MiniLM's, the same 30,522-token vocabulary
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())  # the embedded MiniLM's 30,522-token vocabulary
     tokens = synthetic_tokens(config.vocab_size, args.batch_size * (args.warmup + 2 * args.steps + 4), args.seq_len)
     columns = Columns("text", None, "label")
     task = SequenceClassification(columns, LabelSpace(("0", "1"), string_labels=False), tokenizer, args.seq_len)

@@ -7,11 +7,12 @@ code and stderr as a user sees them.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from tests.conftest import data_flags, python_app, run_app
 
@@ -63,6 +64,15 @@ def fixed_head_model(path: Path, tiny_model_dir: Path) -> Path:
     """A model whose classification head is trained for 2 labels, saved like a fine-tuned checkpoint."""
     config = BertConfig.from_pretrained(tiny_model_dir, num_labels=2)
     BertForSequenceClassification(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(path)
+    return path
+
+
+def without_tokenizer(path: Path, model: Path) -> Path:
+    """`model`'s config and weights alone, as a copy made without the tokenizer's files."""
+    path.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model / name, path / name)
     return path
 
 
@@ -124,6 +134,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             f"--model_name_or_path {ws / 'ck_run' / 'checkpoints' / 'step-3'} is a training checkpoint, which holds "
             f"what a resume needs but no model config: give the run's output folder ({ws / 'ck_run'}) once its run has "
             "ended",
+        ),
+        (
+            "a model copied without its tokenizer",  # transformers would build one of 5 special tokens: all [UNK]
+            ["--model_name_or_path", without_tokenizer(ws / "copied", model)],
+            {},
+            f"--model_name_or_path {ws / 'copied'}: its tokenizer has 5 tokens for the model's 30522 token "
+            "embeddings: the tokenizer's files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are missing",
         ),
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
         (

@@ -173,6 +173,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "output is the input",
         "max_length beyond the model",
         "unreadable training_args.yaml",
+        "no tokenizer files",
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
@@ -200,6 +201,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
     elif case == "unreadable training_args.yaml":
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         (model / "training_args.yaml").write_text("max_length: [64\n")  # cut short
+    elif case == "no tokenizer files":  # copied without them: transformers would build a tokenizer of [UNK]s
+        model = Path(shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns("tokenizer*")))
     else:
         source = []
     out = tmp_path / "out" / "predicted.csv"
@@ -221,6 +224,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "max_length beyond the model": "--max_length 129 is beyond the model's 128 positions; use --max_length 128 or",
         "unreadable training_args.yaml": "training_args.yaml cannot be read (while parsing a flow sequence); restore "
         "it, or pass --max_length",
+        "no tokenizer files": "its tokenizer has 5 tokens for the model's 30522 token embeddings: the tokenizer's "
+        "files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are missing",
     }[case]
     assert expected in err
     assert out.read_text() == "earlier results\n" and [p.name for p in out.parent.iterdir()] == ["predicted.csv"]

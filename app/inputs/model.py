@@ -123,11 +123,21 @@ def _looks_like_a_path(name: str) -> bool:
     return Path(name).is_absolute() or name.startswith(".") or name.count("/") > 1 or "\\" in name
 
 
-def load_tokenizer(name: str, gguf_file: str | None = None):
+def load_tokenizer(name: str, config: PretrainedConfig, gguf_file: str | None = None):
+    """The model's tokenizer. transformers builds one with its special tokens alone for a folder without tokenizer
+    files (a copy of config.json and the weights): every word would be the unknown token. Refused here."""
     try:
-        return AutoTokenizer.from_pretrained(name, gguf_file=gguf_file)
+        tokenizer = AutoTokenizer.from_pretrained(name, gguf_file=gguf_file)
     except (OSError, ValueError) as e:
         raise UsageError(f"--model_name_or_path {name!r} has no usable tokenizer: {first_line(e)}") from None
+    embeddings = getattr(config, "vocab_size", None)
+    if isinstance(embeddings, int) and len(tokenizer) < embeddings / 2:
+        raise UsageError(
+            f"--model_name_or_path {name}: its tokenizer has {len(tokenizer)} tokens for the model's {embeddings} "
+            "token embeddings: the tokenizer's files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are "
+            "missing; copy them in from the model it was trained from"
+        )
+    return tokenizer
 
 
 def check_special_tokens(tokenizer, config: PretrainedConfig) -> None:
