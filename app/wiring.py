@@ -98,7 +98,7 @@ def load_inputs(
             model_path = str(gguf.convert(model_path, gguf_file, converted, accelerator.print))
     plan = plan_model(cfg, policy, task, model_config, model_path)  # reads the base's files, loads no weight
     if resume:
-        check_resume(resume.record.adapters, plan, resume.path)
+        check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config))
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
         accelerator.print(note)

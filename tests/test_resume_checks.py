@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pandas as pd
 import pytest
 
 from app.storage.checkpoints import completed_checkpoints
@@ -49,7 +50,7 @@ def test_every_checkpoint_records_each_of_its_files(run_copy):
 def damage(checkpoint, kind: str) -> str:
     """Damage one file of the checkpoint as a crash, a full disk or a stray edit would; return its name."""
     files = {"weights": "model.safetensors", "optimizer": "optimizer.bin", "state": "trainer_state.json"}
-    name = files[kind.split()[-1]]
+    name = files.get(kind.split()[-1], RECORD)
     path = checkpoint / name
     if kind.startswith("truncated"):
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
@@ -57,6 +58,8 @@ def damage(checkpoint, kind: str) -> str:
         path.unlink()
     elif kind.startswith("garbage"):
         path.write_text("{not json")
+    elif kind.startswith("reshaped"):  # valid JSON, not a record's shape
+        path.write_text('{"files": []}')
     else:  # one byte changed, the size the same
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0xFF
@@ -71,6 +74,8 @@ KINDS = [
     "deleted weights",
     "flipped weights",
     "deleted state",
+    "deleted record",  # this version records every checkpoint's files: without its record, it is not vouched for
+    "reshaped record",
 ]
 
 
@@ -115,10 +120,15 @@ def test_latest_with_every_checkpoint_damaged_is_refused_naming_the_newest(run_c
 
 
 @pytest.mark.parametrize("missing", ["random state", "record"])
-def test_a_checkpoint_without_its_random_state_or_record_resumes_with_a_note(run_copy, missing, capfd):
+def test_a_checkpoint_without_its_random_state_or_an_older_one_without_a_record_resumes_with_a_note(
+    run_copy, missing, capfd
+):
     out, flags = run_copy
     step_4 = out / "checkpoints" / "step-4"
     (step_4 / ("random_states_0.pkl" if missing == "random state" else RECORD)).unlink()
+    if missing == "record":  # as versions before records wrote it: no data position either
+        saved = json.loads((step_4 / "trainer_state.json").read_text())
+        (step_4 / "trainer_state.json").write_text(json.dumps({**saved, "data": None}))
     capfd.readouterr()
     assert run_app([*flags, "--max_steps", 5, "--resume_from_checkpoint", "latest"]) == 0
     out_lines = capfd.readouterr().out.splitlines()
@@ -145,3 +155,25 @@ def test_a_latest_without_its_state_file_or_record_is_named_as_damaged(run_copy,
         "intact one"
     ) in lines, lines
     assert f"resumed from {step_2} at optimizer step 2" in lines
+
+
+def test_a_resume_with_another_label_count_is_one_line_before_anything_is_written(run_copy, review_files, capfd):
+    # Accelerate's load would fail on the head's shape after the run's folders were written, with a long traceback.
+    out, flags = run_copy
+    three = {}
+    for split, path in review_files.items():
+        frame = pd.read_csv(path)
+        frame.loc[::3, "label"] = "meh"
+        three[split] = out.parent / f"three-{split}.csv"
+        frame.to_csv(three[split], index=False)
+    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    capfd.readouterr()
+    resumed = [*flags, "--train_file", three["train"], "--validation_file", three["validation"]]
+    assert run_app([*resumed, "--resume_from_checkpoint", "latest"]) == 2
+    err = capfd.readouterr().err
+    assert err == (
+        f"error: --resume_from_checkpoint {out / 'checkpoints' / 'step-4'} holds the weights of another model "
+        "(classifier.bias is [2] there, [3] in this run's model): resume with the model and labels it was trained "
+        "with, or start the new model in another --output_dir\n"
+    )
+    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before

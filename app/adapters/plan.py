@@ -16,6 +16,7 @@ from app.adapters.lora import AdapterPlan, adapter_parameters, add_adapters, new
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
+from app.storage.checkpoints import MODEL_FILE, shape_mismatch
 from app.tasks.task import Task
 from app.telemetry.footprint import Footprint
 
@@ -91,11 +92,19 @@ def describe_trainable(model: torch.nn.Module, plan: ModelPlan) -> list[str]:
     return [plan.adapters.describe(), *([warning] if warning else []), f"frozen base ({plan.why}): {held}; {trains}"]
 
 
-def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path) -> None:
-    """A checkpoint continues only the run that wrote it: the same kind (full or adapters), base and adapters."""
+def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: torch.nn.Module) -> None:
+    """A checkpoint continues only the run that wrote it: the same kind (full or adapters), base and adapters; a
+    full fine-tune's weights of the shapes of this run's model (`empty`, on the meta device: another model or another
+    label count would otherwise fail inside Accelerate's load, after the run's folders were written)."""
     now = plan.record()
     where = f"--resume_from_checkpoint {checkpoint}"
     if saved is None and now is None:
+        mismatch = shape_mismatch(checkpoint / MODEL_FILE, empty)
+        if mismatch:
+            raise UsageError(
+                f"{where} holds the weights of another model ({mismatch}): resume with the model and labels it was "
+                "trained with, or start the new model in another --output_dir"
+            )
         return
     if saved is None:
         raise UsageError(

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 from accelerate import Accelerator
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from app.errors import UsageError
@@ -226,6 +227,20 @@ class Checkpoints:
             raise UsageError(f"{path / MODEL_FILE} does not hold this run's adapters; resume from a checkpoint of it")
 
 
+def shape_mismatch(weights: Path, model: torch.nn.Module) -> str | None:
+    """How the weights in a checkpoint's `weights` file differ from `model`'s (one on the meta device will do), from
+    the file's header alone: the first stored weight the model lacks or has in another shape; None if they fit."""
+    expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    with safe_open(weights, "pt") as stored:
+        for name in stored.keys():
+            shape, here = stored.get_slice(name).get_shape(), expected.get(name.removeprefix("module."))
+            if here is None:
+                return f"{name} is not in this run's model"
+            if here != shape:
+                return f"{name} is {shape} there, {here} in this run's model"
+    return None
+
+
 def is_staging(path: Path) -> bool:
     """A checkpoint being written, or left half-written by a kill: never one to resume from."""
     return path.name.startswith(_STAGING)
@@ -279,9 +294,12 @@ def _checked(path: Path) -> tuple[CheckpointRecord | None, str | None]:
     if problem is not None:
         return None, problem
     try:
-        return CheckpointRecord.read(path), None
+        record = CheckpointRecord.read(path)
     except (ValueError, KeyError, TypeError) as e:  # an unrecorded checkpoint whose state file was damaged
         return None, f"{path / STATE_FILE} cannot be read ({type(e).__name__})"
+    if record.data is not None and not integrity.is_recorded(path):  # the versions that record data record files
+        return None, f"{path / integrity.RECORD} is missing"
+    return record, None
 
 
 def _resume_notes(path: Path, record: CheckpointRecord, num_processes: int) -> list[str]:

@@ -46,17 +46,18 @@ def damage(folder: Path) -> str | None:
     """
     try:
         files = json.loads((folder / RECORD).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"its record {folder / RECORD} cannot be read"
-    for name, entry in files.items():
+        entries = [(name, entry["bytes"], entry["sha256"]) for name, entry in files.items()]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not the record's shape: edited or garbled
+        return f"{folder / RECORD} cannot be read as the record of its files"
+    for name, size, checksum in entries:
         path = folder / name
         if not path.is_file():
             if _is_random_state(name):
                 continue
             return f"{path} is missing"
-        if path.stat().st_size != entry["bytes"]:
-            return f"{path} has {path.stat().st_size} bytes where its record says {entry['bytes']}"
-        if _sha256(path) != entry["sha256"]:
+        if path.stat().st_size != size:
+            return f"{path} has {path.stat().st_size} bytes where its record says {size}"
+        if _sha256(path) != checksum:
             return f"{path} does not match its checksum: it changed after it was written"
     return None
 
@@ -74,7 +75,7 @@ def recorded_bytes(folder: Path) -> int | None:
     """A checkpoint's size as recorded, else as it is on disk; None for no checkpoint."""
     try:
         return sum(entry["bytes"] for entry in json.loads((folder / RECORD).read_text())["files"].values())
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else None
     return sum(sizes) if sizes is not None else None
