@@ -340,6 +340,8 @@ def build_training(
         state = TrainState(**vars(resume.record.state))
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
+        if set_aside := checkpoints.set_aside_later(resume.path):
+            notes.append(set_aside)
         if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "

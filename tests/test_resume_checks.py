@@ -9,7 +9,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from app.storage.checkpoints import completed_checkpoints
+from app.storage.checkpoints import completed_checkpoints, find_resume_point
 from app.storage.integrity import RECORD
 from tests.conftest import data_flags, run_app
 
@@ -177,3 +177,20 @@ def test_a_resume_with_another_label_count_is_one_line_before_anything_is_writte
         "with, or start the new model in another --output_dir\n"
     )
     assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside_and_latest_continues_it(run_copy, capfd):
+    # Else `latest` would pick the abandoned step-4 over this resume's own checkpoints, and pruning would count it.
+    out, flags = run_copy
+    root = out / "checkpoints"
+    capfd.readouterr()
+    resumed = [*flags, "--max_steps", 3, "--save_steps", 1, "--save_total_limit", 2]
+    assert run_app([*resumed, "--resume_from_checkpoint", root / "step-2"]) == 0
+    aside = root / "replaced-after-step-2"
+    assert (
+        f"note: the run had gone on past step-2: its later checkpoints (step-4) are moved to {aside}, so that "
+        "--resume_from_checkpoint latest continues this run; delete that folder when you no longer need them"
+    ) in capfd.readouterr().out.splitlines()
+    assert [p.name for p in completed_checkpoints(root)] == ["step-2", "step-3"]
+    assert completed_checkpoints(aside) == [aside / "step-4"]
+    assert find_resume_point("latest", str(out)).path == root / "step-3"

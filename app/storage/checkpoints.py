@@ -143,6 +143,29 @@ class Checkpoints:
             for leftover in filter(is_staging, self.root.iterdir()):
                 shutil.rmtree(leftover, ignore_errors=True)
 
+    def set_aside_later(self, resumed: Path) -> str | None:
+        """A resume from a checkpoint older than the run's newest: move the later ones, a continuation that this
+        resume replaces, into a folder of their own, so that `latest` and pruning see only this resume's line and
+        nothing is deleted. Returns the note that says so, or None. Main process, after every input check."""
+        if not self.accelerator.is_main_process or resumed.parent.resolve() != self.root.resolve():
+            return None  # another run's checkpoint: its folder is left as it is
+        later = [path for path in _step_folders(self.root) if _step_of(path) > _step_of(resumed)]
+        if not later:
+            return None
+        name = f"replaced-after-{resumed.name}"
+        aside, attempt = self.root / name, 1
+        while aside.exists():  # the same checkpoint resumed from more than once
+            attempt += 1
+            aside = self.root / f"{name}-{attempt}"
+        aside.mkdir()
+        for path in later:
+            os.replace(path, aside / path.name)
+        return (
+            f"note: the run had gone on past {resumed.name}: its later checkpoints "
+            f"({', '.join(path.name for path in later)}) are moved to {aside}, so that --resume_from_checkpoint latest "
+            "continues this run; delete that folder when you no longer need them"
+        )
+
     def path(self, step: int) -> Path:
         """Where the checkpoint of optimizer step `step` is (or would be)."""
         return self.root / f"step-{step}"
@@ -249,6 +272,10 @@ def is_staging(path: Path) -> bool:
 def completed_checkpoints(root: Path) -> list[Path]:
     """The complete `step-<N>` checkpoints under `root`, oldest first."""
     return [path for path in _step_folders(root) if (path / STATE_FILE).is_file()]
+
+
+def _step_of(checkpoint: Path) -> int:
+    return int(_STEP_DIR.match(checkpoint.name).group(1))
 
 
 def _step_folders(root: Path) -> list[Path]:
