@@ -39,7 +39,7 @@ from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
 from app.cli import OneLineParser, exit_code_of, exit_process, flag, outlive_readers, unknown_flag_advice
 from app.errors import UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
-from app.inputs.data import read_data_file
+from app.inputs.data import read_table
 from app.inputs.model import check_max_length, load_model_config, load_tokenizer, max_positions
 from app.inputs.reading import header_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE
@@ -149,7 +149,7 @@ def read_input(
         output_columns: the columns the predictions will go into, which the input must not have.
     """
     if cfg.input_file:
-        table = read_data_file(cfg.input_file, "--input_file").to_pandas()
+        table = read_table(cfg.input_file, "--input_file")
     elif texts:
         table = pd.DataFrame({text_columns[0]: texts})
     elif sys.stdin.isatty():

@@ -94,6 +94,21 @@ def test_predict_a_csv_keeps_its_rows_and_columns_and_names_the_labels(tmp_path,
     assert_predictions_match(output, source, trained)
 
 
+def test_the_inputs_own_columns_come_back_as_written(tmp_path, trained, capsys):
+    # Read with guessed types, an ID lost its leading zeros, a column with an empty cell became floats (1 -> 1.0),
+    # and texts that read as numbers were refused as not strings.
+    source = tmp_path / "in.csv"
+    source.write_text("text,id,zip,flag\nFresh coffee,1,00123,true\n42,,02134,\nStale tea,3,10001,false\n")
+    assert predict("--model_name_or_path", trained, "--input_file", source, "--disable_tqdm") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "text,id,zip,flag,predicted_label,probability"
+    assert [line.rsplit(",", 2)[0] for line in lines[1:]] == [
+        "Fresh coffee,1,00123,true",
+        "42,,02134,",
+        "Stale tea,3,10001,false",
+    ]
+
+
 @pytest.mark.slow
 def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, review_files):
     source = pd.read_csv(review_files["validation"]).head(45)  # odd: the ranks get unequal shares

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import datasets
 import torch
@@ -27,6 +27,9 @@ from app.host.runtime import pinned_batches
 from app.inputs.fingerprint import transform_fingerprint
 from app.inputs.reading import check_no_row_labels, read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 EMBEDDED_TEXT_COLUMN, EMBEDDED_LABEL_COLUMN = "review", "score"
 
@@ -107,14 +110,22 @@ def _load_files(train_file: str, validation_file: str | None) -> DatasetDict:
     return _read_files(kinds.pop(), files)
 
 
-def read_data_file(path: str, flag: str) -> Dataset:
-    """One user data file (csv, json/jsonl, parquet) with all its columns; UsageError if it cannot be read."""
+def read_table(path: str, flag: str) -> pd.DataFrame:
+    """One user data file (csv, json/jsonl, parquet) with all its columns, as a table; UsageError if it cannot be
+    read. A csv's cells are kept as written, as strings: the table goes back out with columns added (predict.py), and
+    a guessed type would change them (an ID 00123 read as 123, a column with an empty cell as floats, 1 as 1.0)."""
     if not Path(path).is_file():
-        raise UsageError(f"{flag} {path}: no such file")
+        raise UsageError(f"{flag} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}")
     if Path(path).suffix.lower() not in DATA_FILE_TYPES:
         raise UsageError(f"{flag} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
+    import pandas as pd
+
+    kind = DATA_FILE_TYPES[Path(path).suffix.lower()]
     with _quiet_loading():
-        return _read_files(DATA_FILE_TYPES[Path(path).suffix.lower()], {"input": path})["input"]
+        dataset = _read_files(kind, {"input": path})["input"]  # its checks and one-line errors
+    if kind == "csv":
+        return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False)
+    return dataset.to_pandas()
 
 
 def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
