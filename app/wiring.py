@@ -43,6 +43,7 @@ from app.inputs.model import (
     load_model_config,
     load_tokenizer,
     portable_name,
+    refuse_adapters_alone,
     refuse_quantized,
     resolve_model_path,
 )
@@ -87,6 +88,7 @@ def load_inputs(
             gguf.check_cache(converted)
     model_config = load_model_config(model_path, gguf_file)
     refuse_quantized(model_path, model_config)
+    refuse_adapters_alone(model_path)
     task_name, why = resolve_task(cfg.task, model_config)
     accelerator.print(f"task: {task_name} ({why})")
     tokenizer = load_tokenizer(model_path, model_config, gguf_file)

