@@ -200,6 +200,16 @@ def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
     )
 
 
+def test_the_adapters_name_a_relative_base_by_its_absolute_path(tiny_model_dir, monkeypatch):
+    # predict.py, or peft, run from another working directory would find another folder, or none.
+    from app.config import TrainConfig
+    from app.inputs.model import portable_name
+
+    monkeypatch.chdir(tiny_model_dir.parent)
+    assert portable_name(TrainConfig(model_name_or_path=tiny_model_dir.name)) == str(tiny_model_dir.resolve())
+    assert portable_name(TrainConfig(model_name_or_path="owner/model")) == "owner/model"  # a hub id as given
+
+
 def test_a_model_saved_over_another_with_overwrite_output_dir_leaves_none_of_its_files(
     tiny_model_dir, review_files, tmp_path
 ):

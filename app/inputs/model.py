@@ -51,10 +51,12 @@ def resolve_model_path(cfg: TrainConfig) -> tuple[str, str | None]:
 
 
 def portable_name(cfg: TrainConfig) -> str:
-    """The model's name as another machine would know it: --model_name_or_path as given, or the embedded model's hub
-    name (never a site-packages or cache path)."""
+    """The model's name as another machine would know it: a hub id or an absolute folder as given, a relative folder
+    made absolute (it would mean another folder, or none, from another working directory), or the embedded model's
+    hub name (never a site-packages or cache path)."""
     if cfg.model_name_or_path:
-        return cfg.model_name_or_path
+        given = Path(cfg.model_name_or_path)
+        return str(given.resolve()) if given.is_dir() and not given.is_absolute() else cfg.model_name_or_path
     return EMBEDDED_LM_NAME if cfg.task == "causal_lm" else EMBEDDED_MODEL_NAME
 
 
