@@ -49,6 +49,7 @@ from app.tasks.task import resolve_task
 from app.telemetry.console import show_library_notices
 
 OUTPUT_TYPES = (".csv", ".jsonl")
+DEFAULT_NEW_TOKENS = 128
 
 
 @dataclass
@@ -68,8 +69,10 @@ class PredictConfig:
     prompt_column: Optional[str] = flag(
         "Causal LM: column of --input_file with the prompts. Default: --text_column.", default=None
     )
-    max_new_tokens: int = flag(
-        "Causal LM: the most tokens generated per prompt (greedy; it stops at the end token).", default=128
+    max_new_tokens: Optional[int] = flag(
+        "Causal LM: the most tokens generated per prompt (greedy; it stops at the end token). Default: the "
+        f"--max_new_tokens the model was trained with (its training_args.yaml), else {DEFAULT_NEW_TOKENS}.",
+        default=None,
     )
     output_file: Optional[str] = flag(
         "Where the predictions go: .csv or .jsonl, the input's columns plus predicted_label and probability (a "
@@ -192,19 +195,24 @@ def check_output_file(path: str | None) -> None:
         raise UsageError(f"--output_file {path} cannot be written")
 
 
-def trained_max_length(model_path: str, model_config, tokenizer) -> int:
-    """What the model saw in training: longer inputs at prediction would be texts it never learned from."""
-    args = Path(model_path) / CONFIG_FILE
+def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, int]:
+    """--max_length and --max_new_tokens, by default as the model was trained (its training_args.yaml, in a folder
+    saved by app/train.py): longer inputs would be texts it never learned from. Else the model's limit and
+    DEFAULT_NEW_TOKENS."""
+    args = Path(cfg.model_name_or_path) / CONFIG_FILE
     if not args.is_file():
-        return max_positions(model_config, tokenizer)
+        return cfg.max_length or max_positions(model_config, tokenizer), cfg.max_new_tokens or DEFAULT_NEW_TOKENS
     try:
         recorded = yaml.safe_load(args.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise UsageError(f"{args} cannot be read ({first_line(e)}); restore it, or pass --max_length") from None
-    trained = recorded.get("max_length") if isinstance(recorded, dict) else None
-    if not isinstance(trained, int) or isinstance(trained, bool) or trained < 1:
+    recorded = recorded if isinstance(recorded, dict) else {}
+    trained = recorded.get("max_length")
+    if not cfg.max_length and (not isinstance(trained, int) or isinstance(trained, bool) or trained < 1):
         raise UsageError(f"{args} gives no max_length of 1 or more (got {trained!r}); restore it, or pass --max_length")
-    return trained
+    new_tokens = recorded.get("max_new_tokens")  # None: trained to the longest validation response, not recorded
+    usable = isinstance(new_tokens, int) and not isinstance(new_tokens, bool) and new_tokens >= 1
+    return cfg.max_length or trained, cfg.max_new_tokens or (new_tokens if usable else DEFAULT_NEW_TOKENS)
 
 
 def write_table(table: pd.DataFrame, path: str | None) -> None:
@@ -246,12 +254,12 @@ def predict_and_write(
         text_columns = (cfg.text_column, cfg.text_pair_column) if cfg.text_pair_column else (cfg.text_column,)
         output_columns = LabelPredictor.columns
     tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)
-    max_length = cfg.max_length or trained_max_length(cfg.model_name_or_path, model_config, tokenizer)
+    max_length, max_new_tokens = trained_lengths(cfg, model_config, tokenizer)
     check_max_length(max_length, model_config, tokenizer)
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":
-        TextGenerator.check_inputs(tokenizer, model_config, max_length, cfg.max_new_tokens, inputs[0])
+        TextGenerator.check_inputs(tokenizer, model_config, max_length, max_new_tokens, inputs[0])
     check_output_file(cfg.output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------
@@ -260,7 +268,7 @@ def predict_and_write(
     if cfg.disable_tqdm:
         transformers.utils.logging.disable_progress_bar()  # the weight-loading bar
     shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
-    predictor = TextGenerator(*shared, cfg.max_new_tokens) if task == "causal_lm" else LabelPredictor(*shared)
+    predictor = TextGenerator(*shared, max_new_tokens) if task == "causal_lm" else LabelPredictor(*shared)
     bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
     started = time.perf_counter()
     results = predictor.predict(accelerator, policy, inputs, lambda done: bar.update(done * accelerator.num_processes))

@@ -327,3 +327,11 @@ def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, re
     paired = ["--model_name_or_path", str(tmp_path / "out"), "--input_file", str(source), "--text_pair_column", "label"]
     assert predict(paired) == 2
     assert "--text_pair_column is for sentence-pair classifiers" in capsys.readouterr().err
+
+    # Without --max_new_tokens, as many as the run was trained with (what `--max_new_tokens 4` records).
+    recorded = tmp_path / "out" / "training_args.yaml"
+    recorded.write_text(recorded.read_text().replace("max_new_tokens: null", "max_new_tokens: 4"))
+    again = ["--model_name_or_path", str(tmp_path / "out"), "--input_file", str(source), "--prompt_column", "prompt"]
+    code = predict(again + ["--output_file", str(out), "--disable_tqdm", "--mixed_precision", "no"])
+    assert code == 0
+    assert pd.read_json(out, lines=True)["generated_text"].fillna("").tolist() == fp32.tolist()

@@ -178,6 +178,8 @@ def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
     peft_model = PeftModel.from_pretrained(base, out).eval()
     merged = AutoModelForSequenceClassification.from_pretrained(out / "merged").eval()
     assert merged.dtype == torch.float32
+    # The run's config beside it: what predict.py takes --max_length from.
+    assert (out / "merged" / "training_args.yaml").read_text() == (out / "training_args.yaml").read_text()
     text = "Great coffee, fresh and strong. Will buy again."
     ids = AutoTokenizer.from_pretrained(out)(text, return_tensors="pt")
     with torch.no_grad():

@@ -13,6 +13,7 @@ import torch
 from accelerate import Accelerator
 
 from app.storage import disk
+from app.storage.folders import CONFIG_FILE
 
 MERGED_FOLDER = "merged"
 # What save_pretrained writes at the top of a folder for a model, peft's adapters and a tokenizer, and the merged model.
@@ -119,6 +120,8 @@ def save_merged_model(accelerator: Accelerator, model: torch.nn.Module, tokenize
             merged = accelerator.unwrap_model(model).float().merge_and_unload()  # float32 first: no half rounding
             merged.save_pretrained(staging)
             tokenizer.save_pretrained(staging)
+            if (output_dir / CONFIG_FILE).is_file():  # the run's config: predict.py reads what it was trained with
+                shutil.copy(output_dir / CONFIG_FILE, staging / CONFIG_FILE)
             disk.share_as_umask_allows(staging)
 
     disk.write_on_every_rank(
