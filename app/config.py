@@ -29,6 +29,7 @@ DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet":
 ALL_LINEAR = "all-linear"  # --lora_target_modules: every linear layer of the base but its output head
 # Flags that only --use_peft reads: given without it, they would be ignored silently.
 PEFT_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save", "use_rslora")
+PRECISION_FLAGS = frozenset({"amp", "mixed_precision"})  # two ways to ask for a precision
 # What --metric_for_best_model may name: every task's metrics (each task says which of them it computes).
 METRICS = {
     "loss": EVAL_LOSS,
@@ -383,8 +384,17 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     parser = OneLineParser(TrainConfig, "app/train.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", metavar="YAML", help="YAML file whose keys are these flags' names.")
     known, _ = parser.parse_known_args(argv)
+    given = [
+        arg.partition("=")[0].removeprefix("--").replace("-", "_")
+        for arg in (sys.argv[1:] if argv is None else argv)
+        if arg.startswith("--")
+    ]
     if known.config:
-        parser.set_defaults(**_read_yaml(Path(known.config)))
+        from_yaml = _read_yaml(Path(known.config))
+        if PRECISION_FLAGS & set(given):  # two ways to ask for one thing: the command line's wins over the YAML's
+            for name in PRECISION_FLAGS:
+                from_yaml.pop(name, None)
+        parser.set_defaults(**from_yaml)
     namespace, unknown = parser.parse_known_args(argv)
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
@@ -392,11 +402,6 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
         )
     cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
-    given = [
-        arg.partition("=")[0].removeprefix("--")
-        for arg in (sys.argv[1:] if argv is None else argv)
-        if arg.startswith("--")
-    ]
     if not cfg.use_peft and (named := [name for name in given if name in PEFT_FLAGS]):
         # At its default value a flag changes nothing, but on the command line it shows what the user meant.
         raise UsageError(f"--{named[0]} applies to adapters only; add --use_peft, or drop --{named[0]}")
@@ -444,8 +449,10 @@ def _check_type(path: Path, key: str, value, hint):
             return None
         hint = next(a for a in args if a is not type(None))
     if typing.get_origin(hint) is Literal:
-        if value in typing.get_args(hint):
+        if value in typing.get_args(hint) and not isinstance(value, bool):
             return value
+        if value is False and "no" in typing.get_args(hint):
+            return "no"  # YAML 1.1 reads an unquoted `no` as false
         expected = " or ".join(repr(choice) for choice in typing.get_args(hint))
     elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)

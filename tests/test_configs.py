@@ -122,6 +122,31 @@ def test_a_hand_written_yaml_may_spell_floats_as_the_command_line_does(tmp_path)
     assert (cfg.learning_rate, cfg.weight_decay, cfg.warmup_ratio) == (5e-5, 1e-2, 0.05)
 
 
+def test_a_hand_written_yaml_may_say_mixed_precision_no_unquoted(tmp_path):
+    from app.config import parse_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("mixed_precision: no\n")  # YAML 1.1 reads it as false
+    assert parse_config(["--config", str(path)]).mixed_precision == "no"
+
+
+@pytest.mark.parametrize(
+    ("in_yaml", "on_the_command_line"), [("amp: true", "--mixed_precision=bf16"), ("mixed_precision: bf16", "--amp")]
+)
+def test_a_precision_on_the_command_line_wins_over_the_other_precision_key_of_the_yaml(
+    tmp_path, in_yaml, on_the_command_line
+):
+    # --amp and --mixed_precision ask for one thing two ways: each from its own source was an error of two requests.
+    from app.config import parse_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{in_yaml}\nmax_steps: 3\n")
+    cfg = parse_config(["--config", str(path), on_the_command_line])
+    assert (cfg.amp, cfg.mixed_precision, cfg.max_steps) == (
+        (False, "bf16", 3) if on_the_command_line.startswith("--mixed") else (True, None, 3)
+    )
+
+
 def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():
     # Each name that HF TrainingArguments or trl gives a flag of another name here (app/cli.OTHER_NAMES) is no flag
     # of the app, and the advice names only flags that the app or accelerate launch has.
