@@ -6,6 +6,7 @@ not skip the update, so overflow steps neither train nor use up the warmup.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -27,6 +28,43 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
     # Fused: one kernel per step (HF Trainer's default too), and under a GradScaler it skips an overflowed update on
     # the device, without the host sync that the scaler's generic path makes.
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=device_type() in FUSED_ADAMW_DEVICES or None)
+
+
+# What a resume takes from the checkpoint, not from the flags: AdamW's parameter groups keep their learning rate and
+# weight decay, and the schedule its base learning rate.
+KEPT_BY_A_RESUME = ("learning_rate", "weight_decay")
+
+
+def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, list[str]]:
+    """The config of a resume whose run recorded `recorded` (its training_args.yaml): the optimizer's settings as the
+    run had them, so that training_args.yaml says what runs, and notes for what the flags changed in vain or changed
+    in the schedule. As HF Trainer, the learning-rate schedule follows a new length."""
+    kept = {
+        name: float(recorded[name])
+        for name in KEPT_BY_A_RESUME
+        if isinstance(recorded.get(name), (int, float)) and not isinstance(recorded[name], bool)
+        if float(recorded[name]) != getattr(cfg, name)
+    }
+    notes = []
+    if kept:
+        ran = " and ".join(f"{name} {value:g}" for name, value in kept.items())
+        asked = ", ".join(f"--{name} {getattr(cfg, name):g}" for name in kept)
+        notes.append(
+            f"note: a resume continues the run's optimizer and schedule: {ran} as the run had them, not {asked}; a "
+            "new run can change them"
+        )
+    length = {name: recorded.get(name) for name in ("max_steps", "num_train_epochs")}
+    if None not in length.values() and length != {name: getattr(cfg, name) for name in length}:
+        notes.append(
+            f"note: the run was set to {_length(length['max_steps'], length['num_train_epochs'])}, this resume to "
+            f"{_length(cfg.max_steps, cfg.num_train_epochs)}: the learning-rate schedule is recomputed for the new "
+            "length, so the learning rate changes from the checkpoint's"
+        )
+    return dataclasses.replace(cfg, **kept), notes
+
+
+def _length(max_steps: int, epochs: float) -> str:
+    return f"{max_steps} optimizer steps" if max_steps > 0 else f"{epochs:g} epoch(s)"
 
 
 def total_optimizer_steps(cfg: TrainConfig, micro_batches_per_epoch: int) -> int:

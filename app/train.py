@@ -48,6 +48,7 @@ from app.host.runtime import (
 from app.inputs.batch_shape import keep_global_batch
 from app.inputs.sampling import recorded_in_examples
 from app.loop import train
+from app.optim import resumed_settings
 from app.storage import folders
 from app.storage.checkpoints import find_resume_point
 from app.storage.final_model import save_merged_model
@@ -96,10 +97,12 @@ def fine_tune(
     resume = on_main_process(
         accelerator, lambda: find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir, accelerator.num_processes)
     )
-    batch_notes = []
+    resume_notes = []
     if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
         resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
-        cfg, batch_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
+        cfg, resume_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
+        cfg, kept_notes = resumed_settings(cfg, folders.recorded_config(resume.output_dir))
+        resume_notes += kept_notes
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
@@ -110,7 +113,7 @@ def fine_tune(
         *compiling,
         *describe_backend(accelerator),
         *(resume.notes if resume else ()),
-        *batch_notes,
+        *resume_notes,
     ):
         accelerator.print(line)
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))

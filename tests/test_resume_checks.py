@@ -8,6 +8,7 @@ import shutil
 
 import pandas as pd
 import pytest
+import yaml
 
 from app.storage.checkpoints import completed_checkpoints, find_resume_point
 from app.storage.integrity import RECORD
@@ -194,3 +195,23 @@ def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside_and_latest_
     assert [p.name for p in completed_checkpoints(root)] == ["step-2", "step-3"]
     assert completed_checkpoints(aside) == [aside / "step-4"]
     assert find_resume_point("latest", str(out)).path == root / "step-3"
+
+
+def test_a_resume_says_which_flags_the_checkpoint_overrides_and_records_what_ran(run_copy, capfd):
+    # The optimizer's state holds the run's learning rate and weight decay: new values did not apply, without a word,
+    # while training_args.yaml claimed them.
+    out, flags = run_copy
+    capfd.readouterr()
+    changed = [*flags, "--learning_rate", "1e-3", "--weight_decay", "0.1", "--max_steps", 5]
+    assert run_app([*changed, "--resume_from_checkpoint", "latest"]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert (
+        "note: a resume continues the run's optimizer and schedule: learning_rate 5e-05 and weight_decay 0.01 as the "
+        "run had them, not --learning_rate 0.001, --weight_decay 0.1; a new run can change them"
+    ) in lines
+    assert (
+        "note: the run was set to 4 optimizer steps, this resume to 5 optimizer steps: the learning-rate schedule is "
+        "recomputed for the new length, so the learning rate changes from the checkpoint's"
+    ) in lines
+    recorded = yaml.safe_load((out / "training_args.yaml").read_text())
+    assert (recorded["learning_rate"], recorded["weight_decay"], recorded["max_steps"]) == (5e-5, 0.01, 5)

@@ -15,6 +15,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from app.config import TrainConfig
 from app.errors import UsageError
 from app.storage.checkpoints import (
@@ -261,6 +263,15 @@ def prepare(paths: RunPaths, cfg: TrainConfig, resuming: bool) -> None:
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
         write_config(cfg, folder)
+
+
+def recorded_config(folder: Path) -> dict:
+    """The training_args.yaml that a run wrote into `folder`, as a mapping; empty if there is none to read."""
+    try:
+        recorded = yaml.safe_load((folder / CONFIG_FILE).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
 
 
 def write_config(cfg: TrainConfig, folder: Path) -> None:
