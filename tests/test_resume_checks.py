@@ -215,3 +215,39 @@ def test_a_resume_says_which_flags_the_checkpoint_overrides_and_records_what_ran
     ) in lines
     recorded = yaml.safe_load((out / "training_args.yaml").read_text())
     assert (recorded["learning_rate"], recorded["weight_decay"], recorded["max_steps"]) == (5e-5, 0.01, 5)
+
+
+def test_what_users_pass_to_resume_from_checkpoint_gets_a_line_that_says_what_to_pass(run_copy, tmp_path, capfd):
+    out, flags = run_copy
+    expected = {
+        tmp_path / "no-such": f"error: --resume_from_checkpoint {tmp_path / 'no-such'}: no such folder; give a "
+        "checkpoint folder (<output_dir>/checkpoints/step-N), or latest with the run's --output_dir\n",
+        out: f"error: --resume_from_checkpoint {out} is a run's output folder; pass --resume_from_checkpoint latest "
+        f"--output_dir {out}, or one of its checkpoints ({out / 'checkpoints' / 'step-N'})\n",
+    }
+    capfd.readouterr()
+    for spec, line in expected.items():
+        assert run_app([*flags, "--resume_from_checkpoint", spec]) == 2
+        assert capfd.readouterr().err == line
+    # HF Trainer's resume_from_checkpoint=True is the newest checkpoint of the output folder.
+    assert run_app([*flags, "--resume_from_checkpoint", "true"]) == 0
+    assert f"resumed from {out / 'checkpoints' / 'step-4'} at optimizer step 4" in capfd.readouterr().out
+
+
+def test_latest_finds_a_run_in_outputs_by_its_name_and_a_branch_into_another_folder_is_a_new_run(
+    run_copy, tmp_path, monkeypatch, capfd
+):
+    out, flags = run_copy
+    shutil.copytree(out, tmp_path / "outputs" / "r")
+    monkeypatch.chdir(tmp_path)
+    without_output_dir = [arg for i, arg in enumerate(flags) if "--output_dir" not in flags[i - 1 : i + 1]]
+    capfd.readouterr()
+    assert run_app([*without_output_dir, "--resume_from_checkpoint", "latest"]) == 0  # --run_name r in the flags
+    assert "resumed from outputs/r/checkpoints/step-4 at optimizer step 4" in capfd.readouterr().out
+
+    # From another run's checkpoint into a new output folder: the run's TensorBoard folder is left to it.
+    branch = [*without_output_dir[: without_output_dir.index("--run_name")], "--output_dir", tmp_path / "branch"]
+    branch += ["--max_steps", 5, "--resume_from_checkpoint", out / "checkpoints" / "step-2"]
+    assert run_app(branch) == 0
+    said = capfd.readouterr().out
+    assert "run r:" not in said and f"model: {tmp_path / 'branch'}" in said

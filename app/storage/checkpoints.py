@@ -349,12 +349,28 @@ def find_checkpoint(spec: str, output_dir: str | None) -> Path:
 def _candidates(spec: str, output_dir: str | None) -> list[Path]:
     """The folders `--resume_from_checkpoint` may mean, preferred first: the path it names, or for "latest" every
     complete checkpoint in `output_dir`, newest first. UsageError if there is none."""
+    if spec.lower() == "true" and not Path(spec).exists():
+        spec = "latest"  # HF Trainer's resume_from_checkpoint=True
     if spec != "latest":
-        if not (Path(spec) / STATE_FILE).is_file():
+        path = Path(spec)
+        if not path.is_dir():
+            raise UsageError(
+                f"--resume_from_checkpoint {spec}: no such folder; give a checkpoint folder "
+                "(<output_dir>/checkpoints/step-N), or latest with the run's --output_dir"
+            )
+        if not (path / STATE_FILE).is_file() and (path / "checkpoints").is_dir():
+            raise UsageError(
+                f"--resume_from_checkpoint {spec} is a run's output folder; pass --resume_from_checkpoint latest "
+                f"--output_dir {spec}, or one of its checkpoints ({path / 'checkpoints' / 'step-N'})"
+            )
+        if not (path / STATE_FILE).is_file():
             raise UsageError(f"--resume_from_checkpoint {spec}: not a complete checkpoint folder (no {STATE_FILE})")
-        return [Path(spec)]
+        return [path]
     if not output_dir:
-        raise UsageError("--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue")
+        raise UsageError(
+            "--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue (or the "
+            "--run_name of a run in outputs/)"
+        )
     found = _step_folders(Path(output_dir) / "checkpoints")  # a damaged newest one is named, not passed over
     if not found:
         raise UsageError(

@@ -146,7 +146,9 @@ def claim_run_folders(
     output_dir = Path(cfg.output_dir) if cfg.output_dir else resume.output_dir if resume else None
     if output_dir is not None:  # given (and claimed), or the resumed run's: no run name can make it free
         check_output_dir(output_dir, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
-    name = cfg.run_name or (resume.record.run_name if resume else None)
+    # A resume into another output folder branches off into a new run: its own name, and its own curves.
+    continues = resume is not None and output_dir.resolve() == resume.output_dir.resolve()
+    name = cfg.run_name or (resume.record.run_name if continues else None)
     if name:
         return _claim(cfg, name, output_dir, resume, claims)
     base = f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{precision_label}"
@@ -159,7 +161,7 @@ def claim_run_folders(
 
 
 def _claim(cfg, name: str, output_dir: Path | None, resume, claims: FolderClaims) -> RunPaths:
-    paths = RunPaths(name, output_dir or Path("outputs") / name, Path(cfg.logdir) / name)
+    paths = RunPaths(name, output_dir or default_output_dir(name), Path(cfg.logdir) / name)
     claimed = []
     try:
         if output_dir is None:  # the default output folder, named after the run; else claimed and checked already
@@ -174,6 +176,10 @@ def _claim(cfg, name: str, output_dir: Path | None, resume, claims: FolderClaims
             claims.give_back(folder)
         raise
     return paths
+
+
+def default_output_dir(run_name: str) -> Path:
+    return Path("outputs") / run_name
 
 
 def check_output_dir(output_dir: Path, resuming: bool, overwrite: bool) -> None:
