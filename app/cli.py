@@ -71,6 +71,18 @@ OTHER_NAMES = {
 }
 
 
+# predict.py's flags for what HF's prediction scripts and pipelines call otherwise.
+PREDICT_OTHER_NAMES = {
+    "fp16": "use --mixed_precision fp16",
+    "bf16": "use --mixed_precision bf16",
+    "batch_size": "use --per_device_eval_batch_size",
+    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
+    "max_seq_length": "use --max_length",
+    "model": "use --model_name_or_path",
+    "output_dir": "use --output_file, a .csv or .jsonl file",
+}
+
+
 def unknown_flag_advice(
     name: str, known: typing.Iterable[str], script: str, other_names: dict[str, str] = OTHER_NAMES
 ) -> str:

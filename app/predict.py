@@ -36,7 +36,15 @@ import yaml
 from tqdm.auto import tqdm
 
 from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
-from app.cli import OneLineParser, exit_code_of, exit_process, flag, outlive_readers, unknown_flag_advice
+from app.cli import (
+    PREDICT_OTHER_NAMES,
+    OneLineParser,
+    exit_code_of,
+    exit_process,
+    flag,
+    outlive_readers,
+    unknown_flag_advice,
+)
 from app.errors import UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_table
@@ -124,7 +132,7 @@ def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     )
     namespace, extras = parser.parse_known_args(argv)
     if extras and extras[0].startswith("-"):
-        advice = unknown_flag_advice(extras[0], parser.flag_names(), "app/predict.py", other_names={})
+        advice = unknown_flag_advice(extras[0], parser.flag_names(), "app/predict.py", PREDICT_OTHER_NAMES)
         raise UsageError(f"unknown flag {extras[0]!r}; {advice}")
     if extras:  # argparse takes the texts in one run: those after a flag's value are left over
         raise UsageError(

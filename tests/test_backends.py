@@ -73,7 +73,7 @@ def test_fsdp_config_on_cpu_says_it_runs_ddp_and_trains_with_one_set_of_event_fi
     assert "backend: DDP, 2 process(es) on cpu" in result.stdout
     assert (
         "note: FSDP2 requested, but Accelerate runs DDP on cpu (Accelerate switches to FSDP and DeepSpeed only "
-        "on GPUs): training continues as DDP"
+        "on GPUs): it runs as DDP"
     ) in result.stdout
     runs = list((tmp_path / "runs").iterdir())
     assert [r.name for r in runs] == ["test"] and len(list(runs[0].glob("events.out.tfevents.*"))) == 1

@@ -249,6 +249,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
 def test_a_misspelt_flag_gets_the_nearest_one_and_a_stray_text_says_where_texts_go(trained, capsys):
     assert predict("--model_name_or_path", trained, "--input_fle", "reviews.csv") == 2
     assert capsys.readouterr().err == "error: unknown flag '--input_fle'; did you mean --input_file?\n"
+    assert predict("Fresh coffee.", "--model_name_or_path", trained, "--fp16") == 2  # HF's name for it
+    assert capsys.readouterr().err == "error: unknown flag '--fp16'; use --mixed_precision fp16\n"
     assert predict("Fresh coffee.", "--model_name_or_path", trained, "Stale tea, sadly.") == 2
     assert capsys.readouterr().err == (
         "error: unexpected argument 'Stale tea, sadly.': give the texts in one run, all before the flags or all after "

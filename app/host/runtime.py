@@ -199,11 +199,10 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
             device.type, "Accelerate chose otherwise"
         )
         lines.append(
-            f"note: {asked} requested, but Accelerate runs {running} on {device.type} ({why}): "
-            f"training continues as {running}"
+            f"note: {asked} requested, but Accelerate runs {running} on {device.type} ({why}): it runs as {running}"
         )
     elif asked and asked != running:
-        lines.append(f"note: {asked} requested, but Accelerate runs {running}: training continues as {running}")
+        lines.append(f"note: {asked} requested, but Accelerate runs {running}")
     multi_cpu_without_mpi = (
         os.environ.get("MASTER_ADDR")
         and "WORLD_SIZE" not in os.environ
@@ -212,7 +211,7 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
     if multi_cpu_without_mpi and accelerator.num_processes == 1:
         lines.append(
             "note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one "
-            "(MULTI_CPU): training runs as 1 process; use --config_file accelerate_configs/cpu_multi.yaml for "
+            "(MULTI_CPU): this runs as 1 process; use --config_file accelerate_configs/cpu_multi.yaml for "
             "real processes over gloo"
         )
     if device.type == "cuda":
@@ -223,6 +222,6 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
             )
     elif torch.cuda.is_available():
         lines.append(
-            f"note: training on the CPU although {torch.cuda.device_count()} GPU(s) are visible (use_cpu / --cpu)"
+            f"note: running on the CPU although {torch.cuda.device_count()} GPU(s) are visible (use_cpu / --cpu)"
         )
     return lines
