@@ -189,6 +189,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "max_length beyond the model",
         "unreadable training_args.yaml",
         "no tokenizer files",
+        "a run that saved no model yet",
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
@@ -216,6 +217,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
     elif case == "unreadable training_args.yaml":
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         (model / "training_args.yaml").write_text("max_length: [64\n")  # cut short
+    elif case == "a run that saved no model yet":
+        model = tmp_path / "unfinished"
+        (model / "checkpoints" / "step-2").mkdir(parents=True)
     elif case == "no tokenizer files":  # copied without them: transformers would build a tokenizer of [UNK]s
         model = Path(shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns("tokenizer*")))
     else:
@@ -239,6 +243,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "max_length beyond the model": "--max_length 129 is beyond the model's 128 positions; use --max_length 128 or",
         "unreadable training_args.yaml": "training_args.yaml cannot be read (while parsing a flow sequence); restore "
         "it, or pass --max_length",
+        "a run that saved no model yet": "holds no model yet (no config.json), only a run's checkpoints: resume that "
+        "run with --resume_from_checkpoint, or give the output folder of a run that has ended",
         "no tokenizer files": "its tokenizer has 5 tokens for the model's 30522 token embeddings: the tokenizer's "
         "files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are missing",
     }[case]

@@ -125,6 +125,14 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
             f"config: give the run's output folder ({run_folder}) once its run has ended, or continue the run with "
             "--resume_from_checkpoint"
         )
+    folder = Path(name)
+    if folder.is_dir() and not gguf_file and not (folder / "config.json").is_file():
+        if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
+            raise UsageError(
+                f"--model_name_or_path {name} holds no model yet (no config.json), only a run's checkpoints: resume "
+                "that run with --resume_from_checkpoint, or give the output folder of a run that has ended"
+            )
+        raise UsageError(f"--model_name_or_path {name} is not a model folder: it has no config.json")
     try:
         return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
     except struct.error:  # a field of the GGUF header runs past the end of the file
