@@ -108,7 +108,8 @@ def test_a_trained_head_keeps_its_label_order():
     )
     labels = classification.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
     assert labels.id2label == {0: "pos", 1: "neg"}
-    with pytest.raises(UsageError, match="'maybe' is not one of the model's trained labels"):
+    expected = r"'maybe' is not one of the model's trained labels \(pos, neg\); name the labels as the model does"
+    with pytest.raises(UsageError, match=expected):
         raw["train"] = Dataset.from_dict({"label": ["pos", "maybe"]})
         classification.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
 
@@ -211,12 +212,12 @@ def test_a_csv_column_named_like_pandas_row_labels_is_read_as_a_column(tmp_path)
     # holds that name itself (a frame written with its index) is a file like any other.
     written = tmp_path / "indexed.csv"
     written.write_text("__index_level_0__,text,label\n7,good,1\n9,bad,0\n")
-    rows = data.read_data_file(str(written), "--input_file")
-    assert rows.column_names == ["__index_level_0__", "text", "label"] and rows["text"] == ["good", "bad"]
+    rows = data.read_table(str(written), "--input_file")
+    assert list(rows.columns) == ["__index_level_0__", "text", "label"] and list(rows["text"]) == ["good", "bad"]
     cut = tmp_path / "cut.csv"
     cut.write_text("text,label\ngood, really,1\nbad, truly,0\n")
     with pytest.raises(UsageError, match=r"its rows have more fields than its header \(1 more\)"):
-        data.read_data_file(str(cut), "--input_file")
+        data.read_table(str(cut), "--input_file")
 
 
 def test_the_separator_hint_is_for_a_header_read_as_one_column():

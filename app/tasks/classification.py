@@ -151,7 +151,10 @@ def _fit_to_trained_head(space: LabelSpace, id2label: dict[int, str], label_colu
     if space.string_labels:
         missing = sorted(set(space.names) - set(trained))
         if missing:
-            raise UsageError(f"label {missing[0]!r} is not one of the model's trained labels ({', '.join(trained)})")
+            raise UsageError(
+                f"label {missing[0]!r} is not one of the model's trained labels ({', '.join(trained)}); name the "
+                "labels as the model does, or start from a model without a trained classification head"
+            )
         return LabelSpace(trained, string_labels=True)
     if len(space.names) > len(trained):
         raise UsageError(
