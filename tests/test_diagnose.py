@@ -246,7 +246,11 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
     # Asked for fp16 again, the resume continues in the fallback precision and says so.
     assert run_app([*args, "--max_steps", "6", "--resume_from_checkpoint", "latest"]) == 0
     out = capsys.readouterr().out
-    assert f"note: resuming in {label}, not fp16: this run fell back from fp16 at optimizer step 3" in out
+    assert (
+        f"note: resuming in {label}, not fp16: this run fell back from fp16 at optimizer step 3 (--on_scale_collapse "
+        "fallback), and a resume does not go back to fp16: pass another precision with --mixed_precision, or start a "
+        "new run in fp16"
+    ) in out
     assert out.startswith(f"precision: {target + ' autocast' if target == 'bf16' else 'fp32, no autocast,'} on cpu")
     assert "loss-scale alarm" not in out and "loss scaling toggled" not in out  # saved with the disabled scaler
     assert json.loads((tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").read_text())["fallback"]

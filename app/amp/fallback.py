@@ -77,6 +77,6 @@ def resumed_policy(policy: PrecisionPolicy, resume: ResumePoint | None) -> tuple
     )
     return new, [
         f"note: resuming in {new.label}, not {policy.label}: this run fell back from {fallback['from']} at optimizer "
-        f"step {fallback['at_step']} (--on_scale_collapse fallback); to train in another precision, "
-        "pass it with --mixed_precision"
+        f"step {fallback['at_step']} (--on_scale_collapse fallback), and a resume does not go back to "
+        f"{fallback['from']}: pass another precision with --mixed_precision, or start a new run in {fallback['from']}"
     ]
