@@ -194,7 +194,8 @@ def train(training: Training, budget: int | None = None) -> None:
     if state.opt_step == 0 and cfg.eval_on_start:  # the starting point; its loader draws no random number of training's
         with diagnose.rng_untouched():
             telemetry.log_eval(0, training.evaluate())
-    if cfg.on_scale_collapse == "fallback" and training.checkpoints.last_saved is None:
+    falls_back = cfg.on_scale_collapse == "fallback" and training.policy.scaler_enabled  # a loss scale to collapse
+    if falls_back and training.checkpoints.last_saved is None:
         training.checkpoints.save(state)  # the start: where a fallback comes back to (amp/fallback.py)
     model.train()
     steps = optimizer_steps(training)

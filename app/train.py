@@ -112,6 +112,7 @@ def fine_tune(
     for line in (
         policy.describe(),
         *notes,
+        *fallback.unused_notes(cfg.on_scale_collapse, policy),
         *compiling,
         *describe_backend(accelerator),
         *(resume.notes if resume else ()),

@@ -256,6 +256,16 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
     assert json.loads((tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").read_text())["fallback"]
 
 
+def test_fallback_without_a_loss_scale_says_it_has_nothing_to_do_and_saves_no_start(tmp_path, quick_args, capsys):
+    # In bf16 or fp32 no loss scale can collapse: the flag was ignored without a word, and a step-0 checkpoint written.
+    assert run_app([*quick_args, "--max_steps", 2, "--mixed_precision", "no", "--on_scale_collapse", "fallback"]) == 0
+    assert (
+        "note: --on_scale_collapse fallback acts when fp16's loss scale collapses; this run computes in fp32, with no "
+        "loss scale, so it has nothing to do"
+    ) in capsys.readouterr().out.splitlines()
+    assert not (tmp_path / "out" / "checkpoints" / "step-0").exists()
+
+
 def test_a_second_alarm_after_the_fallback_stops_with_exit_3(overflow_model_dir, review_files):
     run = harness.build_training(overflow_model_dir, review_files, amp=True, max_steps=1, skip_amp_preflight=True)
     run.policy = replace(run.policy, mode="bf16", source=fallback.SOURCE)

@@ -64,6 +64,16 @@ def fall_back(policy: PrecisionPolicy, last_saved: Path | None, alarm_step: int)
     return Fallback(new, last_saved, {"from": policy.mode, "at_step": alarm_step}, why)
 
 
+def unused_notes(on_scale_collapse: str, policy: PrecisionPolicy) -> list[str]:
+    """--on_scale_collapse fallback in a run without a loss scale has nothing to act on: said, not silently ignored."""
+    if on_scale_collapse != "fallback" or policy.scaler_enabled:
+        return []
+    return [
+        f"note: --on_scale_collapse fallback acts when fp16's loss scale collapses; this run computes in "
+        f"{policy.label}, with no loss scale, so it has nothing to do"
+    ]
+
+
 def resumed_policy(policy: PrecisionPolicy, resume: ResumePoint | None) -> tuple[PrecisionPolicy, list[str]]:
     """A resume of a run that fell back continues in the fallback precision, unless another one is asked for."""
     fallback = resume.record.fallback if resume else None
