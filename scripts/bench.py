@@ -53,6 +53,7 @@ from app.host.runtime import build_accelerator, device_type  # noqa: E402
 from app.inputs.model import embedded_model_dir  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402
+from app.telemetry.console import show_library_notices  # noqa: E402
 from app.telemetry.writer import TensorBoardWriter  # noqa: E402
 from app.wiring import Inputs, build_training, load_inputs  # noqa: E402
 
@@ -137,6 +138,7 @@ def main() -> int:
     if args.steps < 2:
         parser.error("--steps must be 2 or more: time is measured between steps")
 
+    show_library_notices(False)  # transformers' load report of each contender's new head, as app/train.py does
     workdir = scratch_dir("bench-")
     model_path = tiny_model_dir(workdir / "tiny") if args.tiny else str(embedded_model_dir())
     total = (args.warmup + args.steps * args.rounds) * 4
