@@ -210,6 +210,32 @@ def test_conversations_and_packed_text_train_through_the_same_loop(
     assert tags.EVAL_EXACT_MATCH not in scalars, "plain text has no reference answers"
 
 
+def test_conversations_whose_answers_lie_past_max_length_are_left_out_or_refused(tmp_path, tiny_llama_dir, capsys):
+    # Cut at --max_length, such a conversation keeps no assistant token: it trained on nothing, and a validation split
+    # of them reported eval/loss 0.0000.
+    def conversations(name: str, long_every: int) -> dict:
+        user = [("word " * 200 if i % long_every == 0 else "Short review.") for i in range(12)]
+        rows = [{"messages": [{"role": "user", "content": u}, {"role": "assistant", "content": "great"}]} for u in user]
+        path = tmp_path / f"{name}.jsonl"
+        pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+        return {"train": path, "validation": path}
+
+    some = lm_args(tmp_path, tiny_llama_dir, conversations("some", 3), "--messages_column", "messages")
+    assert run_app([*some, "--max_steps", 1, "--mixed_precision", "no"]) == 0
+    out = capsys.readouterr().out
+    for split in ("train", "validation"):
+        assert (
+            f"note: 4 of 12 {split} examples are left out: cut to fit --max_length 48, they keep no token to learn "
+            "(their responses lie past the cut)"
+        ) in out
+    every = lm_args(tmp_path / "all", tiny_llama_dir, conversations("all", 1), "--messages_column", "messages")
+    assert run_app(every) == 2
+    assert capsys.readouterr().err.endswith(
+        "\nerror: no train example keeps a token to learn within --max_length 48: the responses lie past the cut; "
+        "raise --max_length, or shorten the texts before them\n"
+    )
+
+
 def test_token_mean_loss_is_the_same_with_accumulation(tiny_llama_dir, uneven_responses, one_thread):
     """Batch 8 in one micro-batch and batch 4 x 2 micro-batches train on the same examples; their label-token counts
     differ between micro-batches, so only a mean over the step's tokens (not a mean of means) gives the same step."""

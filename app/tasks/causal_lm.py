@@ -125,6 +125,8 @@ class CausalLM:
                             f"note: {cut} of {len(tokenized[split])} {split} examples: {what} to fit "
                             f"--max_length {self.cfg.max_length}"
                         )
+        for split in ("train", "validation"):
+            tokenized[split] = self._without_unlearnable(tokenized[split], split)
         if self.generates:
             validation = tokenized["validation"]
             self.prompts = [ids[:n] for ids, n in zip(validation["input_ids"], validation["prompt_length"])]
@@ -133,6 +135,24 @@ class CausalLM:
             c for c in ("prompt_cut", "end_cut", "prompt_length", "reference") if c in tokenized["train"].column_names
         ]
         return tokenized.remove_columns(extra)
+
+    def _without_unlearnable(self, split_data, split: str):
+        """The examples that keep a token to learn after the cut: a conversation whose assistant turns lie past
+        --max_length keeps none, and would train on nothing and count nothing in eval/loss (0.0000: a metric that
+        lies). Dropped with a note; UsageError if none is left. A label at position 0 has no token before it."""
+        learnable = [any(label != IGNORE for label in labels[1:]) for labels in split_data["labels"]]
+        if all(learnable):
+            return split_data
+        if not any(learnable):
+            raise UsageError(
+                f"no {split} example keeps a token to learn within --max_length {self.cfg.max_length}: the responses "
+                "lie past the cut; raise --max_length, or shorten the texts before them"
+            )
+        self.notes.append(
+            f"note: {learnable.count(False)} of {len(learnable)} {split} examples are left out: cut to fit "
+            f"--max_length {self.cfg.max_length}, they keep no token to learn (their responses lie past the cut)"
+        )
+        return split_data.select([row for row, keep in enumerate(learnable) if keep])
 
     def _encode_pairs(self, batch: dict) -> dict:
         names = self.columns.names
