@@ -159,7 +159,8 @@ def tiny_gpt2_dir(tmp_path_factory, review_texts) -> Path:
 
 @pytest.fixture(scope="session")
 def conversation_files(tmp_path_factory, review_files) -> dict[str, Path]:
-    """The reviews as two-turn conversations, in JSON lines with a "messages" column."""
+    """The reviews as two-turn conversations, in JSON lines with a "messages" column. Each review is cut to its first
+    24 characters, so that a whole conversation fits the tests' --max_length 48 and every assistant turn is learned."""
     import pandas as pd
 
     folder = tmp_path_factory.mktemp("conversations")
@@ -168,7 +169,7 @@ def conversation_files(tmp_path_factory, review_files) -> dict[str, Path]:
         rows = pd.read_csv(path).to_dict("records")
         messages = [
             [
-                {"role": "user", "content": f"Review: {row['text']}"},
+                {"role": "user", "content": "Review: " + row["text"][:24]},
                 {"role": "assistant", "content": row["label"]},
                 {"role": "user", "content": "Sure?"},
                 {"role": "assistant", "content": "Yes."},

@@ -199,10 +199,13 @@ def test_the_task_is_inferred_from_the_model_config_and_said_with_its_reason(
 
 
 def test_conversations_and_packed_text_train_through_the_same_loop(
-    tmp_path, tiny_llama_dir, conversation_files, review_files
+    tmp_path, tiny_llama_dir, conversation_files, review_files, capsys
 ):
     args = lm_args(tmp_path, tiny_llama_dir, conversation_files, "--messages_column", "messages", "--max_steps", 2)
     assert run_app([*args, "--mixed_precision", "no"]) == 0
+    assert "left out" not in capsys.readouterr().out
+    conversations = tb.scalars(tmp_path / "runs" / "lm")
+    assert conversations[tags.EVAL_LOSS][2] > 1.0, "the assistant turns are learned and evaluated, not cut away"
     packed = lm_args(tmp_path / "packed", tiny_llama_dir, review_files, "--text_column", "text", "--max_steps", 2)
     assert run_app([*packed, "--mixed_precision", "no"]) == 0
     scalars = tb.scalars(tmp_path / "packed" / "runs" / "lm")
