@@ -46,19 +46,24 @@ def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, lis
         if float(recorded[name]) != getattr(cfg, name)
     }
     notes = []
-    if kept:
-        ran = " and ".join(f"{name} {value:g}" for name, value in kept.items())
-        asked = ", ".join(f"--{name} {getattr(cfg, name):g}" for name in kept)
+    # A value at its default was most likely not asked for (the run's command without the flag): nothing to say.
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    if asked := [name for name in kept if getattr(cfg, name) != defaults[name]]:
+        ran = " and ".join(f"{name} {kept[name]:g}" for name in asked)
+        flags = ", ".join(f"--{name} {getattr(cfg, name):g}" for name in asked)
         notes.append(
-            f"note: a resume continues the run's optimizer and schedule: {ran} as the run had them, not {asked}; a "
+            f"note: a resume continues the run's optimizer and schedule: {ran} as the run had them, not {flags}; a "
             "new run can change them"
         )
-    length = {name: recorded.get(name) for name in ("max_steps", "num_train_epochs")}
-    if None not in length.values() and length != {name: getattr(cfg, name) for name in length}:
+    steps, epochs = recorded.get("max_steps"), recorded.get("num_train_epochs")
+    if (
+        isinstance(steps, int)
+        and isinstance(epochs, (int, float))
+        and (was := _length(steps, epochs)) != (now := _length(cfg.max_steps, cfg.num_train_epochs))
+    ):
         notes.append(
-            f"note: the run was set to {_length(length['max_steps'], length['num_train_epochs'])}, this resume to "
-            f"{_length(cfg.max_steps, cfg.num_train_epochs)}: the learning-rate schedule is recomputed for the new "
-            "length, so the learning rate changes from the checkpoint's"
+            f"note: the run was set to {was}, this resume to {now}: the learning-rate schedule is recomputed for the "
+            "new length, so the learning rate changes from the checkpoint's"
         )
     return dataclasses.replace(cfg, **kept), notes
 

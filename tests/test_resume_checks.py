@@ -251,3 +251,110 @@ def test_latest_finds_a_run_in_outputs_by_its_name_and_a_branch_into_another_fol
     assert run_app(branch) == 0
     said = capfd.readouterr().out
     assert "run r:" not in said and f"model: {tmp_path / 'branch'}" in said
+
+
+def test_a_branch_gets_the_checks_of_a_new_run_in_folders_that_hold_another_run(run_copy, tmp_path, capfd):
+    # A resume into another --output_dir is a new run: it replaced another run's model and checkpoints without
+    # --overwrite_output_dir, and under that run's --run_name it wrote into its TensorBoard folder.
+    out, flags = run_copy
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file())
+    branch = [*flags, "--output_dir", other, "--resume_from_checkpoint", out / "checkpoints" / "step-2"]
+    capfd.readouterr()
+    assert run_app(branch) == 2
+    assert capfd.readouterr().err == (
+        f"error: --output_dir {other} is not empty; pass --resume_from_checkpoint latest to continue that run, "
+        "--overwrite_output_dir to replace it, or another --output_dir\n"
+    )
+    runs = flags[flags.index("--logdir") + 1]
+    assert (
+        run_app([*flags, "--output_dir", tmp_path / "new", "--resume_from_checkpoint", out / "checkpoints" / "step-2"])
+        == 2
+    )
+    assert capfd.readouterr().err == (
+        f"error: TensorBoard run {runs / 'r'} already exists and would mix two runs: it holds an earlier run's "
+        "curves; pass another --run_name, or leave it unset for a unique one\n"
+    )
+    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
+
+
+def test_a_set_aside_checkpoint_resumes_in_its_run_and_sets_the_line_that_replaced_it_aside(run_copy, capfd):
+    out, flags = run_copy
+    root = out / "checkpoints"
+    assert run_app([*flags, "--max_steps", 3, "--resume_from_checkpoint", root / "step-2"]) == 0
+    replaced = root / "replaced-after-step-2"
+    capfd.readouterr()
+    resumed = [arg for i, arg in enumerate(flags) if "--output_dir" not in flags[i - 1 : i + 1]]  # found from the path
+    assert run_app([*resumed, "--max_steps", 5, "--resume_from_checkpoint", replaced / "step-4"]) == 0
+    said = capfd.readouterr().out.splitlines()
+    assert f"resumed from {replaced / 'step-4'} at optimizer step 4" in said
+    assert (
+        f"note: the run had gone on past step-2: its later checkpoints (step-3) are moved to {root}/"
+        "replaced-after-step-2-2, so that --resume_from_checkpoint latest continues this run; delete that folder when "
+        "you no longer need them"
+    ) in said
+    assert [p.name for p in completed_checkpoints(root)] == ["step-2", "step-5"]
+    assert completed_checkpoints(root / "replaced-after-step-2-2") == [root / "replaced-after-step-2-2" / "step-3"]
+    assert (out / "model.safetensors").is_file() and not (root / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize("inside", [False, True], ids=["the-model-folder", "a-folder-that-holds-it"])
+def test_an_output_dir_that_is_or_holds_the_model_being_fine_tuned_is_refused(
+    tmp_path, tiny_model_dir, review_files, inside, capfd
+):
+    # With --overwrite_output_dir the final save replaced the model's files there: an adapters run lost its base.
+    out = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, out / "merged" if inside else out)
+    model = out / "merged" if inside else out
+    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file())
+    flags = [
+        *data_flags(model, review_files),
+        "--output_dir",
+        out,
+        "--logdir",
+        tmp_path / "runs",
+        "--overwrite_output_dir",
+    ]
+    capfd.readouterr()
+    assert run_app([*flags, "--max_steps", 1, "--use_peft"]) == 2
+    where = "holds" if inside else "is"
+    assert capfd.readouterr().err == (
+        f"error: --output_dir {out} {where} the model being fine-tuned (--model_name_or_path {model}): the run's model "
+        "would replace it; pass another --output_dir\n"
+    )
+    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
+
+
+def test_a_plain_resume_of_a_run_with_its_own_settings_has_nothing_to_say():
+    # The run's command without --learning_rate resumes at the run's 1e-4: no flag asked for 5e-5 (the default). Its
+    # --max_steps decides the length, whatever --num_train_epochs says.
+    from app.config import TrainConfig
+    from app.optim import resumed_settings
+
+    recorded = {"learning_rate": 1e-4, "weight_decay": 0.0, "max_steps": 4, "num_train_epochs": 2}
+    cfg, notes = resumed_settings(TrainConfig(max_steps=4), recorded)
+    assert notes == []
+    assert (cfg.learning_rate, cfg.weight_decay) == (1e-4, 0.0)
+    _, notes = resumed_settings(TrainConfig(max_steps=0, num_train_epochs=2, learning_rate=3e-4), recorded)
+    assert notes == [
+        "note: a resume continues the run's optimizer and schedule: learning_rate 0.0001 as the run had them, not "
+        "--learning_rate 0.0003; a new run can change them",
+        "note: the run was set to 4 optimizer steps, this resume to 2 epoch(s): the learning-rate schedule is "
+        "recomputed for the new length, so the learning rate changes from the checkpoint's",
+    ]
+
+
+def test_the_weights_check_of_a_resume_leaves_sharded_layouts_to_accelerate(tmp_path):
+    # Under FSDP's SHARDED_STATE_DICT a checkpoint holds pytorch_model_fsdp_0/, no model.safetensors: the check raised
+    # FileNotFoundError where the resume had worked.
+    import torch
+    from safetensors.torch import save_file
+
+    from app.storage.checkpoints import shape_mismatch
+
+    model = torch.nn.Linear(3, 2)
+    (tmp_path / "pytorch_model_fsdp_0").mkdir()
+    assert shape_mismatch(tmp_path / "model.safetensors", model) is None
+    save_file({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, tmp_path / "model.safetensors")
+    assert shape_mismatch(tmp_path / "model.safetensors", model) == "weight is [2, 4] there, [2, 3] in this run's model"

@@ -32,6 +32,7 @@ STATE_FILE = "trainer_state.json"
 MODEL_FILE = "model.safetensors"  # Accelerate's name for the first model's weights
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _STAGING = ".staging-"  # the prefix of a checkpoint folder until every rank has written its part
+_SET_ASIDE = re.compile(r"^replaced-after-step-(\d+)(-\d+)?$")  # Checkpoints.set_aside_later's folders
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,10 @@ class ResumePoint:
 
 
 def output_dir_of(checkpoint: Path) -> Path:
-    """The output folder of the run that saved a checkpoint: checkpoints live in <output_dir>/checkpoints/step-<N>."""
-    return checkpoint.parent.parent
+    """The output folder of the run that saved a checkpoint: checkpoints live in <output_dir>/checkpoints/step-<N>,
+    or, set aside by a resume from an earlier one, in <output_dir>/checkpoints/replaced-after-step-<M>/step-<N>."""
+    parent = checkpoint.parent
+    return parent.parent.parent if _SET_ASIDE.match(parent.name) else parent.parent
 
 
 class DataPositionRecord(Protocol):
@@ -146,13 +149,24 @@ class Checkpoints:
     def set_aside_later(self, resumed: Path) -> str | None:
         """A resume from a checkpoint older than the run's newest: move the later ones, a continuation that this
         resume replaces, into a folder of their own, so that `latest` and pruning see only this resume's line and
-        nothing is deleted. Returns the note that says so, or None. Main process, after every input check."""
-        if not self.accelerator.is_main_process or resumed.parent.resolve() != self.root.resolve():
+        nothing is deleted. Returns the note that says so, or None. Main process, after every input check.
+
+        A checkpoint set aside this way can be resumed from too: the line that replaced it is set aside in turn, from
+        where the two lines part (the step its folder is named after)."""
+        if not self.accelerator.is_main_process:
+            return None
+        if resumed.parent.resolve() == self.root.resolve():
+            parted = _step_of(resumed)
+        elif (
+            aside := _SET_ASIDE.match(resumed.parent.name)
+        ) and resumed.parent.parent.resolve() == self.root.resolve():
+            parted = int(aside.group(1))
+        else:
             return None  # another run's checkpoint: its folder is left as it is
-        later = [path for path in _step_folders(self.root) if _step_of(path) > _step_of(resumed)]
+        later = [path for path in _step_folders(self.root) if _step_of(path) > parted]
         if not later:
             return None
-        name = f"replaced-after-{resumed.name}"
+        name = f"replaced-after-step-{parted}"
         aside, attempt = self.root / name, 1
         while aside.exists():  # the same checkpoint resumed from more than once
             attempt += 1
@@ -161,7 +175,7 @@ class Checkpoints:
         for path in later:
             os.replace(path, aside / path.name)
         return (
-            f"note: the run had gone on past {resumed.name}: its later checkpoints "
+            f"note: the run had gone on past step-{parted}: its later checkpoints "
             f"({', '.join(path.name for path in later)}) are moved to {aside}, so that --resume_from_checkpoint latest "
             "continues this run; delete that folder when you no longer need them"
         )
@@ -252,7 +266,10 @@ class Checkpoints:
 
 def shape_mismatch(weights: Path, model: torch.nn.Module) -> str | None:
     """How the weights in a checkpoint's `weights` file differ from `model`'s (one on the meta device will do), from
-    the file's header alone: the first stored weight the model lacks or has in another shape; None if they fit."""
+    the file's header alone: the first stored weight the model lacks or has in another shape; None if they fit, or
+    if there is no such file (FSDP's sharded state and DeepSpeed's have their own layout, which Accelerate reads)."""
+    if not weights.is_file():
+        return None
     expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
     with safe_open(weights, "pt") as stored:
         for name in stored.keys():

@@ -44,6 +44,7 @@ class RunPaths:
     run_name: str
     output_dir: Path
     log_dir: Path  # <logdir>/<run_name>: this run's TensorBoard folder
+    continues: bool = False  # a resume into the output folder of the run it continues (else a new run, or a branch)
 
 
 class FolderClaims:
@@ -144,33 +145,40 @@ def claim_run_folders(
     precision; a run started in the same second as another one takes the next free suffix (-2, -3, ...).
     """
     output_dir = Path(cfg.output_dir) if cfg.output_dir else resume.output_dir if resume else None
-    if output_dir is not None:  # given (and claimed), or the resumed run's: no run name can make it free
-        check_output_dir(output_dir, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
-    # A resume into another output folder branches off into a new run: its own name, and its own curves.
+    # A resume into another output folder branches off into a new run: its own name, its own curves, and the checks
+    # of a new run's folders (the folder may hold another run).
     continues = resume is not None and output_dir.resolve() == resume.output_dir.resolve()
-    name = cfg.run_name or (resume.record.run_name if continues else None)
-    if name:
-        return _claim(cfg, name, output_dir, resume, claims)
+    if output_dir is not None:  # given (and claimed), or the resumed run's: no run name can make it free
+        check_apart_from_model(output_dir, cfg.model_name_or_path)
+        check_output_dir(output_dir, resuming=continues, overwrite=cfg.overwrite_output_dir)
+    continued_name = resume.record.run_name if continues else None
+    if name := cfg.run_name or continued_name:
+        return _claim(cfg, name, output_dir, continues, continued_name, claims)
     base = f"{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}-{precision_label}"
     for suffix in range(1, 100):
         try:
-            return _claim(cfg, base if suffix == 1 else f"{base}-{suffix}", output_dir, resume, claims)
+            return _claim(cfg, base if suffix == 1 else f"{base}-{suffix}", output_dir, continues, None, claims)
         except Taken:
             continue
     raise UsageError(f"no free default run name {base}-N in --logdir {cfg.logdir}; pass --run_name")
 
 
-def _claim(cfg, name: str, output_dir: Path | None, resume, claims: FolderClaims) -> RunPaths:
-    paths = RunPaths(name, output_dir or default_output_dir(name), Path(cfg.logdir) / name)
+def _claim(
+    cfg, name: str, output_dir: Path | None, continues: bool, continued_name: str | None, claims: FolderClaims
+) -> RunPaths:
+    """Claim and check the run's folders. `continues`: a resume into the output folder of the run it continues,
+    whose TensorBoard folder it continues too if it keeps that run's name (`continued_name`)."""
+    paths = RunPaths(name, output_dir or default_output_dir(name), Path(cfg.logdir) / name, continues)
     claimed = []
     try:
-        if output_dir is None:  # the default output folder, named after the run; else claimed and checked already
+        if output_dir is None:  # a new run's default output folder, named after it; else claimed and checked already
             claims.claim(paths.output_dir, "--output_dir", "pass another --run_name or an --output_dir")
             claimed.append(paths.output_dir)
-            check_output_dir(paths.output_dir, resuming=resume is not None, overwrite=cfg.overwrite_output_dir)
+            check_apart_from_model(paths.output_dir, cfg.model_name_or_path)
+            check_output_dir(paths.output_dir, resuming=False, overwrite=cfg.overwrite_output_dir)
         claims.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
         claimed.append(paths.log_dir)
-        check_log_dir(paths, resuming=resume is not None)
+        check_log_dir(paths, resuming=name == continued_name)
     except Taken:
         for folder in claimed:
             claims.give_back(folder)
@@ -195,6 +203,20 @@ def check_output_dir(output_dir: Path, resuming: bool, overwrite: bool) -> None:
         f"--output_dir {output_dir} is not empty (it holds {work[0]}); pass --overwrite_output_dir to replace what "
         "is there, or another --output_dir"
     )
+
+
+def check_apart_from_model(output_dir: Path, model_name_or_path: str | None) -> None:
+    """The run's output folder neither is nor holds the model folder it fine-tunes: the final save replaces the model
+    files there (an adapters run's base, or a merged model in its merged/, would be gone)."""
+    if not model_name_or_path or not output_dir.exists():
+        return
+    model = Path(model_name_or_path)
+    if model.is_dir() and model.resolve().is_relative_to(output_dir.resolve()):
+        where = "is" if model.resolve() == output_dir.resolve() else "holds"
+        raise UsageError(
+            f"--output_dir {output_dir} {where} the model being fine-tuned (--model_name_or_path "
+            f"{model_name_or_path}): the run's model would replace it; pass another --output_dir"
+        )
 
 
 def _work_in(folder: Path) -> list[str]:
@@ -256,11 +278,11 @@ def _remove_empty(created: list[Path]) -> None:
             return
 
 
-def prepare(paths: RunPaths, cfg: TrainConfig, resuming: bool) -> None:
+def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
     """Create the folders and record the resolved config in both. Main process, after every input check, so that bad
     input leaves them as they were: only here are a new run's old checkpoints deleted (`--overwrite_output_dir`), and
     the event files of a start that failed before logging a step (check_log_dir), which the new run's replace."""
-    if not resuming:
+    if not paths.continues:
         if cfg.overwrite_output_dir:
             shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
         for events in _event_files(paths.log_dir):
