@@ -402,6 +402,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
         )
     cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+    spec = cfg.resume_from_checkpoint
+    if spec is not None and str(spec).lower() in ("latest", "true") and not Path(str(spec)).exists():
+        cfg = dataclasses.replace(cfg, resume_from_checkpoint="latest")  # true: HF Trainer's True
     if not cfg.use_peft and (named := [name for name in given if name in PEFT_FLAGS]):
         # At its default value a flag changes nothing, but on the command line it shows what the user meant.
         raise UsageError(f"--{named[0]} applies to adapters only; add --use_peft, or drop --{named[0]}")
@@ -429,6 +432,8 @@ def _read_yaml(path: Path) -> dict:
             raise UsageError(
                 f"--config {path}: unknown key {key!r} ({advice}); its keys are the flag names, without the dashes"
             )
+        if key == "resume_from_checkpoint" and isinstance(value, bool):
+            value = "latest" if value else None  # HF Trainer's resume_from_checkpoint: true, and false for none
         values[key] = _check_type(path, key, value, hints[key])
     return values
 

@@ -92,7 +92,7 @@ def fine_tune(
     claims: FolderClaims,
 ) -> int:
     started = time.perf_counter()
-    if str(cfg.resume_from_checkpoint).lower() in ("latest", "true") and cfg.run_name and not cfg.output_dir:
+    if cfg.resume_from_checkpoint == "latest" and cfg.run_name and not cfg.output_dir:
         cfg = dataclasses.replace(cfg, output_dir=str(folders.default_output_dir(cfg.run_name)))  # the run's own
     # ---- folders: claimed first (one run per folder), then the checkpoint to resume from, checked ------------------
     on_main_process(accelerator, lambda: claim_output_dir(cfg, claims))

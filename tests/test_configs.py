@@ -131,6 +131,24 @@ def test_a_hand_written_yaml_may_say_mixed_precision_no_unquoted(tmp_path):
 
 
 @pytest.mark.parametrize(
+    ("in_yaml", "flags", "expected"),
+    [
+        ("resume_from_checkpoint: true", [], "latest"),  # HF Trainer's True
+        ("resume_from_checkpoint: false", [], None),
+        ("", ["--resume_from_checkpoint", "True"], "latest"),
+        ("", ["--resume_from_checkpoint", "Latest"], "latest"),
+    ],
+)
+def test_resume_from_checkpoint_true_in_any_spelling_is_latest(tmp_path, in_yaml, flags, expected):
+    # "Latest" was taken for a folder of that name, and "true" for latest in one place but not in the other.
+    from app.config import parse_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(in_yaml)
+    assert parse_config(["--config", str(path), *flags]).resume_from_checkpoint == expected
+
+
+@pytest.mark.parametrize(
     ("in_yaml", "on_the_command_line"), [("amp: true", "--mixed_precision=bf16"), ("mixed_precision: bf16", "--amp")]
 )
 def test_a_precision_on_the_command_line_wins_over_the_other_precision_key_of_the_yaml(

@@ -229,6 +229,12 @@ def test_what_users_pass_to_resume_from_checkpoint_gets_a_line_that_says_what_to
     for spec, line in expected.items():
         assert run_app([*flags, "--resume_from_checkpoint", spec]) == 2
         assert capfd.readouterr().err == line
+    elsewhere = [*flags, "--output_dir", tmp_path / "elsewhere", "--resume_from_checkpoint", "latest"]
+    assert run_app(elsewhere) == 2
+    assert capfd.readouterr().err == (
+        f"error: --resume_from_checkpoint latest: no checkpoint in {tmp_path / 'elsewhere'}/checkpoints; pass the "
+        "--output_dir of the run to continue, or drop the flag to start fresh\n"
+    )
     # HF Trainer's resume_from_checkpoint=True is the newest checkpoint of the output folder.
     assert run_app([*flags, "--resume_from_checkpoint", "true"]) == 0
     assert f"resumed from {out / 'checkpoints' / 'step-4'} at optimizer step 4" in capfd.readouterr().out

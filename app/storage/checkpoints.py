@@ -366,9 +366,7 @@ def find_checkpoint(spec: str, output_dir: str | None) -> Path:
 def _candidates(spec: str, output_dir: str | None) -> list[Path]:
     """The folders `--resume_from_checkpoint` may mean, preferred first: the path it names, or for "latest" every
     complete checkpoint in `output_dir`, newest first. UsageError if there is none."""
-    if spec.lower() == "true" and not Path(spec).exists():
-        spec = "latest"  # HF Trainer's resume_from_checkpoint=True
-    if spec != "latest":
+    if spec != "latest":  # config.parse_config reads true and Latest as latest too
         path = Path(spec)
         if not path.is_dir():
             raise UsageError(
@@ -391,6 +389,7 @@ def _candidates(spec: str, output_dir: str | None) -> list[Path]:
     found = _step_folders(Path(output_dir) / "checkpoints")  # a damaged newest one is named, not passed over
     if not found:
         raise UsageError(
-            f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; drop the flag to start fresh"
+            f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; pass the --output_dir of the "
+            "run to continue, or drop the flag to start fresh"
         )
     return found[::-1]
