@@ -213,7 +213,9 @@ def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, i
     try:
         recorded = yaml.safe_load(args.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UsageError(f"{args} cannot be read ({first_line(e)}); restore it, or pass --max_length") from None
+        if not cfg.max_length:  # else what it records is not needed
+            raise UsageError(f"{args} cannot be read ({first_line(e)}); restore it, or pass --max_length") from None
+        recorded = {}
     recorded = recorded if isinstance(recorded, dict) else {}
     trained = recorded.get("max_length")
     if not cfg.max_length and (not isinstance(trained, int) or isinstance(trained, bool) or trained < 1):

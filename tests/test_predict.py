@@ -252,6 +252,15 @@ def test_bad_input_one_line_exit_2_nothing_written(
     assert out.read_text() == "earlier results\n" and [p.name for p in out.parent.iterdir()] == ["predicted.csv"]
 
 
+def test_a_damaged_training_args_yaml_is_not_needed_with_max_length_given(trained, tmp_path, capsys):
+    # Its error said "or pass --max_length", and passing it gave the same error.
+    model = Path(shutil.copytree(trained, tmp_path / "copied"))
+    (model / "training_args.yaml").write_text("max_length: [64\n")
+    flags = ("--model_name_or_path", model, "--mixed_precision", "no", "--disable_tqdm", "--max_length", 32)
+    assert predict("Great coffee, will buy again.", *flags) == 0
+    assert len(pd.read_csv(io.StringIO(capsys.readouterr().out))) == 1
+
+
 def test_a_misspelt_flag_gets_the_nearest_one_and_a_stray_text_says_where_texts_go(trained, capsys):
     assert predict("--model_name_or_path", trained, "--input_fle", "reviews.csv") == 2
     assert capsys.readouterr().err == "error: unknown flag '--input_fle'; did you mean --input_file?\n"
