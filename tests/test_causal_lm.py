@@ -364,3 +364,26 @@ def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, re
     code = predict(again + ["--output_file", str(out), "--disable_tqdm", "--mixed_precision", "no"])
     assert code == 0
     assert pd.read_json(out, lines=True)["generated_text"].fillna("").tolist() == fp32.tolist()
+
+
+def test_empty_documents_are_left_out_for_what_they_are(tmp_path, tiny_gpt2_dir, capsys):
+    # GPT-2 adds no BOS: an empty text is EOS alone, with no token before it to predict it from. The note said they
+    # were cut at --max_length, and a split of them was told to raise it.
+    def documents(name: str, empty_every: int) -> dict:
+        rows = [{"text": "" if i % empty_every == 0 else "Fresh coffee, great taste."} for i in range(12)]
+        path = tmp_path / f"{name}.jsonl"
+        pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+        return {"train": path, "validation": path}
+
+    some = lm_args(tmp_path, tiny_gpt2_dir, documents("some", 4), "--text_column", "text", "--no_packing")
+    assert run_app([*some, "--max_steps", 1, "--mixed_precision", "no"]) == 0
+    assert (
+        "note: 3 of 12 train examples are left out: they hold no token to learn (empty texts, conversations with no "
+        "assistant turn, or responses past the cut at --max_length 48)"
+    ) in capsys.readouterr().out
+    every = lm_args(tmp_path / "all", tiny_gpt2_dir, documents("all", 1), "--text_column", "text", "--no_packing")
+    assert run_app(every) == 2
+    assert capsys.readouterr().err.endswith(
+        "\nerror: no train example holds a token to learn: the texts are empty, the conversations have no assistant "
+        "turn, or the responses lie past --max_length 48; check the train data\n"
+    )

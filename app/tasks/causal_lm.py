@@ -143,15 +143,27 @@ class CausalLM:
         learnable = [any(label != IGNORE for label in labels[1:]) for labels in split_data["labels"]]
         if all(learnable):
             return split_data
-        if not any(learnable):
-            raise UsageError(
-                f"no {split} example keeps a token to learn within --max_length {self.cfg.max_length}: the responses "
-                "lie past the cut; raise --max_length, or shorten the texts before them"
+        cut = split_data["end_cut"] if "end_cut" in split_data.column_names else [False] * len(learnable)
+        dropped = [row for row, keep in enumerate(learnable) if not keep]
+        length = self.cfg.max_length
+        if all(cut[row] for row in dropped):
+            reason = f"cut to fit --max_length {length}, they keep no token to learn (their responses lie past the cut)"
+            refusal = (
+                f"no {split} example keeps a token to learn within --max_length {length}: the responses lie past the "
+                "cut; raise --max_length, or shorten the texts before them"
             )
-        self.notes.append(
-            f"note: {learnable.count(False)} of {len(learnable)} {split} examples are left out: cut to fit "
-            f"--max_length {self.cfg.max_length}, they keep no token to learn (their responses lie past the cut)"
-        )
+        else:  # an empty document (EOS alone) or a conversation without an assistant turn, and perhaps some cut
+            reason = (
+                "they hold no token to learn (empty texts, conversations with no assistant turn, or responses past "
+                f"the cut at --max_length {length})"
+            )
+            refusal = (
+                f"no {split} example holds a token to learn: the texts are empty, the conversations have no assistant "
+                f"turn, or the responses lie past --max_length {length}; check the {split} data"
+            )
+        if not any(learnable):
+            raise UsageError(refusal)
+        self.notes.append(f"note: {len(dropped)} of {len(learnable)} {split} examples are left out: {reason}")
         return split_data.select([row for row, keep in enumerate(learnable) if keep])
 
     def _encode_pairs(self, batch: dict) -> dict:
