@@ -86,9 +86,9 @@ def load_inputs(
             model_path, gguf_file = str(converted), None
         else:
             gguf.check_cache(converted)
+    refuse_adapters_alone(model_path)  # first: peft's own folders hold no config.json
     model_config = load_model_config(model_path, gguf_file)
     refuse_quantized(model_path, model_config)
-    refuse_adapters_alone(model_path)
     task_name, why = resolve_task(cfg.task, model_config)
     accelerator.print(f"task: {task_name} ({why})")
     tokenizer = load_tokenizer(model_path, model_config, gguf_file)

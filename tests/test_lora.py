@@ -8,6 +8,7 @@ Tiny models built from configs (tests/conftest.py, tests/lm_models.py); the app'
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -200,6 +201,13 @@ def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
         f"{tiny_model_dir} (with --use_peft for new adapters); to train these adapters on, resume their run with "
         "--resume_from_checkpoint\n"
     )
+    # peft's own layout (save_pretrained of a PeftModel, as on the hub) has no config.json: the same line.
+    peft_only = tmp_path / "peft-only"
+    peft_only.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(out / name, peft_only / name)
+    assert run_app([*lora_args(tmp_path, peft_only, review_files, "peft")[:-1], *RUN]) == 2
+    assert "holds LoRA adapters, not a model: fine-tune the merged model" in capsys.readouterr().err
 
 
 def test_the_adapters_name_a_relative_base_by_its_absolute_path(tiny_model_dir, monkeypatch):
