@@ -187,14 +187,23 @@ def check_special_tokens(tokenizer, config: PretrainedConfig) -> None:
             )
 
 
+def position_table(config: PretrainedConfig) -> int | None:
+    """The positions the model has embeddings or a trained range for, if its config says."""
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int) or isinstance(positions, bool):
+        return None
+    if config.model_type in ("roberta", "xlm-roberta", "camembert"):
+        positions -= (config.pad_token_id or 0) + 1  # these count positions from the padding index on
+    return positions if positions > 0 else None
+
+
 def max_positions(config: PretrainedConfig, tokenizer) -> int:
     """The longest input the model takes: its position table, or the tokenizer's limit where that is smaller."""
-    positions = getattr(config, "max_position_embeddings", None)
-    if isinstance(positions, int) and config.model_type in ("roberta", "xlm-roberta", "camembert"):
-        positions -= (config.pad_token_id or 0) + 1  # these count positions from the padding index on
     # Tokenizers without a limit report a huge sentinel value.
     limits = [
-        n for n in (positions, getattr(tokenizer, "model_max_length", None)) if isinstance(n, int) and 0 < n < 1_000_000
+        n
+        for n in (position_table(config), getattr(tokenizer, "model_max_length", None))
+        if isinstance(n, int) and 0 < n < 1_000_000
     ]
     return min(limits) if limits else 1_000_000
 

@@ -22,7 +22,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
 from app.inputs.data import map_splits
-from app.inputs.model import MISSING_WEIGHTS, check_special_tokens, load_weights
+from app.inputs.model import MISSING_WEIGHTS, check_special_tokens, load_weights, position_table
 from app.inputs.reading import row_of
 from app.tasks import generation, lm_data
 from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
@@ -304,7 +304,7 @@ class TextGenerator:
         """Before the weights load: the special tokens have embeddings, the new tokens leave room for a prompt in the
         model's positions, and every prompt has a token to follow."""
         check_special_tokens(tokenizer, model_config)
-        positions = generation.position_table(model_config)
+        positions = position_table(model_config)
         if positions is not None and max_new_tokens >= positions:
             raise UsageError(
                 f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's {positions} positions; "
@@ -321,7 +321,7 @@ class TextGenerator:
     def predict(self, accelerator: Accelerator, policy: PrecisionPolicy, texts: list[list[str]], progress) -> list[str]:
         # A prompt longer than the model was trained with keeps its end, the part the answer follows; and it leaves
         # room in the model's positions for --max_new_tokens.
-        positions = generation.position_table(self.model.config)
+        positions = position_table(self.model.config)
         room = self.max_length if positions is None else min(self.max_length, positions - self.max_new_tokens)
         prompts = [self.renderer.prompt_ids(prompt, room=room) for prompt in texts[0]]
         return generation.generate(

@@ -15,6 +15,7 @@ from accelerate.utils import gather_object
 from transformers import GenerationConfig
 
 from app.amp.policy import PrecisionPolicy
+from app.inputs.model import position_table
 
 
 def greedy_config(model: torch.nn.Module, tokenizer, max_new_tokens: int) -> GenerationConfig:
@@ -75,12 +76,6 @@ def generate(
                 on_batch(len(chunk))
     raw.train(was_training)
     return [text for _, text in sorted(gather_object(found), key=lambda pair: pair[0])]
-
-
-def position_table(model_config) -> int | None:
-    """The positions the model has embeddings or a trained range for, if its config says."""
-    positions = getattr(model_config, "max_position_embeddings", None)
-    return positions if isinstance(positions, int) and positions > 0 else None
 
 
 @contextlib.contextmanager
