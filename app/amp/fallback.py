@@ -65,8 +65,9 @@ def fall_back(policy: PrecisionPolicy, last_saved: Path | None, alarm_step: int)
 
 
 def unused_notes(on_scale_collapse: str, policy: PrecisionPolicy) -> list[str]:
-    """--on_scale_collapse fallback in a run without a loss scale has nothing to act on: said, not silently ignored."""
-    if on_scale_collapse != "fallback" or policy.scaler_enabled:
+    """--on_scale_collapse fallback in a run without a loss scale has nothing to act on: said, not silently ignored;
+    unless the run has fallen back already, which the resume's note says."""
+    if on_scale_collapse != "fallback" or policy.scaler_enabled or policy.source == SOURCE:
         return []
     return [
         f"note: --on_scale_collapse fallback acts when fp16's loss scale collapses; this run computes in "
