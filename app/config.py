@@ -294,6 +294,30 @@ class TrainConfig:
         for name in ("learning_rate", "init_loss_scale", "min_loss_scale"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"--{name} must be above 0, got {getattr(self, name)}")
+        for name in ("init_loss_scale", "min_loss_scale"):  # the scale is a float32 tensor
+            if getattr(self, name) > FLOAT32_MAX:
+                raise UsageError(
+                    f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
+                )
+        if self.run_name is not None and (
+            not self.run_name.strip() or Path(self.run_name).name != self.run_name or self.run_name in (".", "..")
+        ):
+            raise UsageError(
+                f"--run_name {self.run_name!r} must be a plain name, without / or ..: it names the run's folder in "
+                "--logdir (and outputs/); give locations with --logdir and --output_dir"
+            )
+        columns = {
+            name: getattr(self, name)
+            for name in ("text_column", "text_pair_column", "label_column", "prompt_column", "response_column")
+        }
+        named = [name for name, column in columns.items() if column is not None]
+        for i, first in enumerate(named):
+            for second in named[i + 1 :]:
+                if columns[first] == columns[second]:
+                    raise UsageError(
+                        f"--{first} and --{second} both name the column {columns[first]!r}: each role takes its own "
+                        "column; give the other one"
+                    )
         if not 0 <= self.warmup_ratio < 1:
             raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0 < self.validation_split_percentage < 100:
@@ -369,6 +393,9 @@ class TrainConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def metric_tag(name: str | None) -> str:
     """The eval tag that --metric_for_best_model names: "eval/loss", "eval_loss" and "loss" are all eval/loss."""
     bare = (name or "loss").removeprefix("eval/").removeprefix("eval_")
@@ -417,6 +444,10 @@ def _read_yaml(path: Path) -> dict:
         values = yaml.safe_load(path.read_text())
     except OSError as e:
         raise UsageError(f"cannot read --config {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"--config {path} is not UTF-8 text (byte {e.start + 1}, counted from 1); save it as UTF-8"
+        ) from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         line = f" at line {where.line + 1}" if where else ""

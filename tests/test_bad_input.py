@@ -113,6 +113,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             {},
             "learning_rate must be a number",
         ),
+        (
+            "a yaml that is not utf-8",  # a UnicodeDecodeError traceback
+            ["--config", write_bytes(csv_dir / "latin1.yaml", b"max_steps: 2\n# caf\xe9\n")],
+            {},
+            "latin1.yaml is not UTF-8 text (byte 19, counted from 1); save it as UTF-8",
+        ),
         ("wrong flag type", ["--per_device_train_batch_size", "two"], {}, "invalid int value: 'two'"),
         ("infinite learning rate", ["--learning_rate", "inf"], {}, "--learning_rate must be a finite number, got inf"),
         ("NaN clipping norm", ["--max_grad_norm", "nan"], {}, "--max_grad_norm must be a finite number, got nan"),
@@ -124,6 +130,24 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "--learning_rate must be a finite number, got nan",
         ),
         ("batch size 0", ["--per_device_train_batch_size", "0"], {}, "--per_device_train_batch_size must be 1 or more"),
+        (
+            "a loss scale beyond float32",  # crashed at the first backward
+            ["--init_loss_scale", "1e40"],
+            {},
+            "--init_loss_scale must be at most 3.403e+38 (float32's largest), got 1e+40",
+        ),
+        (
+            "a run name that is a path",  # wrote outside --logdir; outputs/.. with --overwrite_output_dir, into the cwd
+            ["--run_name", ".."],
+            {},
+            "--run_name '..' must be a plain name, without / or ..: it names the run's folder in --logdir",
+        ),
+        (
+            "one column in two roles",  # the model read the answer
+            ["--text_column", "label", "--label_column", "label"],
+            {},
+            "--text_column and --label_column both name the column 'label': each role takes its own column",
+        ),
         ("padding to 0", ["--pad_to_multiple_of", "0"], {}, "--pad_to_multiple_of must be 1 or more"),
         ("unknown fallback", ["--on_scale_collapse", "retry"], {}, "invalid choice: 'retry'"),
         ("missing model", ["--model_name_or_path", ws / "no_such_model"], {}, "no_such_model: no such folder"),
