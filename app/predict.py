@@ -48,7 +48,7 @@ from app.cli import (
 from app.errors import UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_table
-from app.inputs.model import check_max_length, load_model_config, load_tokenizer, max_positions
+from app.inputs.model import check_max_length, check_weight_files, load_model_config, load_tokenizer, max_positions
 from app.inputs.reading import header_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
@@ -244,6 +244,7 @@ def predict_and_write(
     say = (lambda line: print(line, file=sys.stderr)) if accelerator.is_main_process else (lambda line: None)
     # ---- every check of the input, before any weights load or any line is printed ---------------------------------
     model_config = load_model_config(cfg.model_name_or_path)
+    check_weight_files(cfg.model_name_or_path)
     task, _ = resolve_task(None, model_config)
     if task == "causal_lm":
         check_decoder(model_config)

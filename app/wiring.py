@@ -40,6 +40,7 @@ from app.host.runtime import HostCollective, backend_name
 from app.inputs import data, gguf
 from app.inputs.model import (
     check_max_length,
+    check_weight_files,
     load_model_config,
     load_tokenizer,
     portable_name,
@@ -88,6 +89,7 @@ def load_inputs(
             gguf.check_cache(converted)
     refuse_adapters_alone(model_path)  # first: peft's own folders hold no config.json
     model_config = load_model_config(model_path, gguf_file)
+    check_weight_files(model_path)
     refuse_quantized(model_path, model_config)
     task_name, why = resolve_task(cfg.task, model_config)
     accelerator.print(f"task: {task_name} ({why})")

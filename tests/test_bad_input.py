@@ -76,6 +76,14 @@ def without_tokenizer(path: Path, model: Path) -> Path:
     return path
 
 
+def cut_short(path: Path, model: Path) -> Path:
+    """A copy of `model` whose weights file a full disk or an interrupted copy cut short."""
+    shutil.copytree(model, path)
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:2000])
+    return path
+
+
 def cases(ws: Path, model: Path, files: dict[str, Path]):
     """(name, extra args, env, expected words in the message). The base args are a valid run."""
     csv_dir = ws / "data"
@@ -151,6 +159,14 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ("padding to 0", ["--pad_to_multiple_of", "0"], {}, "--pad_to_multiple_of must be 1 or more"),
         ("unknown fallback", ["--on_scale_collapse", "retry"], {}, "invalid choice: 'retry'"),
         ("missing model", ["--model_name_or_path", ws / "no_such_model"], {}, "no_such_model: no such folder"),
+        (
+            "weights cut short",  # a traceback once the run's folders were written (with --overwrite_output_dir, its
+            # old checkpoints deleted)
+            ["--model_name_or_path", cut_short(ws / "cut_short", model)],
+            {},
+            f"{ws / 'cut_short' / 'model.safetensors'} cannot be read (Error while deserializing header: invalid "
+            "header length): the file is damaged or cut short; copy or save it again",
+        ),
         (
             "a checkpoint as the model",  # what HF Trainer's checkpoint-N folders are; here they hold no config
             ["--model_name_or_path", checkpoint(ws / "ck_run" / "checkpoints" / "step-3")],

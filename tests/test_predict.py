@@ -190,6 +190,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "unreadable training_args.yaml",
         "no tokenizer files",
         "a run that saved no model yet",
+        "weights cut short",
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
@@ -220,6 +221,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
     elif case == "a run that saved no model yet":
         model = tmp_path / "unfinished"
         (model / "checkpoints" / "step-2").mkdir(parents=True)
+    elif case == "weights cut short":  # a traceback after the model's line
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-100])
     elif case == "no tokenizer files":  # copied without them: transformers would build a tokenizer of [UNK]s
         model = Path(shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns("tokenizer*")))
     else:
@@ -245,6 +249,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "it, or pass --max_length",
         "a run that saved no model yet": "holds no model yet (no config.json), only a run's checkpoints: resume that "
         "run with --resume_from_checkpoint, or give the output folder of a run that has ended",
+        "weights cut short": "model.safetensors cannot be read (Error while deserializing header: incomplete "
+        "metadata, file not fully covered): the file is damaged or cut short; copy or save it again",
         "no tokenizer files": "its tokenizer has 5 tokens for the model's 30522 token embeddings: the tokenizer's "
         "files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are missing",
     }[case]

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Callable
 
+from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from app.config import TrainConfig
@@ -110,6 +111,29 @@ def refuse_adapters_alone(name: str) -> None:
         f"{base or 'named in adapter_config.json'} (with --use_peft for new adapters); to train these adapters on, "
         "resume their run with --resume_from_checkpoint"
     )
+
+
+def check_weight_files(name: str) -> None:
+    """The safetensors files of a model folder (and of the base its adapters name) open whole: one damaged or cut
+    short is one line before anything is written, not a traceback once the run's folders are (headers only: cheap)."""
+    folder = Path(name)
+    if not folder.is_dir():
+        return  # a hub id: transformers checks what it downloads
+    folders = [folder]
+    try:
+        base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        base = None
+    if isinstance(base, str) and Path(base).is_dir():
+        folders.append(Path(base))
+    for path in (path for each in folders for path in sorted(each.glob("*.safetensors"))):
+        try:
+            with safe_open(path, "pt"):
+                pass
+        except Exception as e:  # safetensors raises its own error type for a damaged header or a short file
+            raise UsageError(
+                f"{path} cannot be read ({first_line(e)}): the file is damaged or cut short; copy or save it again"
+            ) from None
 
 
 def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConfig:
