@@ -306,17 +306,14 @@ class TrainConfig:
                 f"--run_name {self.run_name!r} must be a plain name, without / or ..: it names the run's folder in "
                 "--logdir (and outputs/); give locations with --logdir and --output_dir"
             )
-        columns = {
-            name: getattr(self, name)
-            for name in ("text_column", "text_pair_column", "label_column", "prompt_column", "response_column")
-        }
-        named = [name for name, column in columns.items() if column is not None]
-        for i, first in enumerate(named):
-            for second in named[i + 1 :]:
-                if columns[first] == columns[second]:
+        # The roles of one task's columns (the other task's flags are refused by the task itself).
+        for roles in (("text_column", "text_pair_column", "label_column"), ("prompt_column", "response_column")):
+            named = [(name, getattr(self, name)) for name in roles if getattr(self, name) is not None]
+            for i, (first, column) in enumerate(named):
+                if second := next((other for other, theirs in named[i + 1 :] if theirs == column), None):
                     raise UsageError(
-                        f"--{first} and --{second} both name the column {columns[first]!r}: each role takes its own "
-                        "column; give the other one"
+                        f"--{first} and --{second} both name the column {column!r}: each role takes its own column; "
+                        "give the other one"
                     )
         if not 0 <= self.warmup_ratio < 1:
             raise UsageError(f"--warmup_ratio must be in [0, 1), got {self.warmup_ratio}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 
@@ -77,6 +78,39 @@ def test_string_labels_are_sorted_into_ids_and_unknown_validation_labels_fail():
     raw["validation"] = Dataset.from_dict({"label": ["pos"]})
     labels = classification.infer_labels(raw, "label", fixed=None)
     assert labels.id2label == {0: "neg", 1: "pos"} and labels.encoder()("pos") == 1
+
+
+@pytest.mark.parametrize(
+    ("train", "validation", "message"),
+    [
+        (
+            [0, 2, 0],
+            [0],
+            "holds int labels 0, 2, without 1: int labels are class ids 0..N-1, each in the training data",
+        ),
+        ([3, 5, 4], [3], "holds int labels 3, 4, 5, without 0: int labels are class ids 0..N-1"),
+        (["0", "1"], [1], "the training labels are strings and the validation labels ints (such as 1): write them"),
+        ([0, 1], ["1"], "the training labels are ints and the validation labels strings (such as '1'): write them"),
+        (["pos", "pos"], ["pos"], "holds one class in the training data ('pos'): a classifier learns to tell two"),
+    ],
+)
+def test_labels_that_would_train_a_head_of_classes_never_seen_are_refused(train, validation, message):
+    # {0, 2} trained a head of three classes and scored a validation label 1 it never saw; star ratings 3..5 one of
+    # six; "0"/"1" against 0/1 said that 1 was not among the training labels (0, 1); one class scored accuracy 1.
+    from datasets import Dataset, DatasetDict
+
+    raw = DatasetDict(train=Dataset.from_dict({"label": train}), validation=Dataset.from_dict({"label": validation}))
+    with pytest.raises(UsageError, match=re.escape(message)):
+        classification.infer_labels(raw, "label", fixed=None)
+
+
+def test_csv_cells_that_pandas_calls_missing_are_texts_and_labels_as_written(tmp_path):
+    # pandas reads NA, null, None and nan as missing: a label "NA" was called an empty cell, a review "None" too.
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\nNone,NA\nnull,great\nnan,NA\nN/A,great\n,great\n")
+    raw = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(train)))
+    assert raw["train"]["text"][:] == ["None", "null", "nan", "N/A", None]
+    assert raw["train"]["label"][:] == ["NA", "great", "NA", "great", "great"]
 
 
 def test_a_text_column_named_as_labels_is_refused_in_one_short_line():

@@ -135,9 +135,14 @@ def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
     return DatasetDict({split: _read_file(kind, split, path) for split, path in files.items()})
 
 
+# pandas' default reads NA, null, None, nan, N/A and more as missing values: a review that says "None" or a label "NA"
+# would be an empty cell. Only an empty cell is one.
+CSV_MISSING = {"keep_default_na": False, "na_values": [""]}
+
+
 def _read_file(kind: str, split: str, path: str) -> Dataset:
     try:
-        dataset = load_dataset(kind, data_files={split: path})[split]
+        dataset = load_dataset(kind, data_files={split: path}, **(CSV_MISSING if kind == "csv" else {}))[split]
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
         if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
             raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
@@ -152,7 +157,7 @@ def _row_count(path: str, kind: str) -> int | None:
     import pandas as pd
 
     readers = {
-        "csv": pd.read_csv,
+        "csv": lambda p: pd.read_csv(p, **CSV_MISSING),
         "parquet": pd.read_parquet,
         "json": lambda p: pd.read_json(p, lines=p.endswith(".jsonl")),
     }

@@ -108,6 +108,13 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             raise UsageError(
                 f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1"
             )
+        absent = sorted(set(range(max(values) + 1)) - set(values))
+        if absent and fixed is None:  # a class the head would have and never see: star ratings 1..5, or a gap
+            raise UsageError(
+                f"label column {label_column!r} holds int labels {_listed(tuple(map(str, sorted(set(values)))))}, "
+                f"without {absent[0]}: int labels are class ids 0..N-1, each in the training data; renumber them "
+                "from 0, or write them as strings (each its own class)"
+            )
         space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
     else:
         odd = next((v for v in values if not isinstance(v, (str, int)) or isinstance(v, bool)), None)
@@ -131,8 +138,19 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         )
     if fixed is not None:
         space = _fit_to_trained_head(space, fixed, label_column)
+    elif len(space.names) < 2:  # a head of one class: loss 0 and accuracy 1 from the first step, having learned nothing
+        raise UsageError(
+            f"label column {label_column!r} holds one class in the training data ({space.names[0]!r}): a classifier "
+            "learns to tell two or more apart; add examples of the others"
+        )
     known = set(space.names) if space.string_labels else set(range(len(space.names)))
     unknown = [v for v in raw["validation"][label_column] if v not in known]
+    if unknown and isinstance(unknown[0], str) != space.string_labels:
+        kinds = ("strings", "ints") if space.string_labels else ("ints", "strings")
+        raise UsageError(
+            f"the training labels are {kinds[0]} and the validation labels {kinds[1]} (such as {unknown[0]!r}): write "
+            "them the same way in both files"
+        )
     if unknown:
         raise UsageError(
             f"validation label {unknown[0]!r} does not occur in the training labels ({_listed(space.names)}); the "
