@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
 
 from tests.conftest import data_flags, python_app, run_app
 
@@ -73,6 +73,13 @@ def without_tokenizer(path: Path, model: Path) -> Path:
     path.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(model / name, path / name)
+    return path
+
+
+def with_fewer_embeddings(path: Path, model: Path) -> Path:
+    """`model`'s tokenizer on a model of 1,000 token embeddings: another model's tokenizer, as a copy can mix them."""
+    BertModel(BertConfig.from_pretrained(model, vocab_size=1000)).save_pretrained(path)
+    AutoTokenizer.from_pretrained(model).save_pretrained(path)
     return path
 
 
@@ -181,6 +188,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             {},
             f"--model_name_or_path {ws / 'copied'}: its tokenizer has 5 tokens for the model's 30522 token "
             "embeddings: the tokenizer's files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are missing",
+        ),
+        (
+            "a tokenizer with more tokens than the model has embeddings",  # an IndexError in the first step
+            ["--model_name_or_path", with_fewer_embeddings(ws / "fewer", model)],
+            {},
+            f"--model_name_or_path {ws / 'fewer'}: its tokenizer has 30522 tokens, more than the model's 1000 token "
+            "embeddings, so ids from 1000 on have none",
         ),
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
         (

@@ -193,6 +193,12 @@ def load_tokenizer(name: str, config: PretrainedConfig, gguf_file: str | None = 
             "token embeddings: the tokenizer's files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are "
             "missing; copy them in from the model it was trained from"
         )
+    if isinstance(embeddings, int) and len(tokenizer) > embeddings:  # an id past the table stops training mid-step
+        raise UsageError(
+            f"--model_name_or_path {name}: its tokenizer has {len(tokenizer)} tokens, more than the model's "
+            f"{embeddings} token embeddings, so ids from {embeddings} on have none: the tokenizer is another "
+            "model's; copy in the tokenizer files of the model it was trained with"
+        )
     return tokenizer
 
 
