@@ -28,6 +28,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from textwrap import shorten
 from typing import Literal, Optional
 
 import pandas as pd
@@ -176,9 +177,15 @@ def read_input(
                 f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}"
                 f"{header_hint(list(table.columns), option, name)}"
             )
-        odd = [v for v in table[name] if not isinstance(v, str) and not is_empty_cell(v)]
-        if odd:
-            raise UsageError(f"column {name!r} holds {type(odd[0]).__name__} {odd[0]!r}; texts must be strings")
+        odd = next((row for row, v in enumerate(table[name]) if not isinstance(v, str) and not is_empty_cell(v)), None)
+        if odd is not None:
+            value = table[name].iloc[odd]
+            listed = hasattr(value, "tolist") or isinstance(value, (list, dict))  # a JSON list: a conversation?
+            shown = shorten(" ".join(repr(value.tolist() if hasattr(value, "tolist") else value).split()), 80)
+            raise UsageError(
+                f"column {name!r} holds {'a list' if listed else type(value).__name__} in row {odd + 1} of the input "
+                f"({shown}); texts must be strings{', one prompt each, not conversations' if listed else ''}"
+            )
     if len(table) == 0:
         raise UsageError("the input has no texts to predict")
     taken = [c for c in output_columns if c in table.columns]

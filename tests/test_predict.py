@@ -191,6 +191,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "no tokenizer files",
         "a run that saved no model yet",
         "weights cut short",
+        "conversations",
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
@@ -221,6 +222,11 @@ def test_bad_input_one_line_exit_2_nothing_written(
     elif case == "a run that saved no model yet":
         model = tmp_path / "unfinished"
         (model / "checkpoints" / "step-2").mkdir(parents=True)
+    elif case == "conversations":  # the error spanned two lines, numpy's repr of the list
+        turns = [{"role": "user", "content": f"Review {i}: fresh coffee."} for i in range(3)]
+        conversations = tmp_path / "conversations.jsonl"
+        pd.DataFrame({"text": ["Fine.", turns]}).to_json(conversations, orient="records", lines=True)
+        source = ["--input_file", conversations]
     elif case == "weights cut short":  # a traceback after the model's line
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-100])
@@ -249,6 +255,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "it, or pass --max_length",
         "a run that saved no model yet": "holds no model yet (no config.json), only a run's checkpoints: resume that "
         "run with --resume_from_checkpoint, or give the output folder of a run that has ended",
+        "conversations": "column 'text' holds a list in row 2 of the input ([{'role': 'user', 'content': 'Review 0: "
+        "fresh coffee.'}, {'role': 'user', [...]); texts must be strings, one prompt each, not conversations",
         "weights cut short": "model.safetensors cannot be read (Error while deserializing header: incomplete "
         "metadata, file not fully covered): the file is damaged or cut short; copy or save it again",
         "no tokenizer files": "its tokenizer has 5 tokens for the model's 30522 token embeddings: the tokenizer's "
