@@ -265,6 +265,11 @@ def checkpoint_activations(model: torch.nn.Module, masks: DropoutMasks) -> None:
     # torch's masks) takes only dispatch modes from a context_fn.
     if masks != DropoutMasks.TORCH:
         options["context_fn"] = recompute_under_the_masks_mode
+    # A classifier never reads a key/value cache, but BERT's config asks for one, and transformers then warns on the
+    # console that it turns it off. (A causal LM's training forward passes use_cache=False; its saved config stays.)
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False) and not model.can_generate():
+        config.use_cache = False
     # Newer transformers 5.x renamed it (the old name warns, and goes in v6); older 5.x releases have only the old one.
     if hasattr(model, "activation_checkpointing_enable"):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=options)

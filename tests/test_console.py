@@ -93,3 +93,23 @@ def test_adapters_go_on_without_a_deprecation_notice_unless_verbose(quick_args, 
     console_of(capfd, caplog, args)
     deprecated = [w for w in recwarn if "is_gradient_checkpointing" in str(w.message)]
     assert bool(deprecated) == verbose, [str(w.message) for w in recwarn]
+
+
+def test_gradient_checkpointing_and_generation_add_no_notices(
+    tmp_path, quick_args, tiny_gpt2_dir, review_files, capfd, caplog
+):
+    # transformers warned that BERT's use_cache was turned off for checkpointing, and, at every evaluation of a causal
+    # LM with prompts, that a generation config came with generation arguments.
+    console = console_of(
+        capfd, caplog, [*quick_args, "--gradient_checkpointing", "--max_steps", "1", "--eval_steps", "0"]
+    )
+    assert "use_cache" not in console, console
+    lm = [
+        *("--model_name_or_path", tiny_gpt2_dir, "--train_file", review_files["train"]),
+        *("--validation_file", review_files["validation"], "--prompt_column", "text", "--response_column", "label"),
+        *("--output_dir", tmp_path / "lm", "--logdir", tmp_path / "runs", "--max_length", 48, "--disable_tqdm"),
+        *("--max_steps", 1, "--max_eval_samples", 4, "--mixed_precision", "no"),
+    ]
+    console = console_of(capfd, caplog, lm)
+    assert "eval/exact_match" in console or "exact match" in console, console
+    assert "generation_config" not in console and "[transformers]" not in console, console

@@ -62,13 +62,12 @@ def generate(
             mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in chunk])
             # A prompt and its continuation fit in the position table: past it, learned positions (GPT-2's) fail with
             # an IndexError. A validation prompt leaves room for its own response, not for the longest one.
-            new_tokens = max_new_tokens if positions is None else min(max_new_tokens, positions - width)
-            with policy.autocast():
+            config.max_new_tokens = max_new_tokens if positions is None else min(max_new_tokens, positions - width)
+            with policy.autocast():  # the config alone: transformers warns of one given with generation arguments
                 out = raw.generate(
                     input_ids=ids.to(accelerator.device),
                     attention_mask=mask.to(accelerator.device),
                     generation_config=config,
-                    max_new_tokens=new_tokens,
                 )
             texts = tokenizer.batch_decode(out[:, width:].cpu(), skip_special_tokens=True)  # a host sync per batch
             found.extend(zip(chunk, texts))
