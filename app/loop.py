@@ -160,7 +160,7 @@ def on_alarm(training: Training, ledger: StepLedger, batch: dict, step: int) -> 
     training.report_overflow(batch, step)  # `batch`: this step's last micro-batch, still on the device
     if training.cfg.on_scale_collapse == "stop":
         with training.telemetry.paused():
-            path = training.checkpoints.save(training.state)
+            path = training.save_checkpoint()
         raise TrainingHalted(
             f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE
         )
@@ -196,7 +196,7 @@ def train(training: Training, budget: int | None = None) -> None:
             telemetry.log_eval(0, training.evaluate())
     falls_back = cfg.on_scale_collapse == "fallback" and training.policy.scaler_enabled  # a loss scale to collapse
     if falls_back and training.checkpoints.last_saved is None:
-        training.checkpoints.save(state)  # the start: where a fallback comes back to (amp/fallback.py)
+        training.save_checkpoint()  # the start: where a fallback comes back to (amp/fallback.py)
     model.train()
     steps = optimizer_steps(training)
     while state.opt_step < last_step:
@@ -255,9 +255,9 @@ def train(training: Training, budget: int | None = None) -> None:
                 last_step = step
         if due.save:
             with telemetry.paused():
-                training.checkpoints.save(state)
+                training.save_checkpoint()
         if due.signum:
-            path = training.checkpoints.save(state)
+            path = training.save_checkpoint()
             raise TrainingHalted(
                 f"stopped by signal {due.signum} at optimizer step {step}; resume from {path}",
                 training.stop.exit_code(due.signum),

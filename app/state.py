@@ -19,6 +19,12 @@ class TrainState:
     best_step: int | None = None  # the step of the best evaluation so far (app/best.py), when one is tracked
     best_metric: float | None = None
     evals_without_improvement: int = 0  # early stopping's patience counter
+    # The logging interval a checkpoint cuts (telemetry/meters.py): each rank's loss sum and items since the last
+    # logged step, and [opt_step, skipped_steps] there, so that a resume logs the uninterrupted run's train/loss and
+    # amp/skip_rate. None in checkpoints written before they were recorded, and in a fresh run.
+    interval_losses: list[float] | None = None
+    interval_items: list[int] | None = None
+    interval_start: list[int] | None = None
 
     def record_outcome(self, skipped: bool) -> None:
         """Settle a taken optimizer step as applied or skipped (the loop counted it in opt_step when it was taken)."""

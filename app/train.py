@@ -145,7 +145,7 @@ def fine_tune(
     # ---- train, then save ---------------------------------------------------------------------------------------
     try:
         if signum := stop.agreed():  # it came while loading or tokenizing: nothing trained yet, a checkpoint to resume
-            path = training.checkpoints.save(training.state)
+            path = training.save_checkpoint()
             raise TrainingHalted(
                 f"stopped by signal {signum} before training started; resume from {path}", stop.exit_code(signum)
             )
@@ -154,7 +154,7 @@ def fine_tune(
         train(training)
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
             with training.telemetry.paused():
-                training.checkpoints.save(training.state)
+                training.save_checkpoint()
         # The trained model first, so that nothing after training (a final evaluation that fails) can lose it.
         training.save_model(paths.output_dir)
         accelerator.print(f"evaluating the final model (step {training.state.opt_step}'s, saved in {paths.output_dir})")

@@ -168,6 +168,11 @@ class Training:
         self.telemetry.writer.text(tags.RUN_PRECISION, fallback.precision_text(old, at_step), at_step)
         return note
 
+    def save_checkpoint(self) -> Path:
+        """A checkpoint of the current step, with the logging interval it cuts. Collective."""
+        self.telemetry.record_interval(self.state)
+        return self.checkpoints.save(self.state)
+
     def rewind_to(self, checkpoint: Path) -> None:
         """Back to a checkpoint of this run: weights, optimizer, schedule, scaler, RNG streams and counters."""
         self.checkpoints.load(checkpoint)

@@ -140,6 +140,7 @@ class Telemetry:
         self._grad_norm = torch.zeros((), device=device)
         self._items = self._samples = self._padded_tokens = self._timed_steps = 0
         self._last_log = (start.opt_step, start.skipped_steps)  # where the current interval began
+        self._continue_interval(start)
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
         self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
@@ -264,10 +265,34 @@ class Telemetry:
         self._zero_timing()  # no synchronize: the read in log() already waited for the device
 
     def rewind(self, state) -> None:
-        """Continue from an earlier `state` (a fallback to a checkpoint): a fresh interval, the bar moved back."""
+        """Continue from an earlier `state` (a fallback to a checkpoint): its interval, the bar moved back."""
         self.step_loss.zero_()
         self._reset_interval(state)
+        self._continue_interval(state)
         self._bar.n = state.opt_step
+
+    # ---- checkpoints: the logging interval they cut ---------------------------------------------------------------
+    def record_interval(self, state) -> None:
+        """Record the current logging interval in `state`, which a checkpoint is about to save. Collective."""
+        device = self._loss_sum.device
+        state.interval_losses = self.accelerator.gather(self._loss_sum.float().view(1)).tolist()
+        state.interval_items = self.accelerator.gather(torch.tensor([self._items], device=device)).tolist()
+        state.interval_start = list(self._last_log)
+
+    def _continue_interval(self, start) -> None:
+        """Go on with the interval a resumed checkpoint recorded: each rank its own part (float32 sums, as they were);
+        with another process count, the main process holds the whole of it."""
+        if start.interval_losses is None:
+            return
+        ranks, rank = self.accelerator.num_processes, self.accelerator.process_index
+        if len(start.interval_losses) == ranks:
+            loss, items = start.interval_losses[rank], start.interval_items[rank]
+        else:
+            main = rank == 0
+            loss, items = sum(start.interval_losses) * main, sum(start.interval_items) * main
+        self._loss_sum.fill_(loss)
+        self._items = int(items)
+        self._last_log = tuple(start.interval_start)
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.writer.log(metrics, step)
