@@ -260,3 +260,13 @@ def test_the_separator_hint_is_for_a_header_read_as_one_column():
     assert header_hint(["text;label"]).startswith(" (the header holds semicolons: a .csv file is read with commas")
     assert header_hint(["text;label", "__index_level_0__"]).startswith(" (the header holds semicolons")
     assert header_hint(["text", "score|v2"], "--label_column", "label") == "", "a json file's columns, one with a bar"
+
+
+def test_a_dataset_folder_of_csv_files_with_unquoted_commas_is_refused_as_a_train_file_is(tmp_path):
+    # Through --dataset_name the first field of each row became a row label, and the texts lost their start, silently.
+    folder = tmp_path / "commas"
+    folder.mkdir()
+    rows = "".join(f"Well, review {i} of the kettle,{'great' if i % 2 else 'other'}\n" for i in range(8))
+    (folder / "train.csv").write_text("text,label\n" + rows)
+    with pytest.raises(UsageError, match=re.escape(f"cannot read {folder / 'train.csv'}: its rows have more fields")):
+        data.load_raw(TrainConfig(dataset_name=str(folder)))
