@@ -378,12 +378,12 @@ def test_empty_documents_are_left_out_for_what_they_are(tmp_path, tiny_gpt2_dir,
     some = lm_args(tmp_path, tiny_gpt2_dir, documents("some", 4), "--text_column", "text", "--no_packing")
     assert run_app([*some, "--max_steps", 1, "--mixed_precision", "no"]) == 0
     assert (
-        "note: 3 of 12 train examples are left out: they hold no token to learn (empty texts, conversations with no "
-        "assistant turn, or responses past the cut at --max_length 48)"
+        "note: 3 of 12 train examples are left out: they hold no token to learn (empty texts, or responses past the "
+        "cut at --max_length 48)"
     ) in capsys.readouterr().out
     every = lm_args(tmp_path / "all", tiny_gpt2_dir, documents("all", 1), "--text_column", "text", "--no_packing")
     assert run_app(every) == 2
     assert capsys.readouterr().err.endswith(
-        "\nerror: no train example holds a token to learn: the texts are empty, the conversations have no assistant "
-        "turn, or the responses lie past --max_length 48; check the train data\n"
+        "\nerror: no train example holds a token to learn: the texts are empty, or the responses lie past "
+        "--max_length 48; check the train data\n"
     )

@@ -281,8 +281,9 @@ def test_a_file_in_trls_formats_without_its_flags_names_them(tmp_path, tiny_gpt2
             "to user, gpt to assistant)",
         ),
         ([{"role": "user", "content": "Fresh?"}], "the conversation has no assistant turn, so nothing in it would be"),
+        ([], "a conversation must be a list of {role, content} turns with string values, got an empty list"),
     ],
-    ids=["a string", "sharegpt", "no assistant"],
+    ids=["a string", "sharegpt", "no assistant", "empty"],
 )
 def test_a_conversation_of_another_shape_is_one_line_naming_its_row(
     tmp_path, tiny_llama_dir, capsys, conversation, expected

@@ -222,6 +222,8 @@ def test_what_users_pass_to_resume_from_checkpoint_gets_a_line_that_says_what_to
     expected = {
         tmp_path / "no-such": f"error: --resume_from_checkpoint {tmp_path / 'no-such'}: no such folder; give a "
         "checkpoint folder (<output_dir>/checkpoints/step-N), or latest with the run's --output_dir\n",
+        out / "training_args.yaml": f"error: --resume_from_checkpoint {out / 'training_args.yaml'}: a file, not a "
+        "folder; give a checkpoint folder (<output_dir>/checkpoints/step-N), or latest with the run's --output_dir\n",
         out: f"error: --resume_from_checkpoint {out} is a run's output folder; pass --resume_from_checkpoint latest "
         f"--output_dir {out}, or one of its checkpoints ({out / 'checkpoints' / 'step-N'})\n",
     }

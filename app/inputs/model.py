@@ -193,6 +193,7 @@ def load_tokenizer(name: str, config: PretrainedConfig, gguf_file: str | None = 
             "token embeddings: the tokenizer's files (tokenizer.json, or vocab.txt, vocab.json, tokenizer.model) are "
             "missing; copy them in from the model it was trained from"
         )
+    check_special_tokens(tokenizer, config)  # the likeliest ids past the table, named with their fix
     if isinstance(embeddings, int) and len(tokenizer) > embeddings:  # an id past the table stops training mid-step
         raise UsageError(
             f"--model_name_or_path {name}: its tokenizer has {len(tokenizer)} tokens, more than the model's "

@@ -370,7 +370,8 @@ def _candidates(spec: str, output_dir: str | None) -> list[Path]:
         path = Path(spec)
         if not path.is_dir():
             raise UsageError(
-                f"--resume_from_checkpoint {spec}: no such folder; give a checkpoint folder "
+                f"--resume_from_checkpoint {spec}: {'a file, not a folder' if path.exists() else 'no such folder'}; "
+                "give a checkpoint folder "
                 "(<output_dir>/checkpoints/step-N), or latest with the run's --output_dir"
             )
         if not (path / STATE_FILE).is_file() and (path / "checkpoints").is_dir():

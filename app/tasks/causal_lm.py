@@ -152,14 +152,11 @@ class CausalLM:
                 f"no {split} example keeps a token to learn within --max_length {length}: the responses lie past the "
                 "cut; raise --max_length, or shorten the texts before them"
             )
-        else:  # an empty document (EOS alone) or a conversation without an assistant turn, and perhaps some cut
-            reason = (
-                "they hold no token to learn (empty texts, conversations with no assistant turn, or responses past "
-                f"the cut at --max_length {length})"
-            )
+        else:  # an empty document, EOS alone (a tokenizer without BOS), and perhaps some cut
+            reason = f"they hold no token to learn (empty texts, or responses past the cut at --max_length {length})"
             refusal = (
-                f"no {split} example holds a token to learn: the texts are empty, the conversations have no assistant "
-                f"turn, or the responses lie past --max_length {length}; check the {split} data"
+                f"no {split} example holds a token to learn: the texts are empty, or the responses lie past "
+                f"--max_length {length}; check the {split} data"
             )
         if not any(learnable):
             raise UsageError(refusal)

@@ -88,7 +88,7 @@ def _format_hint(present: list[str]) -> str:
 def _conversation_problem(value) -> str | None:
     shape = "a conversation must be a list of {role, content} turns with string values"
     if not isinstance(value, list) or not value:
-        return f"{shape}, got {type(value).__name__}"
+        return f"{shape}, got {'an empty list' if isinstance(value, list) else type(value).__name__}"
     for turn in value:
         if (
             not isinstance(turn, dict)
