@@ -61,20 +61,27 @@ def test_the_in_place_update_gives_peft_s_result_and_gradients(shape, dropout):
 @pytest.mark.parametrize("autocast", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_under_autocast_the_in_place_update_is_as_close_to_exact_as_peft_s(autocast):
     """Half precision rounds peft's three steps (B's product, its scaling, the sum) one by one, the in-place product
-    once: against the float64 result, its error is no larger than peft's."""
-    x = torch.randn(2, 3, IN)
-    exact = adapted().double()
-    exact_out, exact_grads = step(exact, x.double(), None)
-    peft_out, peft_grads = step(adapted(), x, autocast)
-    model = adapted()
-    add_updates_in_place(model)
-    out, grads = step(model, x, autocast)
-    assert out.dtype == peft_out.dtype == autocast
+    once: against the float64 result, its error over 16 inputs is within peft's (x1.5). One input alone can go either
+    way, a few roundings deciding: drawn from the global random state, it made the test depend on the tests before."""
+    errors, peft_errors = {}, {}
     off = lambda a, b: (a.double() - b).abs().max().item()  # noqa: E731
-    assert off(out, exact_out) <= 1.5 * off(peft_out, exact_out) + 1e-6, (off(out, exact_out), off(peft_out, exact_out))
-    for name in grads:
-        assert grads[name].dtype == torch.float32
-        assert off(grads[name], exact_grads[name]) <= 1.5 * off(peft_grads[name], exact_grads[name]) + 1e-6, name
+    for seed in range(16):
+        x = torch.randn(2, 3, IN, generator=torch.Generator().manual_seed(seed))
+        exact_out, exact_grads = step(adapted().double(), x.double(), None)
+        peft_out, peft_grads = step(adapted(), x, autocast)
+        model = adapted()
+        add_updates_in_place(model)
+        out, grads = step(model, x, autocast)
+        assert out.dtype == peft_out.dtype == autocast
+        assert all(grad.dtype == torch.float32 for grad in grads.values())
+        for name, ours, theirs, exact in [
+            ("output", out, peft_out, exact_out),
+            *((name, grads[name], peft_grads[name], exact_grads[name]) for name in grads),
+        ]:
+            errors[name] = errors.get(name, 0.0) + off(ours, exact)
+            peft_errors[name] = peft_errors.get(name, 0.0) + off(theirs, exact)
+    for name in errors:
+        assert errors[name] <= 1.5 * peft_errors[name] + 1e-6, (name, errors[name], peft_errors[name])
 
 
 class OutputSized(TorchDispatchMode):
