@@ -193,8 +193,8 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "a tokenizer with more tokens than the model has embeddings",  # an IndexError in the first step
             ["--model_name_or_path", with_fewer_embeddings(ws / "fewer", model)],
             {},
-            f"--model_name_or_path {ws / 'fewer'}: its tokenizer has 30522 tokens, more than the model's 1000 token "
-            "embeddings, so ids from 1000 on have none",
+            f"--model_name_or_path {ws / 'fewer'}: its tokenizer's vocabulary has 30522 tokens, more than the model's "
+            "1000 token embeddings, so ids from 1000 on have none",
         ),
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
         (

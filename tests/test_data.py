@@ -86,7 +86,7 @@ def test_string_labels_are_sorted_into_ids_and_unknown_validation_labels_fail():
         (
             [0, 2, 0],
             [0],
-            "holds int labels 0, 2, without 1: int labels are class ids 0..N-1, each in the training data",
+            "holds int labels 0, 2, without 1: int labels are class ids 0..N-1, each among the training examples",
         ),
         ([3, 5, 4], [3], "holds int labels 3, 4, 5, without 0: int labels are class ids 0..N-1"),
         (["0", "1"], [1], "the training labels are strings and the validation labels ints (such as 1): write them"),
@@ -270,3 +270,19 @@ def test_a_dataset_folder_of_csv_files_with_unquoted_commas_is_refused_as_a_trai
     (folder / "train.csv").write_text("text,label\n" + rows)
     with pytest.raises(UsageError, match=re.escape(f"cannot read {folder / 'train.csv'}: its rows have more fields")):
         data.load_raw(TrainConfig(dataset_name=str(folder)))
+
+
+def test_a_token_added_on_top_of_the_vocabulary_past_the_embeddings_is_not_refused(tmp_path, tiny_model_dir):
+    # An added token the data never holds (an added <pad> that is not the pad token) trained before the check of a
+    # tokenizer larger than the model; a whole vocabulary that does not fit is another model's, and refused.
+    from transformers import AutoTokenizer
+
+    from app.inputs.model import load_tokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.add_tokens(["<extra_unused>"])
+    tokenizer.save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    assert len(load_tokenizer(str(tmp_path), config)) == config.vocab_size + 1
+    with pytest.raises(UsageError, match="its tokenizer's vocabulary has 30522 tokens, more than the model's 30000"):
+        load_tokenizer(str(tmp_path), AutoConfig.from_pretrained(tiny_model_dir, vocab_size=30000))

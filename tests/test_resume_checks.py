@@ -307,15 +307,16 @@ def test_a_set_aside_checkpoint_resumes_in_its_run_and_sets_the_line_that_replac
     assert (out / "model.safetensors").is_file() and not (root / "model.safetensors").exists()
 
 
-@pytest.mark.parametrize("inside", [False, True], ids=["the-model-folder", "a-folder-that-holds-it"])
+@pytest.mark.parametrize("where", [".", "merged", "models/base"], ids=["the-model-folder", "its-merged", "elsewhere"])
 def test_an_output_dir_that_is_or_holds_the_model_being_fine_tuned_is_refused(
-    tmp_path, tiny_model_dir, review_files, inside, capfd
+    tmp_path, tiny_model_dir, review_files, where, capfd
 ):
-    # With --overwrite_output_dir the final save replaced the model's files there: an adapters run lost its base.
+    # With --overwrite_output_dir the final save replaced the model's files there: an adapters run lost its base. A
+    # model in a folder the run does not write (models/base) is left alone, as the run leaves it.
     out = tmp_path / "model"
-    shutil.copytree(tiny_model_dir, out / "merged" if inside else out)
-    model = out / "merged" if inside else out
-    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file())
+    model = out / where if where != "." else out
+    shutil.copytree(tiny_model_dir, model)
+    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in model.rglob("*") if p.is_file())
     flags = [
         *data_flags(model, review_files),
         "--output_dir",
@@ -325,13 +326,16 @@ def test_an_output_dir_that_is_or_holds_the_model_being_fine_tuned_is_refused(
         "--overwrite_output_dir",
     ]
     capfd.readouterr()
-    assert run_app([*flags, "--max_steps", 1, "--use_peft"]) == 2
-    where = "holds" if inside else "is"
-    assert capfd.readouterr().err == (
-        f"error: --output_dir {out} {where} the model being fine-tuned (--model_name_or_path {model}): the run's model "
-        "would replace it; pass another --output_dir\n"
-    )
-    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
+    code = run_app([*flags, "--max_steps", 1, "--use_peft", "--max_eval_samples", 8, "--disable_tqdm"])
+    if where == "models/base":
+        assert code == 0 and (out / "adapter_config.json").is_file()
+    else:
+        assert code == 2
+        assert capfd.readouterr().err == (
+            f"error: --output_dir {out} {'is' if where == '.' else 'holds'} the model being fine-tuned "
+            f"(--model_name_or_path {model}): the run's model would replace it; pass another --output_dir\n"
+        )
+    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in model.rglob("*") if p.is_file()) == before
 
 
 def test_a_plain_resume_of_a_run_with_its_own_settings_has_nothing_to_say():

@@ -194,11 +194,14 @@ def load_tokenizer(name: str, config: PretrainedConfig, gguf_file: str | None = 
             "missing; copy them in from the model it was trained from"
         )
     check_special_tokens(tokenizer, config)  # the likeliest ids past the table, named with their fix
-    if isinstance(embeddings, int) and len(tokenizer) > embeddings:  # an id past the table stops training mid-step
+    # A vocabulary that does not fit the embeddings is another model's: its ids past the table stop the first step.
+    # (Tokens added on top of it may pass the table unused, as an added <pad> that is not the pad token.)
+    vocabulary = getattr(tokenizer, "vocab_size", None)
+    if isinstance(embeddings, int) and isinstance(vocabulary, int) and vocabulary > embeddings:
         raise UsageError(
-            f"--model_name_or_path {name}: its tokenizer has {len(tokenizer)} tokens, more than the model's "
-            f"{embeddings} token embeddings, so ids from {embeddings} on have none: the tokenizer is another "
-            "model's; copy in the tokenizer files of the model it was trained with"
+            f"--model_name_or_path {name}: its tokenizer's vocabulary has {vocabulary} tokens, more than the model's "
+            f"{embeddings} token embeddings, so ids from {embeddings} on have none: it looks like another model's "
+            "tokenizer; copy in the tokenizer files of the model it was trained with"
         )
     return tokenizer
 

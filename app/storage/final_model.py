@@ -13,9 +13,8 @@ import torch
 from accelerate import Accelerator
 
 from app.storage import disk
-from app.storage.folders import CONFIG_FILE
+from app.storage.folders import CONFIG_FILE, MERGED_FOLDER
 
-MERGED_FOLDER = "merged"
 # What save_pretrained writes at the top of a folder for a model, peft's adapters and a tokenizer, and the merged model.
 # An earlier model in the output folder (--overwrite_output_dir) leaves those that the new one does not write, and the
 # folder would load as a mix of two runs: a stale adapter_config.json makes transformers load the base with the old

@@ -30,6 +30,7 @@ from app.storage.lease import Held, Lease, Refresher, is_lease_file
 from app.telemetry.writer import holds_only_a_start
 
 CONFIG_FILE = "training_args.yaml"
+MERGED_FOLDER = "merged"  # the adapters merged into their base (--save_merged_model; storage/final_model.py)
 
 # What a start that failed before its first checkpoint leaves: nothing worth keeping, nothing to resume.
 _LEFT_BY_A_FAILED_START = {CONFIG_FILE, "checkpoints"}
@@ -206,13 +207,15 @@ def check_output_dir(output_dir: Path, resuming: bool, overwrite: bool) -> None:
 
 
 def check_apart_from_model(output_dir: Path, model_name_or_path: str | None) -> None:
-    """The run's output folder neither is nor holds the model folder it fine-tunes: the final save replaces the model
-    files there (an adapters run's base, or a merged model in its merged/, would be gone)."""
+    """The model folder being fine-tuned is neither the run's output folder nor in a subfolder the run replaces
+    (merged/, checkpoints/): the final save replaces the model files there, and an adapters run would lose its base.
+    A model elsewhere under the output folder is left alone, as the run leaves it."""
     if not model_name_or_path or not output_dir.exists():
         return
-    model = Path(model_name_or_path)
-    if model.is_dir() and model.resolve().is_relative_to(output_dir.resolve()):
-        where = "is" if model.resolve() == output_dir.resolve() else "holds"
+    model, out = Path(model_name_or_path).resolve(), output_dir.resolve()
+    inside = (out / MERGED_FOLDER, out / "checkpoints")
+    if Path(model_name_or_path).is_dir() and (model == out or any(model.is_relative_to(path) for path in inside)):
+        where = "is" if model == out else "holds"
         raise UsageError(
             f"--output_dir {output_dir} {where} the model being fine-tuned (--model_name_or_path "
             f"{model_name_or_path}): the run's model would replace it; pass another --output_dir"

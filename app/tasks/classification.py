@@ -112,8 +112,9 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         if absent and fixed is None:  # a class the head would have and never see: star ratings 1..5, or a gap
             raise UsageError(
                 f"label column {label_column!r} holds int labels {_listed(tuple(map(str, sorted(set(values)))))}, "
-                f"without {absent[0]}: int labels are class ids 0..N-1, each in the training data; renumber them "
-                "from 0, or write them as strings (each its own class)"
+                f"without {absent[0]}: int labels are class ids 0..N-1, each among the training examples (after "
+                "--max_train_samples and a held-out split, if any); renumber them from 0, or write them as strings "
+                "(each its own class)"
             )
         space = LabelSpace(tuple(str(i) for i in range(max(values) + 1)), string_labels=False)
     else:
