@@ -93,6 +93,15 @@ def refuse_quantized(name: str, config: PretrainedConfig) -> None:
         )
 
 
+def adapters_base_name(folder: str | Path) -> str | None:
+    """The base that peft's adapter_config.json in `folder` names; None if there is none to read."""
+    try:
+        base = json.loads((Path(folder) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return base if isinstance(base, str) else None
+
+
 def refuse_adapters_alone(name: str) -> None:
     """The output folder of a --use_peft run holds adapters and their base's config, not a model's weights:
     transformers would fail looking for model.safetensors. Said with the two models that can be fine-tuned."""
@@ -100,10 +109,7 @@ def refuse_adapters_alone(name: str) -> None:
     adapter_config = folder / "adapter_config.json"
     if not adapter_config.is_file() or any(folder.glob("model*.safetensors")) or any(folder.glob("pytorch_model*")):
         return
-    try:
-        base = json.loads(adapter_config.read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        base = None
+    base = adapters_base_name(folder)
     merged = folder / MERGED_FOLDER
     raise UsageError(
         f"--model_name_or_path {name} holds LoRA adapters, not a model: fine-tune "
@@ -120,11 +126,7 @@ def check_weight_files(name: str) -> None:
     if not folder.is_dir():
         return  # a hub id: transformers checks what it downloads
     folders = [folder]
-    try:
-        base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError, AttributeError):
-        base = None
-    if isinstance(base, str) and Path(base).is_dir():
+    if (base := adapters_base_name(folder)) and Path(base).is_dir():
         folders.append(Path(base))
     for path in (path for each in folders for path in sorted(each.glob("*.safetensors"))):
         try:
