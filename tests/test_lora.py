@@ -208,6 +208,18 @@ def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
         shutil.copy(out / name, peft_only / name)
     assert run_app([*lora_args(tmp_path, peft_only, review_files, "peft")[:-1], *RUN]) == 2
     assert "holds LoRA adapters, not a model: fine-tune the merged model" in capsys.readouterr().err
+    # Its base named nowhere (no training_args.yaml, an adapter_config.json without it): predict.py loaded the
+    # embedded default model as the base.
+    nameless = tmp_path / "nameless"
+    shutil.copytree(out, nameless, ignore=shutil.ignore_patterns("training_args.yaml", "merged"))
+    adapter_config = json.loads((nameless / "adapter_config.json").read_text())
+    del adapter_config["base_model_name_or_path"]
+    (nameless / "adapter_config.json").write_text(json.dumps(adapter_config))
+    assert predict([text, "--model_name_or_path", str(nameless), "--mixed_precision", "no"]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"adapter_config.json names no base model (base_model_name_or_path) and {nameless} holds no "
+        "training_args.yaml: restore one of them\n"
+    )
 
 
 def test_the_adapters_name_a_relative_base_by_its_absolute_path(tiny_model_dir, monkeypatch):

@@ -8,7 +8,6 @@ the embedded models stand under their hub names.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from transformers import AutoConfig
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs import gguf
-from app.inputs.model import MISSING_WEIGHTS, embedded_source, load_weights, resolve_model_path
+from app.inputs.model import MISSING_WEIGHTS, adapters_base_name, embedded_source, load_weights, resolve_model_path
 from app.storage.folders import CONFIG_FILE
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -37,7 +36,12 @@ def base_folder(folder: str, say) -> str:
         keys = ("model_name_or_path", "gguf_file", "task")
         cfg = TrainConfig(**{key: saved.get(key) for key in keys})
     else:
-        name = json.loads((Path(folder) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+        name = adapters_base_name(folder)
+        if name is None:  # else TrainConfig(model_name_or_path=None) would be the embedded default: another base
+            raise UsageError(
+                f"{Path(folder) / ADAPTER_CONFIG} names no base model (base_model_name_or_path) and {folder} holds no "
+                f"{CONFIG_FILE}: restore one of them"
+            )
         cfg = embedded_source(name) or TrainConfig(model_name_or_path=name)
     path, gguf_file = resolve_model_path(cfg)
     if gguf_file:
