@@ -274,9 +274,11 @@ class Telemetry:
     # ---- checkpoints: the logging interval they cut ---------------------------------------------------------------
     def record_interval(self, state) -> None:
         """Record the current logging interval in `state`, which a checkpoint is about to save. Collective."""
-        device = self._loss_sum.device
-        state.interval_losses = self.accelerator.gather(self._loss_sum.float().view(1)).tolist()
-        state.interval_items = self.accelerator.gather(torch.tensor([self._items], device=device)).tolist()
+        # One gather of [loss sum, items] per rank: float64 holds the float32 sum and the count exactly.
+        mine = torch.stack([self._loss_sum.double(), torch.tensor(float(self._items), device=self._loss_sum.device)])
+        gathered = self.accelerator.gather(mine.view(1, 2)).tolist()
+        state.interval_losses = [loss for loss, _ in gathered]
+        state.interval_items = [int(items) for _, items in gathered]
         state.interval_start = list(self._last_log)
 
     def _continue_interval(self, start) -> None:
