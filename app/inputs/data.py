@@ -178,9 +178,9 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
     if "train" not in loaded:
         raise UsageError(f"--dataset_name {name!r} has no 'train' split, only: {', '.join(loaded)}")
     if Path(name).is_dir():  # a local folder's csv files are read as --train_file's are, row labels and all
-        for split in loaded.values():
-            for path in sorted(Path(name).rglob("*.csv")):
-                check_no_row_labels(split.column_names, str(path))
+        columns = sorted({column for split in loaded.values() for column in split.column_names})
+        for path in sorted(Path(name).rglob("*.csv")):
+            check_no_row_labels(columns, str(path))
     splits = {"train": loaded["train"]}
     for candidate in ("validation", "test"):
         if candidate in loaded:
