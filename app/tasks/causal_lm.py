@@ -22,7 +22,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
 from app.inputs.data import map_splits
-from app.inputs.model import MISSING_WEIGHTS, check_special_tokens, load_weights, position_table
+from app.inputs.model import MISSING_WEIGHTS, load_weights, position_table
 from app.inputs.reading import row_of
 from app.tasks import generation, lm_data
 from app.tasks.lm_data import IGNORE, CausalLMCollator, LMColumns, Renderer
@@ -89,8 +89,7 @@ class CausalLM:
         if tokenizer.eos_token_id is None:
             raise UsageError("the tokenizer has no EOS token, which ends responses and joins documents; add one")
         if tokenizer.pad_token_id is None:  # GPT-2 and Llama tokenizers come without one; padding is masked anyway
-            tokenizer.pad_token = tokenizer.eos_token
-        check_special_tokens(tokenizer, model_config)
+            tokenizer.pad_token = tokenizer.eos_token  # checked with EOS by load_tokenizer
         columns = lm_data.resolve_columns(cfg)
         if columns.kind == "messages" and not getattr(tokenizer, "chat_template", None):
             raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
@@ -298,9 +297,8 @@ class TextGenerator:
     def check_inputs(
         tokenizer, model_config: PretrainedConfig, max_length: int, max_new_tokens: int, prompts: list[str]
     ) -> None:
-        """Before the weights load: the special tokens have embeddings, the new tokens leave room for a prompt in the
-        model's positions, and every prompt has a token to follow."""
-        check_special_tokens(tokenizer, model_config)
+        """Before the weights load (load_tokenizer has checked the special tokens): the new tokens leave room for a
+        prompt in the model's positions, and every prompt has a token to follow."""
         positions = position_table(model_config)
         if positions is not None and max_new_tokens >= positions:
             raise UsageError(
