@@ -32,7 +32,6 @@ from textwrap import shorten
 from typing import Literal, Optional
 
 import pandas as pd
-import transformers
 import yaml
 from tqdm.auto import tqdm
 
@@ -55,7 +54,7 @@ from app.storage.folders import CONFIG_FILE
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
 from app.tasks.task import resolve_task
-from app.telemetry.console import show_library_notices
+from app.telemetry.console import show_library_notices, show_progress_bars
 
 OUTPUT_TYPES = (".csv", ".jsonl")
 DEFAULT_NEW_TOKENS = 128
@@ -283,8 +282,6 @@ def predict_and_write(
     # ---- predict ----------------------------------------------------------------------------------------------------
     for line in (policy.describe(), *notes, *describe_backend(accelerator)):
         say(line)
-    if cfg.disable_tqdm:
-        transformers.utils.logging.disable_progress_bar()  # the weight-loading bar
     shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
     predictor = TextGenerator(*shared, max_new_tokens) if task == "causal_lm" else LabelPredictor(*shared)
     bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
@@ -318,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     cfg, texts = parse_args(argv)
     show_library_notices(cfg.verbose)
+    show_progress_bars(not cfg.disable_tqdm)
     policy, notes = resolve_precision(False, cfg.mixed_precision, device_type(), launcher_choice())
     accelerator = connect_accelerator()
     try:

@@ -54,7 +54,7 @@ from app.storage.checkpoints import find_resume_point
 from app.storage.final_model import save_merged_model
 from app.storage.folders import FolderClaims, claim_output_dir, claim_run_folders
 from app.telemetry import report, tags
-from app.telemetry.console import show_library_notices
+from app.telemetry.console import show_library_notices, show_progress_bars
 from app.telemetry.writer import open_writer
 from app.wiring import build_training, load_inputs
 
@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     cfg = parse_config(argv)
     show_library_notices(cfg.verbose)
+    show_progress_bars(not cfg.disable_tqdm)
     # One precision decision, before any heavy work; Accelerate never sees it.
     policy, notes = resolve_precision(cfg.amp, cfg.mixed_precision, device_type(), launcher_choice())
     refuse_amp_under_deepspeed(policy, requested_backend())

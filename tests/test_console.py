@@ -113,3 +113,11 @@ def test_gradient_checkpointing_and_generation_add_no_notices(
     console = console_of(capfd, caplog, lm)
     assert "eval/exact_match" in console or "exact match" in console, console
     assert "generation_config" not in console and "[transformers]" not in console, console
+
+
+@pytest.mark.parametrize("disable_tqdm", [True, False])
+def test_the_weight_loading_bar_follows_disable_tqdm(quick_args, capfd, caplog, disable_tqdm):
+    # transformers' "Loading weights" bar came through --disable_tqdm, once per rank under a launch.
+    args = [arg for arg in quick_args if arg != "--disable_tqdm"] + ["--disable_tqdm"] * disable_tqdm
+    console = console_of(capfd, caplog, [*args, "--max_steps", "1", "--eval_steps", "0"])
+    assert ("Loading weights" in console) != disable_tqdm, console

@@ -106,6 +106,7 @@ def _quiet_libraries() -> None:
     import transformers
 
     transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()  # the weight-loading bar, once per rank
     datasets.utils.logging.set_verbosity_error()
     datasets.disable_progress_bars()
 

@@ -49,3 +49,11 @@ def show_library_notices(verbose: bool) -> None:
             logger.addFilter(_ROUTINE)  # a no-op when it is there already
     for category, message in ROUTINE_WARNINGS:  # the newer filter goes first and wins; "default" is Python's own
         warnings.filterwarnings("default" if verbose else "ignore", message=message, category=category)
+
+
+def show_progress_bars(show: bool) -> None:
+    """transformers' weight-loading bar follows --disable_tqdm, as the app's own bars do. Each entry point calls it
+    once (tests run several entries in one process); the other ranks of a launch hide it anyway (host/runtime.py)."""
+    from transformers.utils import logging as transformers_logging
+
+    (transformers_logging.enable_progress_bar if show else transformers_logging.disable_progress_bar)()
