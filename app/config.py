@@ -413,6 +413,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         for arg in (sys.argv[1:] if argv is None else argv)
         if arg.startswith("--")
     ]
+    if given.count("config") > 1:  # argparse would keep the last file and drop the others without a word
+        raise UsageError(
+            "--config is given more than once; pass one YAML, and the flags that differ on the command line"
+        )
     if known.config:
         from_yaml = _read_yaml(Path(known.config))
         if PRECISION_FLAGS & set(given):  # two ways to ask for one thing: the command line's wins over the YAML's
@@ -436,9 +440,24 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     return cfg
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key written twice in one mapping: plain YAML keeps the last one without a word."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is written twice; keep one", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_yaml(path: Path) -> dict:
     try:
-        values = yaml.safe_load(path.read_text())
+        values = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except OSError as e:
         raise UsageError(f"cannot read --config {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:

@@ -134,6 +134,18 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             {},
             "latin1.yaml is not UTF-8 text (byte 19, counted from 1); save it as UTF-8",
         ),
+        (
+            "a yaml key written twice",  # yaml keeps the last one without a word
+            ["--config", write(csv_dir / "twice.yaml", "learning_rate: 1.0e-4\nseed: 3\nlearning_rate: 3.0e-5\n")],
+            {},
+            "twice.yaml is not valid YAML at line 3: key 'learning_rate' is written twice; keep one",
+        ),
+        (
+            "two yamls",  # argparse keeps the last one without a word
+            ["--config", write(csv_dir / "one.yaml", "seed: 3\n"), "--config=" + str(csv_dir / "hf.yaml")],
+            {},
+            "--config is given more than once; pass one YAML, and the flags that differ on the command line",
+        ),
         ("wrong flag type", ["--per_device_train_batch_size", "two"], {}, "invalid int value: 'two'"),
         ("infinite learning rate", ["--learning_rate", "inf"], {}, "--learning_rate must be a finite number, got inf"),
         ("NaN clipping norm", ["--max_grad_norm", "nan"], {}, "--max_grad_norm must be a finite number, got nan"),
