@@ -485,3 +485,32 @@ def test_an_adapter_rank_no_layer_can_use_is_warned_of(tiny_llama_dir, tiny_gpt2
         add_adapters(llama, adapters, "causal_lm"), ModelPlan(torch.float32, "", adapters, "", None)
     )
     assert lines[0].startswith("adapters: LoRA r=16") and lines[1] == adapters.rank_warning(), lines
+
+
+def test_a_target_name_that_the_head_shares_adapts_the_base_layers_and_leaves_the_head_in_full():
+    # RoBERTa's classification head is classifier.dense and classifier.out_proj: `dense`, a common target, was refused
+    # because it also named the head's dense layer, which trains in full.
+    from transformers import RobertaConfig
+
+    from app.adapters.lora import plan_adapters
+    from app.config import TrainConfig
+    from app.errors import UsageError
+
+    config = RobertaConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37, num_labels=3
+    )
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(config)
+
+    def plan(*targets: str):
+        return plan_adapters(TrainConfig(use_peft=True, lora_target_modules=list(targets)), model, [], True)
+
+    adapters = plan("query", "value", "dense")
+    dense = [name for name in adapters.targets if name.endswith(".dense")]
+    assert len(dense) == 6 and all(name.startswith("roberta.encoder.") for name in dense), adapters.targets
+    assert "classifier" in adapters.trained_in_full and not any(name.startswith("classifier") for name in adapters.targets)
+    with pytest.raises(UsageError, match="'out_proj' names classifier.out_proj, which trains in full"):
+        plan("query", "out_proj")
+    with pytest.raises(UsageError, match="matches no layer") as refused:
+        plan("nothing")
+    assert "classifier" not in str(refused.value) and "out_proj" not in str(refused.value), "advice that is refused"

@@ -137,17 +137,19 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
         for wanted in cfg.lora_target_modules:
             found = [name for name in adaptable if _matches(name, wanted)]
             if not found:
-                known = sorted({name.rsplit(".", 1)[-1] for name in adaptable})
+                known = sorted({name.rsplit(".", 1)[-1] for name in adaptable if not in_full(name)})
                 raise UsageError(
                     f"--lora_target_modules {wanted!r} matches no layer that LoRA can adapt; the model's are named "
                     f"{', '.join(known[:12])}{', ...' if len(known) > 12 else ''} (or pass {ALL_LINEAR})"
                 )
-            if taken := [name for name in found if in_full(name)]:
+            # A layer inside a module that trains in full (RoBERTa's classifier.dense for `dense`) is not a target.
+            outside = [name for name in found if not in_full(name)]
+            if not outside:
                 raise UsageError(
-                    f"--lora_target_modules {wanted!r} names {taken[0]}, which trains in full (a new or "
+                    f"--lora_target_modules {wanted!r} names {found[0]}, which trains in full (a new or "
                     "classification head, or --lora_modules_to_save): drop it from the targets"
                 )
-            targets += [name for name in found if name not in targets]
+            targets += [name for name in outside if name not in targets]
     if not targets:
         raise UsageError("--lora_target_modules: the model has no linear layer to adapt; name its layers instead")
     max_rank = max(((name, min(_sides(modules[name]))) for name in targets), key=lambda pair: pair[1])
