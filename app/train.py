@@ -153,6 +153,7 @@ def fine_tune(
         # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
         accelerator.print(stop.training_line())
         train(training)
+        stop.training_ended()
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
             with training.telemetry.paused():
                 training.save_checkpoint()

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from app.host.preemption import StopRequest
+from app.host.preemption import ACKNOWLEDGED, ACKNOWLEDGED_AFTER_TRAINING, StopRequest
 from app.host.runtime import HostCollective
 from app.storage.checkpoints import completed_checkpoints
 from app.tasks.classification import SequenceClassification
@@ -50,6 +50,8 @@ def test_a_signal_during_the_final_evaluation_lets_the_save_finish_and_exits_143
     out = tmp_path / "out"
     assert code == 143, output[-3000:]
     assert "stopped by signal 15 during the final evaluation or save; the model is complete" in output, output[-3000:]
+    # What the acknowledgement promises is what happens: no step to stop after, no checkpoint (it said "checkpointing").
+    assert f"SIGTERM received: {ACKNOWLEDGED_AFTER_TRAINING}\n" in output and ACKNOWLEDGED not in output, output[-3000:]
     assert not (out / ".staging-model").exists()
     model = AutoModelForSequenceClassification.from_pretrained(out)  # complete: it loads, weights and all
     assert model.config.num_labels == 2

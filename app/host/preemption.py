@@ -19,6 +19,8 @@ from app.host.runtime import HostCollective
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 ACKNOWLEDGED = "stopping after the step or save in progress, then checkpointing (SIGKILL would stop at once)"
+# Once training has ended there is no step left to stop after: the saves and the final evaluation run to their end.
+ACKNOWLEDGED_AFTER_TRAINING = "letting the final save and evaluation finish, then stopping (SIGKILL would stop at once)"
 LAUNCHER_GRACE_S = 5  # accelerate launch's, with one process
 
 
@@ -40,6 +42,7 @@ class StopRequest:
         self.host = host
         self.announce = announce  # the main process only: one line per run, not one per rank
         self.killed_after_grace = killed_after_grace()
+        self.acknowledged = ACKNOWLEDGED
         self._previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
 
     @classmethod
@@ -50,7 +53,7 @@ class StopRequest:
     def _handle(self, signum: int, frame) -> None:
         if not self.signum and self.announce:
             # os.write, not print: the handler may have interrupted a print to the same stream.
-            line = f"{signal.Signals(signum).name} received: {ACKNOWLEDGED}"
+            line = f"{signal.Signals(signum).name} received: {self.acknowledged}"
             if self.killed_after_grace:
                 line += f"; if it came through accelerate launch, that kills this process {LAUNCHER_GRACE_S} s after it"
             with contextlib.suppress(OSError):  # a reader that went away must not turn the signal into a crash
@@ -73,6 +76,10 @@ class StopRequest:
                 f"and save that take longer, signal this process alone: kill -TERM {os.getpid()}"
             )
         return line
+
+    def training_ended(self) -> None:
+        """From here on a signal stops the run after the final save and evaluation, which are let finish."""
+        self.acknowledged = ACKNOWLEDGED_AFTER_TRAINING
 
     def restore(self) -> None:
         """Put the previous handlers back; safe to call more than once."""
