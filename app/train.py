@@ -164,6 +164,9 @@ def fine_tune(
         training.telemetry.log_eval(training.state.opt_step, final)
         final, best_loaded = training.end_with_best(final)
         if best_loaded:  # --load_best_model_at_end: the best checkpoint's weights take the trained model's place
+            # Logged after the trained model's, as HF's evaluate() after training: the last eval/* values (HPARAMS'
+            # cells) are then the saved model's, as in the model card and the summary.
+            training.telemetry.log_eval(training.state.opt_step, final)
             training.save_model(paths.output_dir)
         if accelerator.is_main_process:
             training.write_model_card(paths.run_name, paths.output_dir, final)

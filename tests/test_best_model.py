@@ -74,10 +74,14 @@ def test_the_saved_model_is_the_best_evaluations_even_with_save_total_limit_1(
     args = [str(a) for a in [*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]]
     monkeypatch.setattr(sys, "argv", ["app/train.py", *args])  # the command line that the model card records
     assert run_app(args) == 0
-    losses = tb.scalars(tmp_path / "runs" / "r")["eval/loss"]
-    assert sorted(losses) == list(range(2, 17, 2)), "an evaluation every 2 steps, the last one at the end"
+    events = [(e.step, e.value) for e in tb.load(tmp_path / "runs" / "r").Scalars("eval/loss")]
+    *trained, (last_step, saved) = events
+    losses = dict(trained)
+    assert list(losses) == list(range(2, 17, 2)), "an evaluation every 2 steps, the last one at the end"
     best = best_step(losses)
     assert best < 16, f"the setup should make the eval loss peak mid-run: {losses}"
+    # Then the saved model's evaluation at the last step, so that the last eval/* values (HPARAMS) are the best's.
+    assert (last_step, saved) == (16, losses[best]), events
 
     out = capsys.readouterr().out
     assert f"loaded the best model, step {best} (eval/loss {losses[best]:.4f})" in out
