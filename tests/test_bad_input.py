@@ -263,6 +263,26 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "does not train",
         ),
         (
+            "a text with an unquoted comma",  # its tail became a class of its own, " has a stray comma", silently
+            both_files(
+                write(csv_dir / "comma.csv", "text,label\ngood stuff,pos\nawful,neg\nthis one, has a stray comma\n"),
+                write(csv_dir / "commav.csv", "text,label\nfine,pos\n"),
+            ),
+            {},
+            "label ' has a stray comma' in row 3 of the train data (rows counted from 1, after the header) has spaces "
+            "around it, which would make it a class of its own: remove the spaces, and quote texts that hold commas",
+        ),
+        (
+            "labels with a space after some of them",  # "pos " and "pos": two classes
+            both_files(
+                write(csv_dir / "pos_space.csv", "text,label\na,pos\nb,neg\nc,pos \nd,neg\ne,pos \n"),
+                write(csv_dir / "pos_spacev.csv", "text,label\nf,pos\n"),
+            ),
+            {},
+            "label 'pos ' in row 3 of the train data (rows counted from 1, after the header) has spaces around it "
+            "(and 1 more row), which",
+        ),
+        (
             "ints and strings in one label column",  # a JSON file keeps both (datasets' Json feature)
             both_files(
                 write(csv_dir / "mixed.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": "pos"}\n'),

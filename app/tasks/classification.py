@@ -102,6 +102,13 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
                 f"text, not labels; name the column of labels with --label_column "
                 f"(the columns: {', '.join(raw['train'].column_names)})"
             )
+        if spaced := [row for row, v in enumerate(values, start=1) if v != v.strip()]:
+            # "great " is another class than "great"; a text with an unquoted comma leaves its tail as the label
+            raise UsageError(
+                f"label {values[spaced[0] - 1]!r} in {row_of('train', spaced[0])} has spaces around it"
+                f"{_more_rows(len(spaced) - 1)}, which would make it a class of "
+                "its own: remove the spaces, and quote texts that hold commas, as csv writers do"
+            )
         space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
     elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         if min(values) < 0:
@@ -158,6 +165,10 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             "head learns only those: add examples of it to the training data or drop its validation rows"
         )
     return space
+
+
+def _more_rows(n: int) -> str:
+    return f" (and {n} more row{'s' if n > 1 else ''})" if n else ""
 
 
 def _listed(names: tuple[str, ...], shown: int = 10) -> str:
