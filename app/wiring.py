@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ from app.inputs.model import (
 from app.inputs.sampling import DataPosition
 from app.optim import build_optimizer, build_schedule, total_optimizer_steps
 from app.state import TrainState
-from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint
+from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands
 from app.storage.final_model import save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
@@ -255,6 +256,7 @@ class Training:
             examples=(len(self.inputs.tokenized["train"]), len(self.inputs.tokenized["validation"])),
             adapters=self.inputs.plan.adapters.describe() if self.inputs.plan.adapters else None,
             base_dtype=dtype_name(self.inputs.plan.dtype),
+            commands=self.checkpoints.record.commands,
         )
 
     def close(self) -> None:
@@ -344,6 +346,7 @@ def build_training(
         fallback=resume.record.fallback if resume else None,
         dropout_masks=masks,
         adapters=plan.record(),
+        commands=[*run_commands(resume), shlex.join(sys.argv)],
     )
     trainable = trainable_names(accelerator.unwrap_model(model)) if plan.adapters else None
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from app.storage.checkpoints import completed_checkpoints, find_resume_point
-from app.storage.integrity import RECORD
+from app.storage.integrity import RECORD, write_record
 from tests.conftest import data_flags, run_app
 
 
@@ -370,3 +370,33 @@ def test_the_weights_check_of_a_resume_leaves_sharded_layouts_to_accelerate(tmp_
     assert shape_mismatch(tmp_path / "model.safetensors", model) is None
     save_file({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, tmp_path / "model.safetensors")
     assert shape_mismatch(tmp_path / "model.safetensors", model) == "weight is [2, 4] there, [2, 3] in this run's model"
+
+
+def test_the_model_card_shows_the_command_that_started_the_run_then_each_resumes(run_copy, monkeypatch):
+    # It showed the last resume's command alone: run again, that resumes; it does not say how the run began.
+    out, flags = run_copy
+    step_4 = out / "checkpoints" / "step-4"
+    [started] = json.loads((step_4 / "trainer_state.json").read_text())["commands"]
+    resumes = []
+    for steps in (6, 8):
+        argv = ["app/train.py", *map(str, flags), "--max_steps", str(steps), "--resume_from_checkpoint", "latest"]
+        monkeypatch.setattr("sys.argv", argv)  # the command line that the card and the checkpoints record
+        assert run_app(argv[1:]) == 0
+        resumes.append(" ".join(argv))
+    card = (out / "README.md").read_text()
+    shown = card[card.index("## How it was trained") :]
+    assert shown.index(f"Started with:\n\n    {started}\n") < shown.index(f"Resumed with:\n\n    {resumes[0]}\n")
+    assert shown.index(f"Resumed with:\n\n    {resumes[0]}\n") < shown.index(f"Resumed with:\n\n    {resumes[1]}\n")
+
+    # A checkpoint of an earlier version records no commands: the first is said to be unknown.
+    step_8 = out / "checkpoints" / "step-8"
+    saved = json.loads((step_8 / "trainer_state.json").read_text())
+    del saved["commands"]
+    (step_8 / "trainer_state.json").write_text(json.dumps(saved))
+    write_record(step_8)  # as that version recorded its files
+    argv = ["app/train.py", *map(str, flags), "--max_steps", "10", "--resume_from_checkpoint", str(step_8)]
+    monkeypatch.setattr("sys.argv", argv)
+    assert run_app(argv[1:]) == 0
+    card = (out / "README.md").read_text()
+    assert "Started with:\n\n    (not recorded: its checkpoint was written by an earlier version)\n" in card, card
+    assert f"Resumed with:\n\n    {' '.join(argv)}\n" in card

@@ -47,6 +47,9 @@ class CheckpointRecord:
     data: dict | None = None  # the training order and global batch size (sampling.DataPosition); None before both
     dropout_masks: DropoutMasks = DropoutMasks.TORCH  # how the run draws its CPU dropout masks (host/dropout.py)
     adapters: dict | None = None  # LoRA's shape and its base's fingerprint (adapters/lora.py); None: a full model
+    # The command lines of the run: the one that started it, then each resume's (the model card shows them). None in
+    # checkpoints written before they were recorded.
+    commands: list[str | None] | None = None
 
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
@@ -62,6 +65,7 @@ class CheckpointRecord:
             saved.get("data"),
             DropoutMasks.recorded(saved.get("dropout_masks")),
             saved.get("adapters"),
+            saved.get("commands"),
         )
 
     def write(self, checkpoint: Path) -> None:
@@ -93,6 +97,12 @@ class ResumePoint:
     @property
     def output_dir(self) -> Path:
         return output_dir_of(self.path)
+
+
+def run_commands(resume: ResumePoint | None) -> list[str | None]:
+    """The command lines that made the run before this process: none for a new run; for a resume, those its
+    checkpoint records, or one unknown (None) where it records none."""
+    return list(resume.record.commands or [None]) if resume else []
 
 
 def output_dir_of(checkpoint: Path) -> Path:

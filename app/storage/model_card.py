@@ -6,8 +6,6 @@ the model's evaluation), not from what was asked for.
 
 from __future__ import annotations
 
-import shlex
-import sys
 from pathlib import Path
 
 from app.amp.policy import PrecisionPolicy
@@ -31,6 +29,7 @@ def write_model_card(
     total_steps: int,
     processes: int,
     examples: tuple[int, int],
+    commands: list[str | None],
     adapters: str | None = None,
     base_dtype: str = "float32",
 ) -> None:
@@ -42,6 +41,7 @@ def write_model_card(
         examples: the training and validation examples.
         adapters: what the LoRA adapters are (adapters/lora.AdapterPlan.describe), None for a full fine-tune;
             `base_dtype` the dtype their frozen base was stored in.
+        commands: the command line that started the run, then each resume's (None: one not recorded).
     """
     if ended_in != policy.mode:
         precision_line = f"{ended_in} (fell back from {policy.label}; started as: {policy.describe()})"
@@ -95,12 +95,26 @@ def write_model_card(
         "",
         "## How it was trained",
         "",
-        f"    {shlex.join(sys.argv)}",
-        "",
+        *_commands(commands),
         f"The resolved configuration is in `{CONFIG_FILE}`.",
         "",
     ]
     (output_dir / "README.md").write_text("\n".join(lines))
+
+
+def _commands(commands: list[str | None]) -> list[str]:
+    """The command that started the run, then each resume's, as indented blocks."""
+    if len(commands) == 1:
+        return [f"    {commands[0]}", ""]
+    lines = []
+    for i, command in enumerate(commands):
+        lines += [
+            "Started with:" if i == 0 else "Resumed with:",
+            "",
+            f"    {command}" if command else "    (not recorded: its checkpoint was written by an earlier version)",
+            "",
+        ]
+    return lines
 
 
 def _data(cfg: TrainConfig) -> str:
