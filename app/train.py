@@ -121,7 +121,10 @@ def fine_tune(
     ):
         accelerator.print(line)
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))
-    cfg = dataclasses.replace(cfg, run_name=paths.run_name, output_dir=str(paths.output_dir))  # as resolved
+    # As resolved, so that training_args.yaml says what runs: `--config` it to run the same again, on any launcher.
+    cfg = dataclasses.replace(
+        cfg, run_name=paths.run_name, output_dir=str(paths.output_dir), mixed_precision=policy.mode
+    )
 
     # ---- every input check, before any weights load; then the folders -------------------------------------------
     inputs = load_inputs(cfg, accelerator, policy, resume)

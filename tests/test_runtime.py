@@ -6,13 +6,14 @@ import os
 
 import pytest
 import torch
+import yaml
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from app.amp.policy import resolve_precision
 from app.amp.scaler import make_scaler
 from app.config import TrainConfig
 from app.host.runtime import backend_name, build_accelerator, device_type
-from tests.conftest import clean_env
+from tests.conftest import clean_env, run_app
 from tests.harness import build_training, train
 
 
@@ -51,3 +52,18 @@ def test_the_cpu_suite_sees_no_gpu(tmp_path):
     """On a GPU host too, the suite runs as on a CPU host: in this process and in every child it starts."""
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and clean_env(tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
     assert not torch.cuda.is_available() and device_type() == "cpu"
+
+
+@pytest.mark.parametrize(
+    "launcher, flags, recorded", [("fp16", [], "fp16"), ("bf16", ["--mixed_precision", "no"], "no")]
+)
+def test_training_args_yaml_records_the_precision_that_ran(
+    tmp_path, quick_args, monkeypatch, launcher, flags, recorded
+):
+    # It recorded `mixed_precision: null` for the launcher's choice: read back with --config, the run would take
+    # whatever another launcher or CPU picks.
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", launcher)
+    assert run_app([*quick_args, *flags, "--max_steps", "1", "--eval_steps", "0"]) == 0
+    for folder in (tmp_path / "out", tmp_path / "runs" / "test"):
+        saved = yaml.safe_load((folder / "training_args.yaml").read_text())
+        assert (saved["mixed_precision"], saved["amp"]) == (recorded, False), folder
