@@ -56,6 +56,7 @@ from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, 
 from app.storage.final_model import save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
+from app.tasks.first_token import cut_layer
 from app.tasks.task import Task, build_task, resolve_task
 from app.telemetry import tags
 from app.telemetry.meters import Telemetry
@@ -316,7 +317,9 @@ def build_training(
     masks = masks_of_run(cfg, accelerator.device, started_with)
     plan = inputs.plan
     accelerator.print(plan.footprint.line())
-    model = model or load_model(inputs.task, inputs.model_path, plan, accelerator.print)
+    first_token_alone = resume.record.first_token_alone if resume else True  # a resume continues as its run began
+    model = model or load_model(inputs.task, inputs.model_path, plan, accelerator.print, first_token_alone)
+    first_token_alone = cut_layer(model) is not None
     for line in describe_trainable(model, plan):
         accelerator.print(line)
     if plan.adapters:  # checkpoints hold what trains, not the frozen base
@@ -347,6 +350,7 @@ def build_training(
         dropout_masks=masks,
         adapters=plan.record(),
         commands=[*run_commands(resume), shlex.join(sys.argv)],
+        first_token_alone=first_token_alone,
     )
     trainable = trainable_names(accelerator.unwrap_model(model)) if plan.adapters else None
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import get_linear_schedule_with_warmup
 
+from app.tasks.first_token import compute_the_first_token_alone
 from tests.harness import build_training, train
 
 
@@ -39,6 +40,9 @@ def test_amp_off_is_bitwise_a_plain_fp32_loop(tiny_model_dir, review_files):
     train(run)
 
     plain = run.inputs.task.load_model(str(tiny_model_dir), torch.float32, lambda line: None)
+    # The model as the app builds it, its last layer computing the first token alone (tests/test_first_token.py
+    # checks that against transformers' own): the loop is the point here.
+    assert compute_the_first_token_alone(plain)
     plain.load_state_dict(initial_weights)
     plain.train()
     optimizer = torch.optim.AdamW(plain.parameters(), lr=run.cfg.learning_rate, weight_decay=0.0, fused=True)

@@ -17,6 +17,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
 from app.storage.checkpoints import MODEL_FILE, shape_mismatch
+from app.tasks.first_token import compute_the_first_token_alone
 from app.tasks.task import Task
 from app.telemetry.footprint import Footprint
 
@@ -54,9 +55,15 @@ def plan_model(
     return ModelPlan(dtype, why, adapters, base_model.fingerprint(model_path), Footprint(parameters, dtype, trainable))
 
 
-def load_model(task: Task, model_path: str, plan: ModelPlan, say: Callable[[str], None]) -> torch.nn.Module:
-    """The model as the plan says: every weight in float32, or the base in its dtype with float32 adapters on."""
+def load_model(
+    task: Task, model_path: str, plan: ModelPlan, say: Callable[[str], None], first_token_alone: bool = True
+) -> torch.nn.Module:
+    """The model as the plan says: every weight in float32, or the base in its dtype with float32 adapters on.
+    `first_token_alone`: a classifier's last layer computes only the row its head reads, where it can
+    (tasks/first_token.py); False for a run that began computing every row."""
     model = task.load_model(model_path, plan.dtype, say)
+    if first_token_alone:
+        compute_the_first_token_alone(model)
     return add_adapters(model, plan.adapters, task.name) if plan.adapters else model
 
 

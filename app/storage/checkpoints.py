@@ -50,6 +50,9 @@ class CheckpointRecord:
     # The command lines of the run: the one that started it, then each resume's (the model card shows them). None in
     # checkpoints written before they were recorded.
     commands: list[str | None] | None = None
+    # Whether the classifier's last layer computes the first token alone (tasks/first_token.py); False in checkpoints
+    # written before it did, whose runs then compute every row to their end.
+    first_token_alone: bool = False
 
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
@@ -66,6 +69,7 @@ class CheckpointRecord:
             DropoutMasks.recorded(saved.get("dropout_masks")),
             saved.get("adapters"),
             saved.get("commands"),
+            saved.get("first_token_alone", False),
         )
 
     def write(self, checkpoint: Path) -> None:

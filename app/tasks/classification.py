@@ -25,6 +25,7 @@ from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.inputs.model import load_weights
 from app.inputs.reading import check_label_cells, check_text_cells, header_hint, row_of
+from app.tasks.first_token import compute_the_first_token_alone
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
@@ -310,6 +311,7 @@ class LabelPredictor:
         self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, say: Callable
     ):
         self.model = load_trained(model_path, AutoModelForSequenceClassification, say)  # full, or a base with adapters
+        compute_the_first_token_alone(self.model)
         self.model.to(device).eval()
         self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size
 

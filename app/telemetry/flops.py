@@ -6,6 +6,8 @@ from typing import Callable
 
 import torch
 
+from app.tasks.first_token import cut_layer
+
 # Dense peak TFLOPS per GPU from the vendors' datasheets, by a substring of the device name (first match wins).
 # fp32 without TF32 runs on CUDA cores; "tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
 PEAK_TFLOPS = [
@@ -47,4 +49,14 @@ def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
     weights = sum(p.numel() for p in model.parameters()) - embeddings  # lookups cost no FLOPs
     causal = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
     attention = 6 if causal else 12
-    return lambda seq_len: 6 * weights + attention * layers * hidden * seq_len
+    # A classifier's last layer that computes the first token alone (tasks/first_token.py): its query, attention
+    # output and feed-forward weights, and its attention, once per sequence rather than once per token.
+    cut = cut_layer(model)
+    if cut is None:
+        return lambda seq_len: 6 * weights + attention * layers * hidden * seq_len
+    once = sum(
+        p.numel()
+        for part in (cut.attention.self.query, cut.attention.output.dense, cut.intermediate, cut.output.dense)
+        for p in part.parameters()
+    )
+    return lambda seq_len: 6 * (weights - once) + 6 * once / seq_len + attention * ((layers - 1) * seq_len + 1) * hidden
