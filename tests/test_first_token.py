@@ -82,12 +82,15 @@ def test_under_bf16_autocast_the_first_token_alone_stays_within_bf16s_rounding()
         ("distilbert", "another layer"),
         ("gpt2", "its head reads the last token"),
         ("deberta-v2", "its own attention"),
+        ("bert", "relative positions, were a config to ask for them, act in the attention"),
     ],
 )
 def test_other_models_are_left_as_they_are(model_type, why):
     options = {"n_embd": 32, "n_layer": 2, "n_head": 4} if model_type == "gpt2" else {}
     if model_type == "distilbert":
         options = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 48}
+    if model_type == "bert":
+        options = {"position_embedding_type": "relative_key"}
     model = classifier(model_type, "eager", pad_token_id=0, **options).eval()  # their dropout has other names
     expected = model(**batch()).logits
     assert not compute_the_first_token_alone(model), why

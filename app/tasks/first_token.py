@@ -40,6 +40,8 @@ def compute_the_first_token_alone(model: torch.nn.Module) -> bool:
         return False
     if model.config._attn_implementation not in ("sdpa", "eager"):  # flex attention's masks are not tensors
         return False
+    if getattr(model.config, "position_embedding_type", "absolute") != "absolute":  # relative ones act in attention
+        return False
     layers = getattr(getattr(model.base_model, "encoder", None), "layer", None)
     if not layers:
         return False
@@ -49,6 +51,7 @@ def compute_the_first_token_alone(model: torch.nn.Module) -> bool:
         or getattr(last, "add_cross_attention", True)
         or getattr(last, "chunk_size_feed_forward", 1) != 0
         or not all(hasattr(last.attention.self, name) for name in _ATTENTION)
+        or getattr(last.attention.self, "is_causal", True)
     ):
         return False
     last.forward = types.MethodType(_first_token_forward, last)
