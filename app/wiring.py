@@ -28,7 +28,15 @@ from transformers import PretrainedConfig
 
 from app.adapters.base import base_dtype_after_fallback, dtype_name
 from app.adapters.lora import keep_trainable_weights, trainable_names
-from app.adapters.plan import ModelPlan, check_resume, describe_trainable, load_model, plan_model, reload_base
+from app.adapters.plan import (
+    ModelPlan,
+    check_resume,
+    check_resume_labels,
+    describe_trainable,
+    load_model,
+    plan_model,
+    reload_base,
+)
 from app.amp import diagnose
 from app.amp.fallback import Fallback
 from app.amp.policy import PrecisionPolicy
@@ -56,6 +64,7 @@ from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, 
 from app.storage.final_model import save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
+from app.tasks.classification import class_names
 from app.tasks.first_token import cut_layer
 from app.tasks.task import Task, build_task, resolve_task
 from app.telemetry import tags
@@ -105,6 +114,7 @@ def load_inputs(
     plan = plan_model(cfg, policy, task, model_config, model_path)  # reads the base's files, loads no weight
     if resume:
         check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config))
+        check_resume_labels(resume.record.labels, class_names(task), resume.path)
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
         accelerator.print(note)
@@ -351,6 +361,7 @@ def build_training(
         adapters=plan.record(),
         commands=[*run_commands(resume), shlex.join(sys.argv)],
         first_token_alone=first_token_alone,
+        labels=class_names(inputs.task),
     )
     trainable = trainable_names(accelerator.unwrap_model(model)) if plan.adapters else None
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)

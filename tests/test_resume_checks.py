@@ -180,6 +180,27 @@ def test_a_resume_with_another_label_count_is_one_line_before_anything_is_writte
     assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
 
 
+def test_a_resume_on_renamed_labels_is_one_line_before_anything_is_written(run_copy, review_files, capfd):
+    # "great" renamed "z-great" sorts after "other": class 0 would have changed meaning, silently, at the same shape.
+    out, flags = run_copy
+    renamed = {}
+    for split, path in review_files.items():
+        frame = pd.read_csv(path)
+        frame["label"] = frame["label"].replace({"great": "z-great"})
+        renamed[split] = out.parent / f"renamed-{split}.csv"
+        frame.to_csv(renamed[split], index=False)
+    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    capfd.readouterr()
+    resumed = [*flags, "--train_file", renamed["train"], "--validation_file", renamed["validation"]]
+    assert run_app([*resumed, "--max_steps", 6, "--resume_from_checkpoint", "latest"]) == 2
+    assert capfd.readouterr().err == (
+        f"error: --resume_from_checkpoint {out / 'checkpoints' / 'step-4'} was trained on the labels 0: great, "
+        "1: other; this data's are 0: other, 1: z-great, so class ids would change meaning: resume on data with the "
+        "run's labels, or start a new run in another --output_dir\n"
+    )
+    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
 def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside_and_latest_continues_it(run_copy, capfd):
     # Else `latest` would pick the abandoned step-4 over this resume's own checkpoints, and pruning would count it.
     out, flags = run_copy

@@ -134,6 +134,18 @@ def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: t
         raise UsageError(f"{where} holds adapters of another shape ({was}): resume with the same {flags}")
 
 
+def check_resume_labels(saved: list[str] | None, now: list[str] | None, checkpoint: Path) -> None:
+    """A classifier's checkpoint continues on data with the same labels: class id i must keep meaning label i."""
+    if saved is None or now is None or saved == now:
+        return
+    shown = lambda names: ", ".join(f"{i}: {name}" for i, name in enumerate(names))  # noqa: E731
+    raise UsageError(
+        f"--resume_from_checkpoint {checkpoint} was trained on the labels {shown(saved)}; this data's are "
+        f"{shown(now)}, so class ids would change meaning: resume on data with the run's labels, or start a new run "
+        "in another --output_dir"
+    )
+
+
 _SHAPE_FLAGS = {
     "r": "--lora_r",
     "alpha": "--lora_alpha",

@@ -53,6 +53,9 @@ class CheckpointRecord:
     # Whether the classifier's last layer computes the first token alone (tasks/first_token.py); False in checkpoints
     # written before it did, whose runs then compute every row to their end.
     first_token_alone: bool = False
+    # A classifier's labels in class-id order: a resume on data whose labels differ would change what each id means.
+    # None for a causal LM, and in checkpoints written before they were recorded.
+    labels: list[str] | None = None
 
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
@@ -70,6 +73,7 @@ class CheckpointRecord:
             saved.get("adapters"),
             saved.get("commands"),
             saved.get("first_token_alone", False),
+            saved.get("labels"),
         )
 
     def write(self, checkpoint: Path) -> None:

@@ -292,6 +292,11 @@ class SequenceClassification:
         return {"task": "sequence classification", "labels": ", ".join(self.labels.names)}
 
 
+def class_names(task) -> list[str] | None:
+    """A classifier's labels in class-id order (what its checkpoints record); None for another task."""
+    return list(task.labels.names) if isinstance(task, SequenceClassification) else None
+
+
 def macro_f1(predicted: torch.Tensor, labels: torch.Tensor) -> float:
     """F1 averaged over the classes that occur in the labels or the predictions (as sklearn's average="macro")."""
     scores = []
