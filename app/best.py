@@ -9,6 +9,7 @@ evaluations for the same reason: the best step must have a checkpoint to come ba
 from __future__ import annotations
 
 from app.config import TrainConfig, metric_tag
+from app.errors import UsageError
 from app.evaluation import evaluates_during_training
 from app.state import TrainState
 from app.telemetry.tags import EVAL_LOSS, EVAL_PERPLEXITY
@@ -40,6 +41,7 @@ class BestModel:
             self.state.evals_without_improvement += 1
         if better:
             self.state.best_metric, self.state.best_step = value, step
+            self.state.best_metric_tag, self.state.best_greater_is_better = self.tag, self.greater_is_better
         if not self.out_of_patience():
             return None
         return (
@@ -55,6 +57,25 @@ class BestModel:
         if self.state.best_step is None or self.state.best_step == self.state.opt_step:
             return None
         return self.state.best_step
+
+
+def check_resume_best(cfg: TrainConfig, state: TrainState, checkpoint) -> None:
+    """A resume keeps tracking the best model by the metric and direction its run tracked it by: another metric's
+    values compared against the recorded best would pick a step on a number of another kind. UsageError if they
+    differ."""
+    if state.best_step is None or state.best_metric_tag is None:  # nothing tracked yet, or not recorded
+        return
+    now = BestModel(cfg, state)
+    if not now.active or (now.tag, now.greater_is_better) == (state.best_metric_tag, state.best_greater_is_better):
+        return
+    rule = lambda tag, greater: f"{tag} ({'higher' if greater else 'lower'} is better)"  # noqa: E731
+    raise UsageError(
+        f"--resume_from_checkpoint {checkpoint} tracks the best model by "
+        f"{rule(state.best_metric_tag, state.best_greater_is_better)}, this resume asks for "
+        f"{rule(now.tag, now.greater_is_better)}: resume with --metric_for_best_model "
+        f"{state.best_metric_tag.removeprefix('eval/')} (and its --greater_is_better), or start a new run in another "
+        "--output_dir"
+    )
 
 
 def final_competes(cfg: TrainConfig, state: TrainState, total_steps: int, final: dict[str, float]) -> int | None:

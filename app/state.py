@@ -18,6 +18,9 @@ class TrainState:
     consecutive_skips: int = 0
     best_step: int | None = None  # the step of the best evaluation so far (app/best.py), when one is tracked
     best_metric: float | None = None
+    # What best_metric measures: its tag and direction. None in checkpoints written before they were recorded.
+    best_metric_tag: str | None = None
+    best_greater_is_better: bool | None = None
     evals_without_improvement: int = 0  # early stopping's patience counter
     # The logging interval a checkpoint cuts (telemetry/meters.py): each rank's loss sum and items since the last
     # logged step, and [opt_step, skipped_steps] there, so that a resume logs the uninterrupted run's train/loss and

@@ -41,7 +41,7 @@ from app.amp import diagnose
 from app.amp.fallback import Fallback
 from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
-from app.best import final_competes
+from app.best import check_resume_best, final_competes
 from app.config import TrainConfig, metric_tag
 from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
 from app.host.preemption import StopRequest
@@ -115,6 +115,7 @@ def load_inputs(
     if resume:
         check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config))
         check_resume_labels(resume.record.labels, class_names(task), resume.path)
+        check_resume_best(cfg, resume.record.state, resume.path)
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
         accelerator.print(note)

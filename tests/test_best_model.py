@@ -176,3 +176,26 @@ def test_best_model_flags_need_evaluations(tmp_path, quick_args, capsys):
     assert run_app([*quick_args, "--metric_for_best_model", "precision"]) == 2
     assert "--metric_for_best_model 'precision' is not an evaluation metric" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_that_tracks_the_best_by_another_metric_is_one_line(tmp_path, tiny_model_dir, review_files, capfd):
+    # The run's best eval/loss (0.69) was compared against eval/f1 values: a resume picked the step of the worst
+    # loss as the best f1, and loaded and saved it.
+    args = [*common_args(tiny_model_dir, review_files), "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]
+    args += ["--load_best_model_at_end"]
+    assert run_app([*args, "--max_steps", "4"]) == 0
+    out = tmp_path / "out"
+    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    capfd.readouterr()
+    for other, rule in (
+        (["--metric_for_best_model", "f1"], "eval/f1 (higher is better)"),
+        (["--greater_is_better", "true"], "eval/loss (higher is better)"),
+    ):
+        assert run_app([*args, "--max_steps", "8", *other, "--resume_from_checkpoint", "latest"]) == 2
+        assert capfd.readouterr().err == (
+            f"error: --resume_from_checkpoint {out / 'checkpoints' / 'step-4'} tracks the best model by eval/loss "
+            f"(lower is better), this resume asks for {rule}: resume with --metric_for_best_model loss (and its "
+            "--greater_is_better), or start a new run in another --output_dir\n"
+        )
+    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+    assert run_app([*args, "--max_steps", "8", "--resume_from_checkpoint", "latest"]) == 0, "the run's own metric"
