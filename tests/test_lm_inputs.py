@@ -282,8 +282,12 @@ def test_a_file_in_trls_formats_without_its_flags_names_them(tmp_path, tiny_gpt2
         ),
         ([{"role": "user", "content": "Fresh?"}], "the conversation has no assistant turn, so nothing in it would be"),
         ([], "a conversation must be a list of {role, content} turns with string values, got an empty list"),
+        (  # a traceback from the chat template's empty prompt before the first assistant turn, exit 1
+            [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": "Fresh?"}],
+            "the conversation opens with an assistant turn; start it with a user (or system) turn",
+        ),
     ],
-    ids=["a string", "sharegpt", "no assistant", "empty"],
+    ids=["a string", "sharegpt", "no assistant", "empty", "assistant first"],
 )
 def test_a_conversation_of_another_shape_is_one_line_naming_its_row(
     tmp_path, tiny_llama_dir, capsys, conversation, expected
@@ -296,3 +300,28 @@ def test_a_conversation_of_another_shape_is_one_line_naming_its_row(
     line = one_error_line(capsys)
     assert line.startswith("error: row 2 of the train data (rows counted from 1, after the header), column 'messages'")
     assert expected in line, line
+
+
+def test_a_chat_templates_own_refusal_is_one_line_naming_its_row(tmp_path, tiny_llama_dir, capsys):
+    # Mistral's and Gemma's templates raise on roles they do not take: a jinja traceback and exit 1, folders left.
+    model = tmp_path / "strict"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    strict = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System roles are not supported') }}{% endif %}"
+    )
+    config["chat_template"] = strict + config.get("chat_template", "")
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)  # where a tokenizer may keep it instead
+    good = [{"role": "user", "content": "Tasty?"}, {"role": "assistant", "content": "great"}]
+    system = [{"role": "system", "content": "Be brief."}, *good]
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps({"messages": chat}) for chat in (good, good, system)) + "\n")
+    args = [arg for arg in train_args(tmp_path, model, data, data) if arg not in PROMPTS]
+    assert run_app([*args, "--messages_column", "messages"]) == 2
+    assert one_error_line(capsys) == (
+        "error: row 3 of the train data (rows counted from 1, after the header), column 'messages': the tokenizer's "
+        "chat template refuses the conversation (System roles are not supported); change the conversation, or train "
+        "with another template"
+    )
+    assert not (tmp_path / "out").exists()

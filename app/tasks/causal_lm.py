@@ -95,6 +95,15 @@ class CausalLM:
             raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
         lm_data.check_columns(raw, columns)
         task = cls(columns, tokenizer, cfg, getattr(model_config, "bos_token_id", None))
+        if columns.kind == "messages":  # a template's own refusal, named with its row before anything heavy
+            name = columns.names["messages"]
+            for split in ("train", "validation"):
+                for row, messages in enumerate(raw[split][name], start=1):
+                    if refusal := task.renderer.template_refusal(messages):
+                        raise UsageError(
+                            f"{row_of(split, row)}, column {name!r}: the tokenizer's chat template refuses the "
+                            f"conversation ({refusal}); change the conversation, or train with another template"
+                        )
         if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
             name = columns.names["prompt"]
             for split in ("train", "validation"):

@@ -23,7 +23,7 @@ import torch
 from datasets import DatasetDict
 
 from app.config import TrainConfig, refuse_flags_of_other_tasks
-from app.errors import UsageError
+from app.errors import UsageError, first_line
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded
 from app.inputs.reading import check_text_cells, header_hint, row_of
 
@@ -100,6 +100,8 @@ def _conversation_problem(value) -> str | None:
             return f"{shape}; found {turn!r}{fix if sharegpt else ''}"
     if not any(turn["role"] == "assistant" for turn in value):
         return "the conversation has no assistant turn, so nothing in it would be learned"
+    if value[0]["role"] == "assistant":  # nothing before it to answer, and no prompt to render it after
+        return "the conversation opens with an assistant turn; start it with a user (or system) turn"
     return None
 
 
@@ -170,6 +172,15 @@ class Renderer:
         room = self.max_length - len(response_ids)
         prompt_ids, prompt_cut = self._fit(*self.prompt_parts(prompt), room)
         return prompt_ids + response_ids, [IGNORE] * len(prompt_ids) + response_ids, prompt_cut, response_cut
+
+    def template_refusal(self, messages: list[dict]) -> str | None:
+        """Why the chat template will not render this conversation (its own check, such as roles that must
+        alternate, or no system turn), or None if it renders."""
+        try:
+            self.tokenizer.apply_chat_template(messages, tokenize=False)
+        except Exception as e:  # jinja's raise_exception, or what the template's code trips on: it cannot render
+            return first_line(e)
+        return None
 
     def conversation(self, messages: list[dict]) -> tuple[list[int], list[int], bool]:
         """ids, labels (the assistant turns), whether the end was cut at --max_length."""
