@@ -50,7 +50,7 @@ from app.host.runtime import connect_accelerator, describe_backend, device_type,
 from app.inputs.data import read_table
 from app.inputs.model import check_max_length, check_weight_files, load_model_config, load_tokenizer, max_positions
 from app.inputs.reading import header_hint, stdin_lines
-from app.storage.folders import CONFIG_FILE
+from app.storage.folders import CONFIG_FILE, recorded_config
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
 from app.tasks.task import resolve_task
@@ -70,10 +70,15 @@ class PredictConfig:
         "Texts to classify: .csv, .json, .jsonl or .parquet. Default: the texts given on the command line, or stdin.",
         default=None,
     )
-    text_column: str = flag(
-        "Column of --input_file with the text (a classifier's input, or a causal LM's prompt).", default="text"
+    text_column: Optional[str] = flag(
+        "Column of --input_file with the text (a classifier's input, or a causal LM's prompt). Default: a "
+        "classifier's --text_column as it was trained (its training_args.yaml), else text.",
+        default=None,
     )
-    text_pair_column: Optional[str] = flag("Optional second text column, for sentence-pair models.", default=None)
+    text_pair_column: Optional[str] = flag(
+        "Second text column, for sentence-pair models. Default: the --text_pair_column a classifier was trained with.",
+        default=None,
+    )
     prompt_column: Optional[str] = flag(
         "Causal LM: column of --input_file with the prompts. Default: --text_column.", default=None
     )
@@ -193,6 +198,27 @@ def read_input(
     return table
 
 
+def columns_as_trained(cfg: PredictConfig) -> PredictConfig:
+    """A classifier's text columns: as given, else as the model was trained (its training_args.yaml), else text. A
+    model trained on text pairs gets both texts or a UsageError, and one trained on single texts gets no pair: the
+    other way round it would predict from half its input, or from an input it never saw."""
+    trained = recorded_config(Path(cfg.model_name_or_path))
+    named = lambda key: trained[key] if isinstance(trained.get(key), str) else None  # noqa: E731
+    text = cfg.text_column or named("text_column") or "text"
+    if cfg.text_pair_column and trained and named("text_pair_column") is None:
+        raise UsageError(
+            f"{cfg.model_name_or_path} was trained on single texts (its {CONFIG_FILE} names no text_pair_column); "
+            "drop --text_pair_column"
+        )
+    pair = cfg.text_pair_column or named("text_pair_column")
+    if pair and not cfg.input_file:
+        raise UsageError(
+            f"{cfg.model_name_or_path} was trained on text pairs (--text_column {text} --text_pair_column {pair}): "
+            "give an --input_file with both columns"
+        )
+    return dataclasses.replace(cfg, text_column=text, text_pair_column=pair)
+
+
 def is_empty_cell(value) -> bool:
     """An empty cell of --input_file (pandas reads it as NaN or None): an empty text, as a blank line of stdin is."""
     return value is None or (isinstance(value, float) and math.isnan(value))
@@ -256,7 +282,7 @@ def predict_and_write(
         check_decoder(model_config)
         if cfg.text_pair_column:
             raise UsageError("--text_pair_column is for sentence-pair classifiers; this model is a causal LM")
-        text_columns = (cfg.prompt_column or cfg.text_column,)
+        text_columns = (cfg.prompt_column or cfg.text_column or "text",)
         output_columns = TextGenerator.columns
     else:
         if not has_trained_head(model_config):
@@ -268,6 +294,7 @@ def predict_and_write(
             raise UsageError(
                 "--prompt_column is for causal LMs; this model is a sequence classifier: use --text_column"
             )
+        cfg = columns_as_trained(cfg)
         text_columns = (cfg.text_column, cfg.text_pair_column) if cfg.text_pair_column else (cfg.text_column,)
         output_columns = LabelPredictor.columns
     tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)

@@ -285,3 +285,61 @@ def test_a_misspelt_flag_gets_the_nearest_one_and_a_stray_text_says_where_texts_
         "error: unexpected argument 'Stale tea, sadly.': give the texts in one run, all before the flags or all after "
         "them, or use --input_file\n"
     )
+
+
+def test_a_pair_model_predicts_from_both_texts_by_default_and_refuses_half_its_input(
+    tmp_path, tiny_model_dir, review_files, trained, capsys
+):
+    # It predicted from the first text alone, silently, unless --text_pair_column was given again.
+    frames = {}
+    for split, path in review_files.items():
+        frame = pd.read_csv(path)
+        frames[split] = pd.DataFrame(
+            {"premise": frame["text"], "hypothesis": frame["text"].str[:20], "label": frame["label"]}
+        )
+        frames[split].to_csv(tmp_path / f"pairs-{split}.csv", index=False)
+    args = [
+        *("--model_name_or_path", tiny_model_dir, "--train_file", tmp_path / "pairs-train.csv"),
+        *("--validation_file", tmp_path / "pairs-validation.csv", "--output_dir", tmp_path / "pairs"),
+        *("--logdir", tmp_path / "runs", "--text_column", "premise", "--text_pair_column", "hypothesis"),
+        *("--per_device_train_batch_size", "8", "--max_length", MAX_LENGTH, "--max_steps", "4", "--eval_steps", "0"),
+        *("--mixed_precision", "no", "--disable_tqdm"),
+    ]
+    assert run_app(args) == 0
+    model_dir, source = tmp_path / "pairs", frames["validation"].head(8)
+    source.to_csv(tmp_path / "input.csv", index=False)
+    out = tmp_path / "predicted.csv"
+    source_flags = ["--input_file", tmp_path / "input.csv", "--output_file", out, "--mixed_precision", "no"]
+    assert predict("--model_name_or_path", model_dir, *source_flags) == 0
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        pairs = (list(source["premise"]), list(source["hypothesis"]))
+        encoded = tokenizer(*pairs, padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+        expected = model(**encoded).logits.softmax(-1).max(-1).values.double()
+    got = torch.tensor(pd.read_csv(out)["probability"].values)
+    assert (got - expected).abs().max() < 1e-6, "not the pair's prediction"
+    capsys.readouterr()
+
+    assert predict("a cat sat", "--model_name_or_path", model_dir) == 2
+    assert capsys.readouterr().err == (
+        f"error: {model_dir} was trained on text pairs (--text_column premise --text_pair_column hypothesis): give an "
+        "--input_file with both columns\n"
+    )
+    assert (
+        predict(
+            "--model_name_or_path",
+            trained,
+            "--input_file",
+            tmp_path / "input.csv",
+            "--text_pair_column",
+            "hypothesis",
+            "--text_column",
+            "premise",
+        )
+        == 2
+    )
+    assert capsys.readouterr().err == (
+        f"error: {trained} was trained on single texts (its training_args.yaml names no text_pair_column); drop "
+        "--text_pair_column\n"
+    )
