@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -230,6 +231,29 @@ def test_the_adapters_name_a_relative_base_by_its_absolute_path(tiny_model_dir, 
     monkeypatch.chdir(tiny_model_dir.parent)
     assert portable_name(TrainConfig(model_name_or_path=tiny_model_dir.name)) == str(tiny_model_dir.resolve())
     assert portable_name(TrainConfig(model_name_or_path="owner/model")) == "owner/model"  # a hub id as given
+
+
+def test_predict_finds_a_relative_base_from_another_working_directory(
+    tiny_model_dir, review_files, tmp_path, monkeypatch, capsys
+):
+    # training_args.yaml records the base as given, "tiny-bert0": from another directory predict.py took it for a
+    # hub id, retried the hub for two minutes, and failed; adapter_config.json names the folder it was.
+    from app.adapters.trained import base_folder
+
+    monkeypatch.chdir(tiny_model_dir.parent)
+    args = lora_args(tmp_path, Path(tiny_model_dir.name), review_files)
+    assert run_app([*args, *RUN, "--mixed_precision", "no"]) == 0
+    out = tmp_path / "out"
+    assert yaml.safe_load((out / "training_args.yaml").read_text())["model_name_or_path"] == tiny_model_dir.name
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert base_folder(str(out), print) == str(tiny_model_dir.resolve())
+    from app.predict import main as predict
+
+    capsys.readouterr()
+    assert predict(["Fresh coffee.", "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("Fresh coffee.,")
 
 
 def test_a_model_saved_over_another_with_overwrite_output_dir_leaves_none_of_its_files(

@@ -2,8 +2,9 @@
 adapters merged into it (one plain model, as fast as a full one).
 
 The base is found from the folder's training_args.yaml (the flags the run was given: the embedded model, a hub id, a
-folder, a GGUF file converted once into the cache), else from adapter_config.json's base_model_name_or_path, where
-the embedded models stand under their hub names.
+folder, a GGUF file converted once into the cache; a relative folder as the absolute one adapter_config.json names,
+so that it is found from any working directory), else from adapter_config.json's base_model_name_or_path, where the
+embedded models stand under their hub names.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def base_folder(folder: str, say) -> str:
     if isinstance(saved, dict):
         keys = ("model_name_or_path", "gguf_file", "task")
         cfg = TrainConfig(**{key: saved.get(key) for key in keys})
+        if (absolute := _as_trained(cfg.model_name_or_path, adapters_base_name(folder))) is not None:
+            cfg = TrainConfig(model_name_or_path=absolute, gguf_file=cfg.gguf_file, task=cfg.task)
     else:
         name = adapters_base_name(folder)
         if name is None:  # else TrainConfig(model_name_or_path=None) would be the embedded default: another base
@@ -47,6 +50,15 @@ def base_folder(folder: str, say) -> str:
     if gguf_file:
         path = str(gguf.convert(path, gguf_file, gguf.converted_folder(path, gguf_file), say))
     return path
+
+
+def _as_trained(given: str | None, named: str | None) -> str | None:
+    """The absolute folder that adapter_config.json names for a base given to training as a relative folder (the
+    flags record it as given: from another working directory it is another folder, or a hub id), else None."""
+    if not given or not named or Path(given).is_absolute() or not Path(named).is_absolute():
+        return None
+    parts = Path(given).parts
+    return named if Path(named).is_dir() and Path(named).parts[-len(parts) :] == parts else None
 
 
 def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: torch.dtype = torch.float32):
