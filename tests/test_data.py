@@ -113,6 +113,22 @@ def test_csv_cells_that_pandas_calls_missing_are_texts_and_labels_as_written(tmp
     assert raw["train"]["label"][:] == ["NA", "great", "NA", "great", "great"]
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_a_bad_row_is_named_by_its_row_in_the_file_after_a_held_out_split_and_max_samples(tmp_path, seed):
+    # Rows were counted in the shuffled splits that --validation_split_percentage made: "row 5 of the train data"
+    # for a file whose row 5 was fine, or "row 1 of the validation data" for a file given as training data only.
+    rows = [f"review {i},{'great' if i % 2 else 'other'}" for i in range(1, 41)]
+    rows[26] = ",great"  # row 27 of the file: an empty text
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "\n".join(rows) + "\n")
+    cfg = TrainConfig(train_file=str(train), validation_split_percentage=25, seed=seed, max_train_samples=35)
+    raw = data.load_raw(cfg)
+    split = "validation" if None in raw["validation"]["text"] else "train"
+    where = "train data (held out for validation;" if split == "validation" else "train data ("
+    with pytest.raises(UsageError, match=re.escape(f"column 'text' is empty in row 27 of the {where}")):
+        classification.check_columns(raw, classification.resolve_columns(cfg))
+
+
 def test_a_text_column_named_as_labels_is_refused_in_one_short_line():
     # `--label_column text`: every training row its own class, and a validation row's text is in none of them.
     from datasets import Dataset, DatasetDict

@@ -74,10 +74,19 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
         raw = _load_named(cfg.dataset_name, cfg.dataset_config_name)
     else:
         raw = _load_embedded_reviews()
-    if "validation" not in raw:
-        held_out = raw["train"].train_test_split(test_size=cfg.validation_split_percentage / 100, seed=cfg.seed)
-        raw = DatasetDict(train=held_out["train"], validation=held_out["test"])
+    if "validation" in raw:
+        return Splits(raw)
+    held_out = raw["train"].train_test_split(test_size=cfg.validation_split_percentage / 100, seed=cfg.seed)
+    raw = Splits(train=held_out["train"], validation=held_out["test"])
+    raw.held_out = True
     return raw
+
+
+class Splits(DatasetDict):
+    """The train and validation splits; `held_out`: the validation split was drawn from the training data (what a
+    row's place in the files is: inputs/reading.row_of)."""
+
+    held_out = False
 
 
 def _load_embedded_reviews() -> DatasetDict:

@@ -76,9 +76,20 @@ def _most_specific(error: BaseException) -> str:
     return placed[0] if placed else first_line(chain[-1])
 
 
-def row_of(split: str, row: int) -> str:
-    """Where an example is, counted as a user counts the rows of a file: from 1, the header left out."""
+def row_of(raw, split: str, row: int) -> str:
+    """Where row `row` (from 1) of a split is, counted as a user counts the rows of its file: from 1, the header left
+    out. A split that a held-out validation split or --max_*_samples selected from its file maps to the file's rows;
+    a validation split held out from the training data names the training data."""
+    row = file_row(raw, split, row)
+    if split == "validation" and getattr(raw, "held_out", False):
+        return f"row {row} of the train data (held out for validation; rows counted from 1, after the header)"
     return f"row {row} of the {split} data (rows counted from 1, after the header)"
+
+
+def file_row(raw, split: str, row: int) -> int:
+    """Row `row` (from 1) of a split as the row of its file (from 1)."""
+    indices = getattr(raw[split], "_indices", None)  # datasets' table of a selection's rows in the file's table
+    return row if indices is None else indices.column(0)[row - 1].as_py() + 1
 
 
 def header_hint(columns: list[str], option: str = "", wanted: str = "") -> str:
@@ -118,23 +129,24 @@ def check_no_row_labels(columns: list[str], path: str) -> None:
     raise UsageError(f"cannot read {path}: its rows have more fields than its header{why}")
 
 
-def check_label_cells(values: list, label_column: str, split: str) -> None:
-    """An empty label cell turns a column of ints into floats with a gap; say where the gap is, not "float 0.0"."""
-    for row, value in enumerate(values, start=1):
+def check_label_cells(raw, split: str, label_column: str, values: list | None = None) -> None:
+    """An empty label cell turns a column of ints into floats with a gap; say where the gap is, not "float 0.0".
+    `values`: the column, if already read."""
+    for row, value in enumerate(raw[split][label_column] if values is None else values, start=1):
         if value is None or (isinstance(value, float) and math.isnan(value)):
             raise UsageError(
-                f"label column {label_column!r} is empty in {row_of(split, row)}; fill in a label or drop the row"
+                f"label column {label_column!r} is empty in {row_of(raw, split, row)}; fill in a label or drop the row"
             )
 
 
-def check_text_cells(values: list, column: str, split: str, may_be_empty: bool = False) -> None:
+def check_text_cells(raw, split: str, column: str, may_be_empty: bool = False) -> None:
     """Every cell of a text column holds a string. An empty cell (None: how an empty CSV field is read) is refused
     with its row where a text is needed; `may_be_empty` lets it through (an empty prompt), as the empty text."""
-    for row, value in enumerate(values, start=1):
+    for row, value in enumerate(raw[split][column], start=1):
         if value is None and not may_be_empty:
-            raise UsageError(f"column {column!r} is empty in {row_of(split, row)}; fill it in or drop the row")
+            raise UsageError(f"column {column!r} is empty in {row_of(raw, split, row)}; fill it in or drop the row")
         if value is not None and not isinstance(value, str):
             raise UsageError(
-                f"column {column!r} holds {type(value).__name__} {value!r} in {row_of(split, row)}; texts must be "
+                f"column {column!r} holds {type(value).__name__} {value!r} in {row_of(raw, split, row)}; texts must be "
                 "strings"
             )

@@ -101,7 +101,7 @@ class CausalLM:
                 for row, messages in enumerate(raw[split][name], start=1):
                     if refusal := task.renderer.template_refusal(messages):
                         raise UsageError(
-                            f"{row_of(split, row)}, column {name!r}: the tokenizer's chat template refuses the "
+                            f"{row_of(raw, split, row)}, column {name!r}: the tokenizer's chat template refuses the "
                             f"conversation ({refusal}); change the conversation, or train with another template"
                         )
         if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
@@ -110,7 +110,7 @@ class CausalLM:
                 row = lm_data.first_empty_prompt(task.renderer, raw[split][name])
                 if row is not None:
                     raise UsageError(
-                        f"{row_of(split, row + 1)}: the prompt (column {name!r}) is empty, and "
+                        f"{row_of(raw, split, row + 1)}: the prompt (column {name!r}) is empty, and "
                         f"{lm_data.NOTHING_TO_START_FROM}; fill in the prompt or drop the row"
                     )
         return task

@@ -24,7 +24,7 @@ from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.inputs.model import load_weights
-from app.inputs.reading import check_label_cells, check_text_cells, header_hint, row_of
+from app.inputs.reading import check_label_cells, check_text_cells, file_row, header_hint, row_of
 from app.tasks.first_token import compute_the_first_token_alone
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
@@ -79,7 +79,7 @@ def check_columns(raw: DatasetDict, columns: Columns) -> None:
                     f"{header_hint(present, option, name)}"
                 )
         for name in filter(None, (text, pair)):
-            check_text_cells(raw[split][name], name, split)
+            check_text_cells(raw, split, name)
 
 
 def has_trained_head(config: PretrainedConfig) -> bool:
@@ -95,7 +95,7 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
     """
     values = list(raw["train"][label_column])
     for split in ("train", "validation"):
-        check_label_cells(values if split == "train" else list(raw[split][label_column]), label_column, split)
+        check_label_cells(raw, split, label_column, values if split == "train" else None)
     if all(isinstance(v, str) for v in values):
         if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values):
             raise UsageError(
@@ -106,7 +106,7 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         if spaced := [row for row, v in enumerate(values, start=1) if v != v.strip()]:
             # "great " is another class than "great"; a text with an unquoted comma leaves its tail as the label
             raise UsageError(
-                f"label {values[spaced[0] - 1]!r} in {row_of('train', spaced[0])} has spaces around it"
+                f"label {values[spaced[0] - 1]!r} in {row_of(raw, 'train', spaced[0])} has spaces around it"
                 f"{_more_rows(len(spaced) - 1)}, which would make it a class of "
                 "its own: remove the spaces, and quote texts that hold commas, as csv writers do"
             )
@@ -131,9 +131,9 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             number = next(row for row, v in enumerate(values, start=1) if isinstance(v, int))
             text = next(row for row, v in enumerate(values, start=1) if isinstance(v, str))
             raise UsageError(
-                f"label column {label_column!r} mixes ints and strings: {values[number - 1]!r} in row {number} and "
-                f"{values[text - 1]!r} in {row_of('train', text)}; write every label as a string, or every one as an "
-                "int 0..N-1"
+                f"label column {label_column!r} mixes ints and strings: {values[number - 1]!r} in row "
+                f"{file_row(raw, 'train', number)} and {values[text - 1]!r} in {row_of(raw, 'train', text)}; write "
+                "every label as a string, or every one as an int 0..N-1"
             )
         if isinstance(odd, float) and odd.is_integer():  # class ids a spreadsheet or pandas wrote as floats
             fix = f"write class ids as ints ({int(odd)}, not {odd!r})"
@@ -150,7 +150,8 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
     elif len(space.names) < 2:  # a head of one class: loss 0 and accuracy 1 from the first step, having learned nothing
         raise UsageError(
             f"label column {label_column!r} holds one class in the training data ({space.names[0]!r}): a classifier "
-            "learns to tell two or more apart; add examples of the others"
+            "learns to tell two or more apart; add examples of the others (if the file has them, --max_train_samples "
+            "or the held-out validation split left them out: raise the one, or give a --validation_file)"
         )
     known = set(space.names) if space.string_labels else set(range(len(space.names)))
     unknown = [v for v in raw["validation"][label_column] if v not in known]

@@ -67,12 +67,12 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
                     f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}{hint}"
                 )
             if role != "messages":  # an empty prompt is a prompt (an empty CSV cell is read as None)
-                check_text_cells(raw[split][name], name, split, may_be_empty=role == "prompt")
+                check_text_cells(raw, split, name, may_be_empty=role == "prompt")
                 continue
             for row, value in enumerate(raw[split][name], start=1):
                 problem = _conversation_problem(value)
                 if problem:
-                    raise UsageError(f"{row_of(split, row)}, column {name!r}: {problem}")
+                    raise UsageError(f"{row_of(raw, split, row)}, column {name!r}: {problem}")
 
 
 def _format_hint(present: list[str]) -> str:
