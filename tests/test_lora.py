@@ -539,3 +539,22 @@ def test_a_target_name_that_the_head_shares_adapts_the_base_layers_and_leaves_th
     with pytest.raises(UsageError, match="matches no layer") as refused:
         plan("nothing")
     assert "classifier" not in str(refused.value) and "out_proj" not in str(refused.value), "advice that is refused"
+
+
+def test_adapters_on_gpt2s_conv1d_layers_say_so_to_peft_instead_of_peft_warning(tiny_gpt2_dir, tiny_llama_dir):
+    # peft's UserWarning on every GPT-2 run: "fan_in_fan_out is set to False but the target module is Conv1D".
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from app.adapters.lora import add_adapters, plan_adapters
+    from app.config import TrainConfig
+
+    for folder, conv1d in ((tiny_gpt2_dir, True), (tiny_llama_dir, False)):
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        plan = plan_adapters(TrainConfig(use_peft=True), model, [], classifier=False)
+        assert plan.lora_config("causal_lm").fan_in_fan_out is conv1d
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            add_adapters(model, plan, "causal_lm")
+        assert not [w for w in caught if "fan_in_fan_out" in str(w.message)], [str(w.message) for w in caught]

@@ -42,6 +42,7 @@ class AdapterPlan:
     asked: tuple[str, ...]  # --lora_target_modules as given: (all-linear,) or names
     seed: int  # the adapters' initial weights come from it alone (add_adapters)
     max_rank: tuple[str, int]  # the target whose update can have the highest rank, and that rank (its smaller side)
+    conv1d: bool = False  # every target is GPT-2's Conv1D, whose weight is stored transposed (peft's fan_in_fan_out)
 
     def record(self, base: str) -> dict:
         """What every checkpoint records of the adapters; a resume must match it (storage/checkpoints.py)."""
@@ -65,6 +66,7 @@ class AdapterPlan:
             target_modules=list(self.targets),
             modules_to_save=list(self.trained_in_full) or None,
             task_type=TASK_TYPES[task],
+            fan_in_fan_out=self.conv1d,  # else peft warns, on every GPT-2 run, that it sets it itself
         )
 
     def describe(self) -> str:
@@ -163,6 +165,7 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
         tuple(cfg.lora_target_modules),
         cfg.seed,
         max_rank,
+        all(isinstance(modules[name], Conv1D) for name in targets),
     )
 
 
