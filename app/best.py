@@ -59,6 +59,13 @@ class BestModel:
         return self.state.best_step
 
 
+def best_model_flags(cfg: TrainConfig) -> list[str]:
+    """The flags of this run that act on its evaluations during training."""
+    flags = {"--load_best_model_at_end": cfg.load_best_model_at_end}
+    flags["--early_stopping_patience"] = cfg.early_stopping_patience is not None
+    return [name for name, on in flags.items() if on]
+
+
 def check_resume_best(cfg: TrainConfig, state: TrainState, checkpoint) -> None:
     """A resume keeps tracking the best model by the metric and direction its run tracked it by: another metric's
     values compared against the recorded best would pick a step on a number of another kind. UsageError if they

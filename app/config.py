@@ -357,6 +357,16 @@ class TrainConfig:
         ):
             if on and self.eval_steps < 1:
                 raise UsageError(f"{flag_name} needs evaluations during training: pass --eval_steps N (N >= 1)")
+        tracking = self.load_best_model_at_end or self.early_stopping_patience is not None
+        for flag_name, value in (
+            ("metric_for_best_model", self.metric_for_best_model),
+            ("greater_is_better", self.greater_is_better),
+        ):
+            if value is not None and not tracking:  # else ignored without a word
+                raise UsageError(
+                    f"--{flag_name} applies to --load_best_model_at_end and --early_stopping_patience; add one of "
+                    f"them, or drop --{flag_name}"
+                )
 
     def _check_peft_flags(self) -> None:
         if not self.use_peft:

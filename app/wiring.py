@@ -41,8 +41,9 @@ from app.amp import diagnose
 from app.amp.fallback import Fallback
 from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
-from app.best import check_resume_best, final_competes
+from app.best import best_model_flags, check_resume_best, final_competes
 from app.config import TrainConfig, metric_tag
+from app.evaluation import evaluates_during_training
 from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
 from app.host.preemption import StopRequest
 from app.host.runtime import HostCollective, backend_name
@@ -344,6 +345,12 @@ def build_training(
     optimizer = build_optimizer(model, cfg)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     total_steps = total_optimizer_steps(cfg, len(train_loader))
+    tracking = best_model_flags(cfg)
+    if tracking and not evaluates_during_training(cfg.eval_steps, cfg.eval_steps, total_steps):  # the first is the last
+        accelerator.print(
+            f"note: --eval_steps {cfg.eval_steps} leaves no evaluation before the run's last step ({total_steps}): "
+            f"{' and '.join(tracking)} act on the final evaluation alone"
+        )
     # Built on the raw optimizer, the one the scaler steps (see loop.optimizer_step); it shares the wrapper's groups.
     schedule = build_schedule(optimizer.optimizer, cfg, total_steps)
     scaler = make_scaler(policy, cfg.init_loss_scale, cfg.loss_scale_growth_interval, backend_name(accelerator))

@@ -175,7 +175,41 @@ def test_best_model_flags_need_evaluations(tmp_path, quick_args, capsys):
         assert err == [f"error: {flags[0]} needs evaluations during training: pass --eval_steps N (N >= 1)"]
     assert run_app([*quick_args, "--metric_for_best_model", "precision"]) == 2
     assert "--metric_for_best_model 'precision' is not an evaluation metric" in capsys.readouterr().err
+    for flags in (["--metric_for_best_model", "accuracy"], ["--greater_is_better", "true"]):  # ignored, silently
+        assert run_app([*quick_args, *flags]) == 2
+        assert capsys.readouterr().err == (
+            f"error: {flags[0]} applies to --load_best_model_at_end and --early_stopping_patience; add one of them, "
+            f"or drop {flags[0]}\n"
+        )
     assert not (tmp_path / "out").exists()
+
+
+def test_evaluations_that_never_come_before_the_last_step_are_named(tmp_path, quick_args, capsys):
+    # --eval_steps past the run's length: no evaluation during training, so both flags did nothing, without a word.
+    flags = ["--max_steps", "3", "--eval_steps", "10", "--load_best_model_at_end", "--early_stopping_patience", "1"]
+    assert run_app([*quick_args, *flags]) == 0
+    assert (
+        "note: --eval_steps 10 leaves no evaluation before the run's last step (3): --load_best_model_at_end and "
+        "--early_stopping_patience act on the final evaluation alone"
+    ) in capsys.readouterr().out.splitlines()
+    assert (
+        run_app(
+            [
+                *quick_args,
+                "--max_steps",
+                "3",
+                "--eval_steps",
+                "2",
+                "--load_best_model_at_end",
+                "--run_name",
+                "evaluated",
+                "--output_dir",
+                tmp_path / "evaluated",
+            ]
+        )
+        == 0
+    )
+    assert "leaves no evaluation" not in capsys.readouterr().out
 
 
 def test_a_resume_that_tracks_the_best_by_another_metric_is_one_line(tmp_path, tiny_model_dir, review_files, capfd):
