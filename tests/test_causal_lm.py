@@ -387,3 +387,18 @@ def test_empty_documents_are_left_out_for_what_they_are(tmp_path, tiny_gpt2_dir,
         "\nerror: no train example holds a token to learn: the texts are empty, or the responses lie past "
         "--max_length 48; check the train data\n"
     )
+
+
+def test_a_packed_last_block_of_one_token_is_left_out_for_what_it_is(tmp_path, tiny_gpt2_dir, capsys):
+    # The note blamed empty texts or responses past the cut: packed text has neither; its last block held one token.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gpt2_dir)
+    texts = ["Fresh coffee, great taste.", "Stale, and the box was crushed.", "Would buy again."]
+    total = sum(len(Renderer(tokenizer, 64).document(text)) for text in texts)
+    path = tmp_path / "docs.jsonl"
+    pd.DataFrame({"text": texts}).to_json(path, orient="records", lines=True)
+    args = lm_args(tmp_path, tiny_gpt2_dir, {"train": path, "validation": path}, "--text_column", "text")
+    assert run_app([*args, "--max_length", total - 1, "--max_steps", 1, "--mixed_precision", "no"]) == 0
+    assert (
+        "note: 1 of 2 train examples are left out: the last block of the packed text holds a single token, with none "
+        "before it to predict it from"
+    ) in capsys.readouterr().out

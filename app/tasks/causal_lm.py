@@ -154,7 +154,11 @@ class CausalLM:
         cut = split_data["end_cut"] if "end_cut" in split_data.column_names else [False] * len(learnable)
         dropped = [row for row, keep in enumerate(learnable) if not keep]
         length = self.cfg.max_length
-        if all(cut[row] for row in dropped):
+        packed = self.columns.kind == "text" and self.cfg.packing
+        if packed:  # the stream's last block, of one token: nothing before it to predict it from
+            reason = "the last block of the packed text holds a single token, with none before it to predict it from"
+            refusal = f"the {split} data packs into a single token, with none before it to predict it from; add text"
+        elif all(cut[row] for row in dropped):
             reason = f"cut to fit --max_length {length}, they keep no token to learn (their responses lie past the cut)"
             refusal = (
                 f"no {split} example keeps a token to learn within --max_length {length}: the responses lie past the "
