@@ -316,6 +316,8 @@ def predict_and_write(
     results = predictor.predict(accelerator, policy, inputs, lambda done: bar.update(done * accelerator.num_processes))
     seconds = time.perf_counter() - started
     bar.close()
+    if predictor.cut_note:  # as training says what it cut: the predictions are of what was kept
+        say(f"note: {predictor.cut_note}")
     say(
         f"predicted {len(table)} texts in {seconds:.1f} s: {len(table) / seconds:.1f} examples/s "
         f"({policy.label}, {accelerator.num_processes} process(es), batches of {cfg.per_device_eval_batch_size})"

@@ -186,6 +186,7 @@ def test_best_model_and_early_stopping_take_the_lm_metrics(tmp_path, tiny_gpt2_d
     assert state["state"]["best_step"] == best, "lower perplexity is better"
     card = (tmp_path / "out" / "README.md").read_text()
     assert "pipeline_tag: text-generation" in card and "causal language modelling: prompt/response pairs" in card
-    again = [*args, "--metric_for_best_model", "accuracy", "--output_dir", tmp_path / "o2", "--run_name", "again"]
+    again = [*args, *flags[:3], "--metric_for_best_model", "accuracy", "--output_dir", tmp_path / "o2", "--run_name"]
+    again += ["again"]
     assert run_app(again) == 2
     assert "is not computed for --task causal_lm" in capsys.readouterr().err

@@ -325,3 +325,12 @@ def test_a_chat_templates_own_refusal_is_one_line_naming_its_row(tmp_path, tiny_
         "with another template"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_predict_says_how_many_prompts_it_cut_from_the_left(untied_gpt2_dir, capsys, monkeypatch):
+    lines = ["Fresh coffee.", "word " * 40, "Stale."]
+    assert predict_stdin(monkeypatch, untied_gpt2_dir, lines, "--max_length", 16) == 0
+    assert (
+        "note: 1 of 3 prompts were cut from the left to fit 16 tokens (--max_length 16, within the positions that "
+        "--max_new_tokens leaves)"
+    ) in capsys.readouterr().err.splitlines()

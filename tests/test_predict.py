@@ -343,3 +343,16 @@ def test_a_pair_model_predicts_from_both_texts_by_default_and_refuses_half_its_i
         f"error: {trained} was trained on single texts (its training_args.yaml names no text_pair_column); drop "
         "--text_pair_column\n"
     )
+
+
+def test_predict_says_how_many_texts_it_cut_to_max_length(trained, review_files, capsys):
+    # Training notes what it cuts; predict.py cut long texts without a word.
+    texts = list(pd.read_csv(review_files["validation"])["text"])
+    tokenizer = AutoTokenizer.from_pretrained(trained)
+    longer = sum(len(ids) > MAX_LENGTH for ids in tokenizer(texts)["input_ids"])
+    assert 0 < longer < len(texts)
+    assert predict("--model_name_or_path", trained, "--input_file", review_files["validation"], "--disable_tqdm") == 0
+    note = f"note: {longer} of {len(texts)} texts were cut to --max_length {MAX_LENGTH} tokens"
+    assert note in capsys.readouterr().err.splitlines()
+    assert predict("Fresh coffee.", "--model_name_or_path", trained) == 0
+    assert "were cut" not in capsys.readouterr().err

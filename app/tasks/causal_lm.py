@@ -305,6 +305,7 @@ class TextGenerator:
         self.tokenizer = tokenizer
         self.renderer = Renderer(tokenizer, max_length, getattr(self.model.config, "bos_token_id", None))
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
+        self.cut_note: str | None = None  # how many prompts the last predict() cut to fit
 
     @staticmethod
     def check_inputs(
@@ -331,7 +332,15 @@ class TextGenerator:
         # room in the model's positions for --max_new_tokens.
         positions = position_table(self.model.config)
         room = self.max_length if positions is None else min(self.max_length, positions - self.max_new_tokens)
-        prompts = [self.renderer.prompt_ids(prompt, room=room) for prompt in texts[0]]
+        fitted = [self.renderer.fit_prompt(prompt, room) for prompt in texts[0]]
+        prompts = [ids for ids, _ in fitted]
+        cut = sum(was_cut for _, was_cut in fitted)
+        self.cut_note = (
+            f"{cut} of {len(prompts)} prompts were cut from the left to fit {room} tokens (--max_length "
+            f"{self.max_length}, within the positions that --max_new_tokens leaves)"
+            if cut
+            else None
+        )
         return generation.generate(
             accelerator, policy, self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, progress
         )

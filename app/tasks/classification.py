@@ -320,6 +320,7 @@ class LabelPredictor:
         compute_the_first_token_alone(self.model)
         self.model.to(device).eval()
         self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size
+        self.cut_note: str | None = None  # how many texts the last predict() cut to --max_length
 
     @torch.no_grad()
     def predict(
@@ -335,6 +336,10 @@ class LabelPredictor:
             encoded = self.tokenizer(
                 *([column[i] for i in mine] for column in texts), truncation=True, max_length=self.max_length
             )
+            # A text at the limit may have been cut: tokenized again whole, those alone, to tell.
+            full = [i for i, ids in enumerate(encoded["input_ids"]) if len(ids) == self.max_length]
+            whole = self.tokenizer(*([column[mine[i]] for i in full] for column in texts))["input_ids"] if full else []
+            cut = sum(len(ids) > self.max_length for ids in whole)
             # Longest first: texts of similar length share a batch (little padding), and a batch too big fails at once.
             order = sorted(range(len(mine)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
             collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=policy.pad_to_multiple_of)
@@ -345,6 +350,10 @@ class LabelPredictor:
                     logits = self.model(**batch).logits
                 found.extend(zip((mine[i] for i in chunk), logits.float().softmax(-1).cpu()))  # a host sync per batch
                 progress(len(chunk))
+        cut = sum(gather_object([cut]))
+        self.cut_note = (
+            f"{cut} of {len(texts[0])} texts were cut to --max_length {self.max_length} tokens" if cut else None
+        )
         return torch.stack([probs for _, probs in sorted(gather_object(found), key=lambda pair: pair[0])])
 
     def columns_of(self, probs: torch.Tensor) -> dict[str, list]:

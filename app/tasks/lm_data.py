@@ -146,7 +146,11 @@ class Renderer:
     def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
         """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next
         to the answer, stays), and then, if need be, the template around it."""
-        return self._fit(*self.prompt_parts(prompt), room)[0]
+        return self.fit_prompt(prompt, room)[0]
+
+    def fit_prompt(self, prompt: str, room: int | None) -> tuple[list[int], bool]:
+        """prompt_ids, and whether they were cut to fit."""
+        return self._fit(*self.prompt_parts(prompt), room)
 
     @staticmethod
     def _fit(head: list[int], text: list[int], tail: list[int], room: int | None) -> tuple[list[int], bool]:
