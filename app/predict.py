@@ -191,7 +191,7 @@ def read_input(
                 f"({shown}); texts must be strings{', one prompt each, not conversations' if listed else ''}"
             )
     if len(table) == 0:
-        raise UsageError("the input has no texts to predict")
+        raise UsageError("the input has no texts to predict; give texts, an --input_file with rows, or lines on stdin")
     taken = [c for c in output_columns if c in table.columns]
     if taken:
         raise UsageError(f"the input already has a column {taken[0]!r}, where the predictions would go; rename it")

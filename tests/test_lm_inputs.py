@@ -334,3 +334,22 @@ def test_predict_says_how_many_prompts_it_cut_from_the_left(untied_gpt2_dir, cap
         "note: 1 of 3 prompts were cut from the left to fit 16 tokens (--max_length 16, within the positions that "
         "--max_new_tokens leaves)"
     ) in capsys.readouterr().err.splitlines()
+
+
+def test_a_chat_template_that_cannot_be_masked_says_what_to_do(tmp_path, tiny_llama_dir, capsys):
+    model = tmp_path / "odd"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    # The prompt's generation header is not how its dialogue renders the answer's turn: no start to mask up to.
+    config["chat_template"] = (
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<gen>{% endif %}"
+    )
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    data = tmp_path / "pairs.csv"
+    pd.DataFrame({"prompt": ["Tasty?", "Fresh?"], "response": ["great", "other"]}).to_csv(data, index=False)
+    assert run_app(train_args(tmp_path, model, data, data)) == 2
+    assert one_error_line(capsys).endswith(
+        "so the response's tokens cannot be told apart; train a model whose template does, or remove chat_template "
+        "from its tokenizer_config.json to train on the plain prompt and response"
+    )

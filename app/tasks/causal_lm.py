@@ -106,6 +106,8 @@ class CausalLM:
                         )
         if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
             name = columns.names["prompt"]
+            first = raw["train"][0]
+            task.renderer.pair(first[name] or "", first[columns.names["response"]])  # the template masks, or says why
             for split in ("train", "validation"):
                 row = lm_data.first_empty_prompt(task.renderer, raw[split][name])
                 if row is not None:

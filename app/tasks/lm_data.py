@@ -167,7 +167,11 @@ class Renderer:
             head = self.tokenizer.apply_chat_template(turns[:1], tokenize=False, add_generation_prompt=True)
             whole = self.tokenizer.apply_chat_template(turns, tokenize=False)
             if not whole.startswith(head):
-                raise UsageError("the tokenizer's chat template does not render a prompt as the start of its dialogue")
+                raise UsageError(
+                    "the tokenizer's chat template does not render a prompt as the start of its dialogue, so the "
+                    "response's tokens cannot be told apart; train a model whose template does, or remove "
+                    "chat_template from its tokenizer_config.json to train on the plain prompt and response"
+                )
             response_ids = self._ids(whole[len(head) :])
         else:
             response_ids = self._ids(response) + [self.tokenizer.eos_token_id]
@@ -202,7 +206,9 @@ class Renderer:
             )
             if not (whole.startswith(through) and through.startswith(head) and len(head) >= done):
                 raise UsageError(
-                    "the tokenizer's chat template does not render a dialogue turn by turn; cannot mask it"
+                    "the tokenizer's chat template does not render a dialogue turn by turn, so the assistant's "
+                    "turns cannot be told apart; train a model whose template does, or give the data as "
+                    "--prompt_column and --response_column"
                 )
             segments += [(whole[done : len(head)], False), (whole[len(head) : len(through)], True)]
             done = len(through)
