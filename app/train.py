@@ -123,7 +123,7 @@ def fine_tune(
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))
     # As resolved, so that training_args.yaml says what runs: `--config` it to run the same again, on any launcher.
     cfg = dataclasses.replace(
-        cfg, run_name=paths.run_name, output_dir=str(paths.output_dir), mixed_precision=policy.mode
+        cfg, run_name=paths.run_name, output_dir=str(paths.output_dir), amp=False, mixed_precision=policy.mode
     )
 
     # ---- every input check, before any weights load; then the folders -------------------------------------------

@@ -122,6 +122,23 @@ def test_a_hand_written_yaml_may_spell_floats_as_the_command_line_does(tmp_path)
     assert (cfg.learning_rate, cfg.weight_decay, cfg.warmup_ratio) == (5e-5, 1e-2, 0.05)
 
 
+def test_a_yaml_may_merge_its_anchors_and_override_their_keys_but_not_write_one_key_twice(tmp_path):
+    from app.config import parse_config
+    from app.errors import UsageError
+
+    # The duplicate-key check built every key, the merge key `<<` too: a YAML of anchors was "not valid YAML".
+    path = tmp_path / "run.yaml"
+    path.write_text("_base: &base\n  learning_rate: 2.0e-5\n  seed: 3\n")
+    with pytest.raises(UsageError, match="unknown key '_base'"):  # the loader read it; the key is not a flag
+        parse_config(["--config", str(path)])
+    path.write_text("<<: {learning_rate: 2.0e-5, seed: 3}\nseed: 7\n")  # a merged key overridden: allowed
+    cfg = parse_config(["--config", str(path)])
+    assert (cfg.learning_rate, cfg.seed) == (2e-5, 7)
+    path.write_text("seed: 3\nseed: 7\n")
+    with pytest.raises(UsageError, match="key 'seed' is written twice"):
+        parse_config(["--config", str(path)])
+
+
 def test_a_hand_written_yaml_may_say_mixed_precision_no_unquoted(tmp_path):
     from app.config import parse_config
 

@@ -83,6 +83,7 @@ def test_under_bf16_autocast_the_first_token_alone_stays_within_bf16s_rounding()
         ("gpt2", "its head reads the last token"),
         ("deberta-v2", "its own attention"),
         ("bert", "relative positions, were a config to ask for them, act in the attention"),
+        ("roberta", "a config that returns every layer's hidden states would get one row of the last"),
     ],
 )
 def test_other_models_are_left_as_they_are(model_type, why):
@@ -91,6 +92,8 @@ def test_other_models_are_left_as_they_are(model_type, why):
         options = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 48}
     if model_type == "bert":
         options = {"position_embedding_type": "relative_key"}
+    if model_type == "roberta":
+        options = {"output_hidden_states": True}
     model = classifier(model_type, "eager", pad_token_id=0, **options).eval()  # their dropout has other names
     expected = model(**batch()).logits
     assert not compute_the_first_token_alone(model), why

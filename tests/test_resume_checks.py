@@ -421,3 +421,16 @@ def test_the_model_card_shows_the_command_that_started_the_run_then_each_resumes
     card = (out / "README.md").read_text()
     assert "Started with:\n\n    (not recorded: its checkpoint was written by an earlier version)\n" in card, card
     assert f"Resumed with:\n\n    {' '.join(argv)}\n" in card
+
+
+def test_a_run_that_began_computing_every_row_resumes_so_and_a_new_one_with_the_first_token_alone(run_copy):
+    # tasks/first_token.py: a resume continues as its run began, so that it continues exactly (its masks' shapes).
+    out, flags = run_copy
+    step_4 = out / "checkpoints" / "step-4"
+    saved = json.loads((step_4 / "trainer_state.json").read_text())
+    assert saved["first_token_alone"] is True, "a new run of the tiny BERT classifier computes the first token alone"
+    del saved["first_token_alone"]  # as checkpoints written before it was recorded
+    (step_4 / "trainer_state.json").write_text(json.dumps(saved))
+    write_record(step_4)
+    assert run_app([*flags, "--max_steps", 6, "--resume_from_checkpoint", "latest"]) == 0
+    assert json.loads((out / "checkpoints" / "step-6" / "trainer_state.json").read_text())["first_token_alone"] is False

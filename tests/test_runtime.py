@@ -9,9 +9,9 @@ import torch
 import yaml
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
-from app.amp.policy import resolve_precision
+from app.amp.policy import launcher_choice, resolve_precision
 from app.amp.scaler import make_scaler
-from app.config import TrainConfig
+from app.config import TrainConfig, parse_config
 from app.host.runtime import backend_name, build_accelerator, device_type
 from tests.conftest import clean_env, run_app
 from tests.harness import build_training, train
@@ -55,7 +55,8 @@ def test_the_cpu_suite_sees_no_gpu(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "launcher, flags, recorded", [("fp16", [], "fp16"), ("bf16", ["--mixed_precision", "no"], "no")]
+    "launcher, flags, recorded",
+    [("fp16", [], "fp16"), ("bf16", ["--mixed_precision", "no"], "no"), ("no", ["--amp"], "fp16")],
 )
 def test_training_args_yaml_records_the_precision_that_ran(
     tmp_path, quick_args, monkeypatch, launcher, flags, recorded
@@ -67,3 +68,7 @@ def test_training_args_yaml_records_the_precision_that_ran(
     for folder in (tmp_path / "out", tmp_path / "runs" / "test"):
         saved = yaml.safe_load((folder / "training_args.yaml").read_text())
         assert (saved["mixed_precision"], saved["amp"]) == (recorded, False), folder
+    # Read back, it runs the same precision under any launcher (amp: true beside another mode would be refused).
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16" if recorded != "bf16" else "no")
+    cfg = parse_config(["--config", str(tmp_path / "out" / "training_args.yaml")])
+    assert resolve_precision(cfg.amp, cfg.mixed_precision, "cpu", launcher_choice())[0].mode == recorded

@@ -103,8 +103,11 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
                 f"text, not labels; name the column of labels with --label_column "
                 f"(the columns: {', '.join(raw['train'].column_names)})"
             )
-        if spaced := [row for row, v in enumerate(values, start=1) if v != v.strip()]:
-            # "great " is another class than "great"; a text with an unquoted comma leaves its tail as the label
+        spaced = [row for row, v in enumerate(values, start=1) if v != v.strip()]
+        # "great " beside "great" is another class; a text with an unquoted comma among clean rows leaves its tail as
+        # a label. Labels that all carry their spaces ("text, label" written by hand) are classes as consistent.
+        merged = len({v.strip() for v in values}) < len(set(values))
+        if spaced and (merged or len(spaced) < len(values)):
             raise UsageError(
                 f"label {values[spaced[0] - 1]!r} in {row_of(raw, 'train', spaced[0])} has spaces around it"
                 f"{_more_rows(len(spaced) - 1)}, which would make it a class of "

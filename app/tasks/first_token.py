@@ -42,6 +42,8 @@ def compute_the_first_token_alone(model: torch.nn.Module) -> bool:
         return False
     if getattr(model.config, "position_embedding_type", "absolute") != "absolute":  # relative ones act in attention
         return False
+    if model.config.output_hidden_states or model.config.output_attentions:  # the last layer's would be one row
+        return False
     layers = getattr(getattr(model.base_model, "encoder", None), "layer", None)
     if not layers:
         return False
