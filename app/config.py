@@ -443,6 +443,12 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     spec = cfg.resume_from_checkpoint
     if spec is not None and str(spec).lower() in ("latest", "true") and not Path(str(spec)).exists():
         cfg = dataclasses.replace(cfg, resume_from_checkpoint="latest")  # true: HF Trainer's True
+    # `q_proj,v_proj`, as peft's docs and many scripts write it, and `q_proj v_proj`, as trl's flag takes it.
+    cfg = dataclasses.replace(
+        cfg,
+        lora_target_modules=_names(cfg.lora_target_modules),
+        lora_modules_to_save=_names(cfg.lora_modules_to_save) if cfg.lora_modules_to_save is not None else None,
+    )
     if not cfg.use_peft and (named := [name for name in given if name in PEFT_FLAGS]):
         # At its default value a flag changes nothing, but on the command line it shows what the user meant.
         raise UsageError(f"--{named[0]} applies to adapters only; add --use_peft, or drop --{named[0]}")
@@ -465,6 +471,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _names(values: list[str]) -> list[str]:
+    """Module names given one per word or separated by commas."""
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
 def _read_yaml(path: Path) -> dict:

@@ -198,3 +198,12 @@ def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():
     for name, advice in OTHER_NAMES.items():
         named = re.findall(r"--(\w+)", advice)
         assert all(flag in flags or flag in launcher for flag in named), (name, advice)
+
+
+def test_module_names_may_be_separated_by_commas_as_peft_writes_them():
+    from app.config import parse_config
+
+    cfg = parse_config(
+        ["--use_peft", "--lora_target_modules", "q_proj,v_proj", "k_proj", "--lora_modules_to_save", "a,"]
+    )
+    assert (cfg.lora_target_modules, cfg.lora_modules_to_save) == (["q_proj", "v_proj", "k_proj"], ["a"])

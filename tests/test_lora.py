@@ -558,3 +558,45 @@ def test_adapters_on_gpt2s_conv1d_layers_say_so_to_peft_instead_of_peft_warning(
             warnings.simplefilter("always")
             add_adapters(model, plan, "causal_lm")
         assert not [w for w in caught if "fan_in_fan_out" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_adapters_on_roberta_train_keep_its_new_head_whole_and_predict(review_files, tmp_path, capsys):
+    # RoBERTa's new head is classifier holding classifier.dense and classifier.out_proj: all three went to
+    # modules_to_save, and peft could not load the saved folder back (KeyError in predict.py). And the targets,
+    # written as peft's docs write them, query,value,dense, matched no layer.
+    from peft import PeftModel
+    from transformers import RobertaConfig, RobertaModel
+
+    from app.inputs.model import embedded_model_dir
+    from app.predict import main as predict
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    config = RobertaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=130,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    base = tmp_path / "tiny-roberta"
+    RobertaModel(config).save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    args = lora_args(tmp_path, base, review_files, "out", "--lora_target_modules", "query,value,dense")
+    assert run_app([*args, *RUN, "--mixed_precision", "no"]) == 0
+    out = tmp_path / "out"
+    saved = json.loads((out / "adapter_config.json").read_text())["modules_to_save"]
+    assert "classifier" in saved and not [name for name in saved if "." in name], saved  # peft adds its own names
+    said = capsys.readouterr().out
+    assert "on 10 layers (dense, query, value); trained in full: classifier\n" in said, said
+
+    text = "Great coffee, fresh and strong."
+    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=2)
+    model = PeftModel.from_pretrained(model, out).eval()
+    with torch.no_grad():
+        expected = model(**tokenizer(text, return_tensors="pt")).logits.softmax(-1)[0]
+    assert predict([text, "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 0
+    probability = float(capsys.readouterr().out.strip().splitlines()[-1].rsplit(",", 1)[-1])
+    assert probability == pytest.approx(float(expected.max()), abs=1e-5)

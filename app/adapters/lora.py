@@ -127,6 +127,9 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
         if not found:
             raise UsageError(f"--lora_modules_to_save {wanted!r} matches no module of the model")
         full += [name for name in found if name not in full]
+    # The outermost module alone: RoBERTa's new head is classifier with classifier.dense and classifier.out_proj in
+    # it, and peft saves nested modules_to_save in a layout it cannot load back.
+    full = [name for name in full if not any(name.startswith(f"{outer}.") for outer in full)]
     in_full = lambda name: any(name == f or name.startswith(f"{f}.") for f in full)  # noqa: E731
     adaptable = {name: m for name, m in modules.items() if isinstance(m, ADAPTABLE)}
     if cfg.lora_target_modules == [ALL_LINEAR]:
