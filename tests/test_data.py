@@ -12,7 +12,7 @@ from transformers import AutoConfig
 
 from app.config import TrainConfig
 from app.errors import UsageError
-from app.inputs import data
+from app.inputs import data, hub
 from app.tasks import classification
 from tests.conftest import run_app
 
@@ -317,3 +317,28 @@ def test_a_token_added_on_top_of_the_vocabulary_past_the_embeddings_is_not_refus
     assert len(load_tokenizer(str(tmp_path), config)) == config.vocab_size + 1
     with pytest.raises(UsageError, match="its tokenizer's vocabulary has 30522 tokens, more than the model's 30000"):
         load_tokenizer(str(tmp_path), AutoConfig.from_pretrained(tiny_model_dir, vocab_size=30000))
+
+
+def test_a_name_neither_local_nor_cached_fails_without_waiting_through_the_hubs_retries(tmp_path):
+    # On a machine without the hub, a typo in a folder's name waited 25 s through five retries (minutes for predict.py's
+    # base): app/inputs/hub.py asks once whether the hub answers. A new interpreter, as a user starts it: the suite's
+    # own processes run offline from their start. With the hub reachable the name is not found at once: no retry either.
+    import subprocess
+    import sys
+
+    from tests.conftest import TRAIN_SCRIPT, clean_env
+
+    env = clean_env(tmp_path)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", *hub.PROXIES):
+        env.pop(name, None)
+    args = ["--model_name_or_path", "nobody-here/no-such-model", "--output_dir", tmp_path / "o", "--logdir", tmp_path]
+    done = subprocess.run(
+        [sys.executable, TRAIN_SCRIPT, *map(str, args)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "retry" not in done.stderr.lower(), done.stderr[-2000:]
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: --model_name_or_path 'nobody-here/no-such-model' cannot be loaded")
+    )

@@ -18,7 +18,7 @@ from transformers import AutoConfig
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
-from app.inputs import gguf
+from app.inputs import gguf, hub
 from app.inputs.model import MISSING_WEIGHTS, adapters_base_name, embedded_source, load_weights, resolve_model_path
 from app.storage.folders import CONFIG_FILE
 
@@ -47,6 +47,7 @@ def base_folder(folder: str, say) -> str:
             )
         cfg = embedded_source(name) or TrainConfig(model_name_or_path=name)
     path, gguf_file = resolve_model_path(cfg)
+    hub.before_looking_up(path)
     if gguf_file:
         path = str(gguf.convert(path, gguf_file, gguf.converted_folder(path, gguf_file), say))
     return path

@@ -10,6 +10,7 @@
     model.py      where the model and tokenizer come from, the cheap checks before the weights load, and the load
                   that names the weights a checkpoint lacked
     gguf.py       a model shipped as a GGUF file (SmolLM2): converted once into a model folder in the cache
+    hub.py        whether the Hugging Face Hub answers, asked once before a name that is no local path is looked up
 
 The task (app/tasks/) checks the columns and tokenizes; nothing here knows about ranks or precision.
 """

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 from app.config import DATA_FILE_TYPES, TrainConfig
 from app.errors import UsageError, first_line
 from app.host.runtime import pinned_batches
+from app.inputs import hub
 from app.inputs.fingerprint import transform_fingerprint
 from app.inputs.reading import check_no_row_labels, read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
@@ -177,6 +178,7 @@ def _row_count(path: str, kind: str) -> int | None:
 
 
 def _load_named(name: str, config_name: str | None) -> DatasetDict:
+    hub.before_looking_up(name)
     try:
         loaded = load_dataset(name, config_name)
     except Exception as e:  # not found, offline, wrong config: all are input errors here

@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
+from app.inputs import hub
 from app.inputs.gguf import embedded_lm
 from app.storage.checkpoints import output_dir_of
 from app.storage.final_model import MERGED_FOLDER
@@ -159,6 +160,7 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
                 "that run with --resume_from_checkpoint, or give the output folder of a run that has ended"
             )
         raise UsageError(f"--model_name_or_path {name} is not a model folder: it has no config.json")
+    hub.before_looking_up(name)
     try:
         return AutoConfig.from_pretrained(name, gguf_file=gguf_file)
     except struct.error:  # a field of the GGUF header runs past the end of the file
