@@ -49,13 +49,24 @@ def logits_and_gradients(model: torch.nn.Module, autocast: bool = False):
     return output.logits.float().detach(), {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
+DISTILBERT = {"hidden_dim": 48, "dropout": 0.0, "attention_dropout": 0.0, "seq_classif_dropout": 0.0}
+
+
 @pytest.mark.parametrize(
-    "model_type, attention",
-    [("bert", "sdpa"), ("bert", "eager"), ("roberta", "sdpa"), ("xlm-roberta", "eager"), ("electra", "sdpa")],
+    "model_type, attention, options",
+    [
+        ("bert", "sdpa", {}),
+        ("bert", "eager", {}),
+        ("roberta", "sdpa", {}),
+        ("xlm-roberta", "eager", {}),
+        ("electra", "sdpa", {}),
+        ("distilbert", "sdpa", DISTILBERT),
+        ("distilbert", "eager", DISTILBERT),
+    ],
 )
-def test_the_first_token_alone_gives_the_same_logits_and_gradients(model_type, attention):
-    full = classifier(model_type, attention)
-    cut = classifier(model_type, attention)
+def test_the_first_token_alone_gives_the_same_logits_and_gradients(model_type, attention, options):
+    full = classifier(model_type, attention, **options)
+    cut = classifier(model_type, attention, **options)
     assert compute_the_first_token_alone(cut) and cut_layer(cut) is not None
     expected_logits, expected = logits_and_gradients(full)
     logits, got = logits_and_gradients(cut)
@@ -79,7 +90,7 @@ def test_under_bf16_autocast_the_first_token_alone_stays_within_bf16s_rounding()
 @pytest.mark.parametrize(
     "model_type, why",
     [
-        ("distilbert", "another layer"),
+        ("distilbert", "its head reads the first token, but a config that returns every layer's states"),
         ("gpt2", "its head reads the last token"),
         ("deberta-v2", "its own attention"),
         ("bert", "relative positions, were a config to ask for them, act in the attention"),
@@ -89,7 +100,7 @@ def test_under_bf16_autocast_the_first_token_alone_stays_within_bf16s_rounding()
 def test_other_models_are_left_as_they_are(model_type, why):
     options = {"n_embd": 32, "n_layer": 2, "n_head": 4} if model_type == "gpt2" else {}
     if model_type == "distilbert":
-        options = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 48}
+        options = {"hidden_dim": 48, "output_attentions": True}
     if model_type == "bert":
         options = {"position_embedding_type": "relative_key"}
     if model_type == "roberta":
@@ -109,12 +120,14 @@ def test_the_flops_estimate_follows_what_the_cut_model_computes():
             model(**{**batch(), "attention_mask": None}).loss.backward()
         return counter.get_total_flops()
 
-    full, cut = classifier("bert", num_hidden_layers=2), classifier("bert", num_hidden_layers=2)
-    compute_the_first_token_alone(cut)
-    estimated = flops_per_token(cut)(20) / flops_per_token(full)(20)
-    measured = counted(cut) / counted(full)
-    assert measured < 0.8, "the cut layer computes less"
-    assert abs(estimated - measured) < 0.05, (estimated, measured)
+    for model_type, options in (("bert", {}), ("distilbert", DISTILBERT)):
+        full = classifier(model_type, num_hidden_layers=2, **options)
+        cut = classifier(model_type, num_hidden_layers=2, **options)
+        assert compute_the_first_token_alone(cut)
+        estimated = flops_per_token(cut)(20) / flops_per_token(full)(20)
+        measured = counted(cut) / counted(full)
+        assert measured < 0.8, "the cut layer computes less"
+        assert abs(estimated - measured) < 0.05, (model_type, estimated, measured)
 
 
 def test_under_gradient_checkpointing_the_cut_layer_is_recomputed_too():

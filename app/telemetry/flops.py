@@ -6,7 +6,7 @@ from typing import Callable
 
 import torch
 
-from app.tasks.first_token import cut_layer
+from app.tasks.first_token import cut_layer, weights_once_per_sequence
 
 # Dense peak TFLOPS per GPU from the vendors' datasheets, by a substring of the device name (first match wins).
 # fp32 without TF32 runs on CUDA cores; "tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
@@ -54,9 +54,5 @@ def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
     cut = cut_layer(model)
     if cut is None:
         return lambda seq_len: 6 * weights + attention * layers * hidden * seq_len
-    once = sum(
-        p.numel()
-        for part in (cut.attention.self.query, cut.attention.output.dense, cut.intermediate, cut.output.dense)
-        for p in part.parameters()
-    )
+    once = weights_once_per_sequence(cut)
     return lambda seq_len: 6 * (weights - once) + 6 * once / seq_len + attention * ((layers - 1) * seq_len + 1) * hidden
