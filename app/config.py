@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
+import numpy
 import yaml
 
 from app.cli import OneLineParser, flag, unknown_flag_advice
@@ -25,6 +26,7 @@ from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
 MAX_SEED = 2**32 - 1
+FLOAT32_MAX = float(numpy.finfo(numpy.float32).max)  # the loss scale is a float32 tensor
 DATA_FILE_TYPES = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 ALL_LINEAR = "all-linear"  # --lora_target_modules: every linear layer of the base but its output head
 # Flags that only --use_peft reads: given without it, they would be ignored silently.
@@ -294,7 +296,7 @@ class TrainConfig:
         for name in ("learning_rate", "init_loss_scale", "min_loss_scale"):
             if not getattr(self, name) > 0:
                 raise UsageError(f"--{name} must be above 0, got {getattr(self, name)}")
-        for name in ("init_loss_scale", "min_loss_scale"):  # the scale is a float32 tensor
+        for name in ("init_loss_scale", "min_loss_scale"):
             if getattr(self, name) > FLOAT32_MAX:
                 raise UsageError(
                     f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
@@ -398,9 +400,6 @@ class TrainConfig:
     def to_yaml(self) -> str:
         """The config as `--config` reads it back: every flag's name and value."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
-
-
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 def metric_tag(name: str | None) -> str:
