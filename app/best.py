@@ -24,7 +24,7 @@ class BestModel:
         self.tag = metric_tag(cfg.metric_for_best_model)
         default = self.tag not in LOWER_IS_BETTER
         self.greater_is_better = cfg.greater_is_better if cfg.greater_is_better is not None else default
-        self.active = cfg.load_best_model_at_end or cfg.early_stopping_patience is not None
+        self.active = bool(cfg.best_model_flags())
         self.patience, self.threshold = cfg.early_stopping_patience, cfg.early_stopping_threshold
         self.state = state
 
@@ -57,13 +57,6 @@ class BestModel:
         if self.state.best_step is None or self.state.best_step == self.state.opt_step:
             return None
         return self.state.best_step
-
-
-def best_model_flags(cfg: TrainConfig) -> list[str]:
-    """The flags of this run that act on its evaluations during training."""
-    flags = {"--load_best_model_at_end": cfg.load_best_model_at_end}
-    flags["--early_stopping_patience"] = cfg.early_stopping_patience is not None
-    return [name for name, on in flags.items() if on]
 
 
 def check_resume_best(cfg: TrainConfig, state: TrainState, checkpoint) -> None:

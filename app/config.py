@@ -347,19 +347,21 @@ class TrainConfig:
         self._check_best_model_flags()
         self._check_peft_flags()
 
+    def best_model_flags(self) -> list[str]:
+        """The flags of this run that act on its evaluations during training (app/best.py): none, one or both."""
+        flags = {"--load_best_model_at_end": self.load_best_model_at_end}
+        flags["--early_stopping_patience"] = self.early_stopping_patience is not None
+        return [name for name, on in flags.items() if on]
+
     def _check_best_model_flags(self) -> None:
         metric_tag(self.metric_for_best_model)
         if self.early_stopping_patience is not None and self.early_stopping_patience < 1:
             raise UsageError(f"--early_stopping_patience must be 1 or more, got {self.early_stopping_patience}")
         if self.early_stopping_threshold < 0:
             raise UsageError(f"--early_stopping_threshold must be 0 or more, got {self.early_stopping_threshold}")
-        for flag_name, on in (
-            ("--load_best_model_at_end", self.load_best_model_at_end),
-            ("--early_stopping_patience", self.early_stopping_patience is not None),
-        ):
-            if on and self.eval_steps < 1:
-                raise UsageError(f"{flag_name} needs evaluations during training: pass --eval_steps N (N >= 1)")
-        tracking = self.load_best_model_at_end or self.early_stopping_patience is not None
+        tracking = self.best_model_flags()
+        if tracking and self.eval_steps < 1:
+            raise UsageError(f"{tracking[0]} needs evaluations during training: pass --eval_steps N (N >= 1)")
         for flag_name, value in (
             ("metric_for_best_model", self.metric_for_best_model),
             ("greater_is_better", self.greater_is_better),

@@ -41,7 +41,7 @@ from app.amp import diagnose
 from app.amp.fallback import Fallback
 from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
-from app.best import best_model_flags, check_resume_best, final_competes
+from app.best import check_resume_best, final_competes
 from app.config import TrainConfig, metric_tag
 from app.evaluation import evaluates_during_training
 from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
@@ -329,9 +329,9 @@ def build_training(
     masks = masks_of_run(cfg, accelerator.device, started_with)
     plan = inputs.plan
     accelerator.print(plan.footprint.line())
-    first_token_alone = resume.record.first_token_alone if resume else True  # a resume continues as its run began
-    model = model or load_model(inputs.task, inputs.model_path, plan, accelerator.print, first_token_alone)
-    first_token_alone = cut_layer(model) is not None
+    as_begun = resume.record.first_token_alone if resume else True  # a resume continues as its run began
+    model = model or load_model(inputs.task, inputs.model_path, plan, accelerator.print, as_begun)
+    first_token_alone = cut_layer(model) is not None  # where it applies (tasks/first_token.py)
     for line in describe_trainable(model, plan):
         accelerator.print(line)
     if plan.adapters:  # checkpoints hold what trains, not the frozen base
@@ -345,7 +345,7 @@ def build_training(
     optimizer = build_optimizer(model, cfg)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     total_steps = total_optimizer_steps(cfg, len(train_loader))
-    tracking = best_model_flags(cfg)
+    tracking = cfg.best_model_flags()
     if tracking and not evaluates_during_training(cfg.eval_steps, cfg.eval_steps, total_steps):  # the first is the last
         accelerator.print(
             f"note: --eval_steps {cfg.eval_steps} leaves no evaluation before the run's last step ({total_steps}): "
