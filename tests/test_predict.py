@@ -356,3 +356,18 @@ def test_predict_says_how_many_texts_it_cut_to_max_length(trained, review_files,
     assert note in capsys.readouterr().err.splitlines()
     assert predict("Fresh coffee.", "--model_name_or_path", trained) == 0
     assert "were cut" not in capsys.readouterr().err
+
+
+def test_texts_cut_are_counted_with_a_tokenizer_of_either_backend():
+    # A fast tokenizer keeps what truncation cut off; a Python one (ByT5's) does not, and is asked again.
+    from transformers import ByT5Tokenizer
+
+    from app.inputs.model import embedded_model_dir
+    from app.tasks.classification import LabelPredictor
+
+    texts = [["abc", "abcdefgh", "abcdefghijklmnop", "a b"]]  # ByT5: bytes and EOS, 4, 9, 17, 4; MiniLM: 3, 6, 10, 4
+    for tokenizer, expected in ((ByT5Tokenizer(), 2), (AutoTokenizer.from_pretrained(embedded_model_dir()), 1)):
+        predictor = LabelPredictor.__new__(LabelPredictor)  # the counting alone: no model to load
+        predictor.tokenizer, predictor.max_length = tokenizer, 8
+        encoded = tokenizer(*texts, truncation=True, max_length=8)
+        assert predictor._cut(encoded, texts) == expected, type(tokenizer).__name__

@@ -339,10 +339,7 @@ class LabelPredictor:
             encoded = self.tokenizer(
                 *([column[i] for i in mine] for column in texts), truncation=True, max_length=self.max_length
             )
-            # A text at the limit may have been cut: tokenized again whole, those alone, to tell.
-            full = [i for i, ids in enumerate(encoded["input_ids"]) if len(ids) == self.max_length]
-            whole = self.tokenizer(*([column[mine[i]] for i in full] for column in texts))["input_ids"] if full else []
-            cut = sum(len(ids) > self.max_length for ids in whole)
+            cut = self._cut(encoded, [[column[i] for i in mine] for column in texts])
             # Longest first: texts of similar length share a batch (little padding), and a batch too big fails at once.
             order = sorted(range(len(mine)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
             collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=policy.pad_to_multiple_of)
@@ -358,6 +355,15 @@ class LabelPredictor:
             f"{cut} of {len(texts[0])} texts were cut to --max_length {self.max_length} tokens" if cut else None
         )
         return torch.stack([probs for _, probs in sorted(gather_object(found), key=lambda pair: pair[0])])
+
+    def _cut(self, encoded, texts: list[list[str]]) -> int:
+        """How many of the encoded texts truncation cut: a fast tokenizer keeps what it cut off (`overflowing`); with
+        a slow one the texts at the limit are tokenized again whole, those alone."""
+        if encoded.encodings is not None:
+            return sum(bool(encoding.overflowing) for encoding in encoded.encodings)
+        full = [i for i, ids in enumerate(encoded["input_ids"]) if len(ids) == self.max_length]
+        whole = self.tokenizer(*([column[i] for i in full] for column in texts))["input_ids"] if full else []
+        return sum(len(ids) > self.max_length for ids in whole)
 
     def columns_of(self, probs: torch.Tensor) -> dict[str, list]:
         best, label_ids = probs.max(-1)
