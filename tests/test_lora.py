@@ -221,6 +221,13 @@ def test_the_output_folder_loads_in_peft_and_predicts_with_the_trained_adapters(
         f"adapter_config.json names no base model (base_model_name_or_path) and {nameless} holds no "
         "training_args.yaml: restore one of them\n"
     )
+    # A damaged training_args.yaml, with --max_length given (which predict.py then needs not read from it): the base
+    # comes from adapter_config.json, where it was a YAML traceback.
+    damaged = tmp_path / "damaged"
+    shutil.copytree(out, damaged, ignore=shutil.ignore_patterns("merged"))
+    (damaged / "training_args.yaml").write_text("max_length: [64\n")
+    assert predict([text, "--model_name_or_path", str(damaged), "--max_length", "64", "--mixed_precision", "no"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].split(",")[-2] == label
 
 
 def test_the_adapters_name_a_relative_base_by_its_absolute_path(tiny_model_dir, monkeypatch):

@@ -13,14 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import yaml
 from transformers import AutoConfig
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs import gguf, hub
 from app.inputs.model import MISSING_WEIGHTS, adapters_base_name, embedded_source, load_weights, resolve_model_path
-from app.storage.folders import CONFIG_FILE
+from app.storage.folders import CONFIG_FILE, recorded_config
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -31,9 +30,8 @@ def holds_adapters(folder: str) -> bool:
 
 def base_folder(folder: str, say) -> str:
     """The local folder of the base the adapters in `folder` were trained on. `say` reports a GGUF conversion."""
-    args = Path(folder) / CONFIG_FILE
-    saved = yaml.safe_load(args.read_text()) if args.is_file() else None
-    if isinstance(saved, dict):
+    saved = recorded_config(Path(folder))  # empty if missing or damaged: then adapter_config.json's name
+    if saved:
         keys = ("model_name_or_path", "gguf_file", "task")
         cfg = TrainConfig(**{key: saved.get(key) for key in keys})
         if (absolute := _as_trained(cfg.model_name_or_path, adapters_base_name(folder))) is not None:
