@@ -104,13 +104,28 @@ def test_labels_that_would_train_a_head_of_classes_never_seen_are_refused(train,
         classification.infer_labels(raw, "label", fixed=None)
 
 
-def test_csv_cells_that_pandas_calls_missing_are_texts_and_labels_as_written(tmp_path):
-    # pandas reads NA, null, None and nan as missing: a label "NA" was called an empty cell, a review "None" too.
+@pytest.mark.parametrize("source", ["files", "dataset folder"])
+def test_csv_cells_that_pandas_calls_missing_are_texts_and_labels_as_written(tmp_path, source):
+    # pandas reads NA, null, None and nan as missing: a label "NA" was called an empty cell, a review "None" too; a
+    # --dataset_name folder of csv files did so after its --train_file twin no longer did.
     train = tmp_path / "train.csv"
     train.write_text("text,label\nNone,NA\nnull,great\nnan,NA\nN/A,great\n,great\n")
-    raw = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(train)))
-    assert raw["train"]["text"][:] == ["None", "null", "nan", "N/A", None]
-    assert raw["train"]["label"][:] == ["NA", "great", "NA", "great", "great"]
+    shutil.copy(train, tmp_path / "validation.csv")
+    if source == "files":
+        raw = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(train)))
+    else:
+        raw = data.load_raw(TrainConfig(dataset_name=str(tmp_path)))
+    for split in ("train", "validation"):
+        assert raw[split]["text"][:] == ["None", "null", "nan", "N/A", None]
+        assert raw[split]["label"][:] == ["NA", "great", "NA", "great", "great"]
+
+
+def test_a_dataset_folder_of_json_files_is_read_without_csv_options(tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"text": "NA", "label": "null"}\n{"text": "fine", "label": "great"}\n')
+    (tmp_path / "validation.jsonl").write_text('{"text": "None", "label": "NA"}\n')
+    raw = data.load_raw(TrainConfig(dataset_name=str(tmp_path)))
+    assert raw["train"]["text"][:] == ["NA", "fine"] and raw["train"]["label"][:] == ["null", "great"]
+    assert raw["validation"]["text"][:] == ["None"] and raw["validation"]["label"][:] == ["NA"]
 
 
 @pytest.mark.parametrize("seed", range(4))

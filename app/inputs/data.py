@@ -180,7 +180,7 @@ def _row_count(path: str, kind: str) -> int | None:
 def _load_named(name: str, config_name: str | None) -> DatasetDict:
     hub.before_looking_up(name)
     try:
-        loaded = load_dataset(name, config_name)
+        loaded = load_dataset(name, config_name, **(CSV_MISSING if _a_folder_of_csv_files(name) else {}))
     except Exception as e:  # not found, offline, wrong config: all are input errors here
         raise UsageError(
             f"--dataset_name {name!r} cannot be loaded: {first_line(e)} "
@@ -198,6 +198,22 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
             splits["validation"] = loaded[candidate]
             break
     return DatasetDict(splits)
+
+
+def _a_folder_of_csv_files(name: str) -> bool:
+    """A local folder whose files are csv files only (a README and hidden files aside): datasets reads it with its csv
+    builder, which takes a --train_file's options. Any other file may make datasets pick another builder."""
+    folder = Path(name)
+    if not folder.is_dir():
+        return False
+    files = [
+        path
+        for path in folder.rglob("*")
+        if path.is_file()
+        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+        and path.suffix.lower() != ".md"
+    ]
+    return bool(files) and all(path.suffix.lower() == ".csv" for path in files)
 
 
 def map_splits(raw: DatasetDict, transform: Callable, **options) -> DatasetDict:
