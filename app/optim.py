@@ -12,6 +12,7 @@ import math
 import torch
 
 from app.config import TrainConfig
+from app.errors import UsageError
 from app.host.runtime import device_type
 
 FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
@@ -66,6 +67,33 @@ def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, lis
             "new length, so the learning rate changes from the checkpoint's"
         )
     return dataclasses.replace(cfg, **kept), notes
+
+
+def check_resume_length(max_steps: int, resumed_step: int, checkpoint) -> None:
+    """A --max_steps that ends before the checkpoint's step would train nothing and save the checkpoint's later model
+    as if it were the shorter run's: UsageError. (A length in epochs is known once the data is batched: train.py
+    says so then.)"""
+    if 0 < max_steps < resumed_step:
+        raise UsageError(
+            f"--max_steps {max_steps} ends before --resume_from_checkpoint {checkpoint} (optimizer step "
+            f"{resumed_step}): nothing would train, and the model saved would be step {resumed_step}'s; give "
+            f"--max_steps {resumed_step} or more, or resume from a checkpoint at step {max_steps} or before"
+        )
+
+
+def nothing_left_note(resumed_step: int, total_steps: int) -> list[str]:
+    """What a resume at or past the run's last step does, which no step's line would show."""
+    if resumed_step < total_steps:
+        return []
+    if resumed_step == total_steps:
+        return [
+            f"note: the checkpoint is at step {resumed_step}, the run's last: nothing is left to train; the model is "
+            "saved and evaluated again"
+        ]
+    return [
+        f"note: the checkpoint is at step {resumed_step}, past this run's {total_steps} optimizer steps: nothing "
+        f"trains, and the model saved is step {resumed_step}'s"
+    ]
 
 
 def _length(max_steps: int, epochs: float) -> str:

@@ -48,7 +48,7 @@ from app.host.runtime import (
 from app.inputs.batch_shape import keep_global_batch
 from app.inputs.sampling import recorded_in_examples
 from app.loop import train
-from app.optim import resumed_settings
+from app.optim import nothing_left_note, resumed_settings
 from app.storage import folders
 from app.storage.checkpoints import find_resume_point
 from app.storage.final_model import save_merged_model
@@ -140,6 +140,8 @@ def fine_tune(
         f"run {paths.run_name}: {training.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
         f"model: {paths.output_dir}"
     )
+    for line in nothing_left_note(resume.record.state.opt_step, training.total_steps) if resume else ():
+        accelerator.print(line)
     if training.masks != DropoutMasks.TORCH:
         accelerator.print(
             f"dropout: masks from {training.masks.said}, faster than torch's serial draw on this CPU "

@@ -59,7 +59,7 @@ from app.inputs.model import (
     resolve_model_path,
 )
 from app.inputs.sampling import DataPosition
-from app.optim import build_optimizer, build_schedule, total_optimizer_steps
+from app.optim import build_optimizer, build_schedule, check_resume_length, total_optimizer_steps
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands
 from app.storage.final_model import save_final_model
@@ -117,6 +117,7 @@ def load_inputs(
         check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config))
         check_resume_labels(resume.record.labels, class_names(task), resume.path)
         check_resume_best(cfg, resume.record.state, resume.path)
+        check_resume_length(cfg.max_steps, resume.record.state.opt_step, resume.path)
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
         accelerator.print(note)

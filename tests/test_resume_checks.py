@@ -434,3 +434,42 @@ def test_a_run_that_began_computing_every_row_resumes_so_and_a_new_one_with_the_
     write_record(step_4)
     assert run_app([*flags, "--max_steps", 6, "--resume_from_checkpoint", "latest"]) == 0
     assert json.loads((out / "checkpoints" / "step-6" / "trainer_state.json").read_text())["first_token_alone"] is False
+
+
+def test_a_max_steps_before_the_checkpoints_step_is_one_line_before_anything_is_written(run_copy, capfd):
+    # It trained nothing and saved step 4's model as the 3-step run's, under a note that the schedule was recomputed.
+    out, flags = run_copy
+    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    capfd.readouterr()
+    assert run_app([*flags, "--max_steps", 3, "--resume_from_checkpoint", "latest"]) == 2
+    assert capfd.readouterr().err == (
+        f"error: --max_steps 3 ends before --resume_from_checkpoint {out / 'checkpoints' / 'step-4'} (optimizer step "
+        "4): nothing would train, and the model saved would be step 4's; give --max_steps 4 or more, or resume from a "
+        "checkpoint at step 3 or before\n"
+    )
+    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "length, said",
+    [
+        (
+            [],
+            "note: the checkpoint is at step 4, the run's last: nothing is left to train; the model is saved and "
+            "evaluated again",
+        ),
+        (
+            ["--max_steps", -1, "--num_train_epochs", 0.1],
+            "note: the checkpoint is at step 4, past this run's 2 "
+            "optimizer steps: nothing trains, and the model saved is step 4's",
+        ),
+    ],
+    ids=["the run's last step", "past a length in epochs"],
+)
+def test_a_resume_with_nothing_left_to_train_says_so(run_copy, capfd, length, said):
+    out, flags = run_copy
+    capfd.readouterr()
+    assert run_app([*flags, *length, "--resume_from_checkpoint", "latest"]) == 0
+    lines = capfd.readouterr().out.splitlines()
+    assert said in lines
+    assert f"evaluating the final model (step 4's, saved in {out})" in lines
