@@ -357,3 +357,54 @@ def test_a_name_neither_local_nor_cached_fails_without_waiting_through_the_hubs_
         .splitlines()[-1]
         .startswith("error: --model_name_or_path 'nobody-here/no-such-model' cannot be loaded")
     )
+
+
+@pytest.mark.parametrize(
+    "rows, percent, file, said",
+    [
+        ("text,label\nhello,a\n", 10, "one.csv", "holding out 10% of the 1 training row (columns: text, label)"),
+        ("text,label\n" + "".join(f"t{i},{i % 2}\n" for i in range(40)), 99, "forty.csv", "holding out 99% of the 40"),
+        (
+            json.dumps({"data": [{"text": f"t{i}", "label": "ab"[i % 2]} for i in range(30)]}),
+            10,
+            "wrapped.json",
+            "holding out 10% of the 1 training row (columns: data)",
+        ),
+    ],
+    ids=["one row", "99 percent", "a json file of one object"],
+)
+def test_a_held_out_split_that_leaves_no_training_rows_is_one_line(tmp_path, rows, percent, file, said):
+    # datasets' train_test_split raised a ValueError traceback, after the run's folders were made.
+    path = tmp_path / file
+    path.write_text(rows)
+    with pytest.raises(UsageError) as refused:
+        data.load_raw(TrainConfig(train_file=str(path), validation_split_percentage=percent))
+    assert str(refused.value).startswith(said)
+    assert str(refused.value).endswith(
+        "for validation leaves none to train on: add rows, lower --validation_split_percentage or give "
+        "--validation_file"
+    )
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        ({"text_column": "label"}, "--text_column 'label' is the column that --label_column reads by default"),
+        ({"text_pair_column": "text"}, "--text_pair_column 'text' is the column that --text_column reads by default"),
+        (
+            {"text_pair_column": "label"},
+            "--text_pair_column 'label' is the column that --label_column reads by default",
+        ),
+        ({"label_column": "text"}, "--label_column 'text' is the column that --text_column reads by default"),
+    ],
+)
+def test_a_flag_naming_a_defaulted_roles_column_is_refused(given, said):
+    # --text_column label trained the classifier on its own labels: eval/accuracy 1.0 on a model that learned nothing.
+    with pytest.raises(UsageError) as refused:
+        classification.resolve_columns(TrainConfig(train_file="t.csv", **given))
+    flag, default = said.split()[0], said.split()[-4]
+    assert str(refused.value) == (
+        f"{said}: each role takes its own column; give {flag} another column, or {default} too"
+    )
+    replace_default = {default.removeprefix("--"): "other"}
+    classification.resolve_columns(TrainConfig(train_file="t.csv", **given, **replace_default))

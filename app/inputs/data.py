@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -77,7 +78,14 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
         raw = _load_embedded_reviews()
     if "validation" in raw:
         return Splits(raw)
-    held_out = raw["train"].train_test_split(test_size=cfg.validation_split_percentage / 100, seed=cfg.seed)
+    rows, percent = len(raw["train"]), cfg.validation_split_percentage
+    if rows and rows - math.ceil(rows * percent / 100) < 1:  # datasets' own error here is a traceback
+        raise UsageError(
+            f"holding out {percent}% of the {rows} training row{'s' if rows > 1 else ''} (columns: "
+            f"{', '.join(raw['train'].column_names)}) for validation leaves none to train on: add rows, lower "
+            "--validation_split_percentage or give --validation_file"
+        )
+    held_out = raw["train"].train_test_split(test_size=percent / 100, seed=cfg.seed)
     raw = Splits(train=held_out["train"], validation=held_out["test"])
     raw.held_out = True
     return raw

@@ -65,6 +65,24 @@ def resolve_columns(cfg: TrainConfig) -> Columns:
     refuse_flags_of_other_tasks(cfg, NAME, ("prompt_column", "response_column", "messages_column", "max_new_tokens"))
     text = cfg.text_column or (EMBEDDED_TEXT_COLUMN if is_embedded(cfg) else "text")
     label = cfg.label_column or (EMBEDDED_LABEL_COLUMN if is_embedded(cfg) else "label")
+    # Flags that name one column twice are refused with the config; here a flag that names a default's column
+    # (--text_column label trained on the labels themselves, and scored 100%).
+    roles = [
+        ("--text_column", text, cfg.text_column is None),
+        ("--text_pair_column", cfg.text_pair_column, False),
+        ("--label_column", label, cfg.label_column is None),
+    ]
+    for i, (flag, column, defaulted) in enumerate(roles):
+        for other, theirs, other_defaulted in roles[i + 1 :]:
+            if column is None or column != theirs:
+                continue
+            given, default = (other, flag) if defaulted else (flag, other)
+            raise UsageError(
+                f"{given} {column!r} is the column that {default} reads by default: each role takes its own column; "
+                f"give {given} another column, or {default} too"
+                if defaulted or other_defaulted
+                else f"{flag} and {other} both name the column {column!r}: each role takes its own column"
+            )
     return Columns(text, cfg.text_pair_column, label)
 
 
