@@ -45,18 +45,22 @@ from app.cli import (
     outlive_readers,
     unknown_flag_advice,
 )
+from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_table
 from app.inputs.model import check_max_length, check_weight_files, load_model_config, load_tokenizer, max_positions
 from app.inputs.reading import header_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE, recorded_config
+from app.tasks import lm_data
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, has_trained_head
 from app.tasks.task import resolve_task
 from app.telemetry.console import show_library_notices, show_progress_bars
 
 OUTPUT_TYPES = (".csv", ".jsonl")
+# What decides a causal LM's data format in training_args.yaml (tasks/lm_data.resolve_columns reads them).
+LM_DATA_KEYS = ("train_file", "dataset_name", "text_column", "prompt_column", "response_column", "messages_column")
 DEFAULT_NEW_TOKENS = 128
 
 
@@ -80,7 +84,9 @@ class PredictConfig:
         default=None,
     )
     prompt_column: Optional[str] = flag(
-        "Causal LM: column of --input_file with the prompts. Default: --text_column.", default=None
+        "Causal LM: column of --input_file with the prompts. Default: --text_column, else the prompt or text column "
+        "the model was trained on (its training_args.yaml), else text.",
+        default=None,
     )
     max_new_tokens: Optional[int] = flag(
         "Causal LM: the most tokens generated per prompt (greedy; it stops at the end token). Default: the "
@@ -176,7 +182,7 @@ def read_input(
         table = pd.DataFrame({text_columns[0]: stdin_lines(sys.stdin.buffer)})  # blank lines too: rows stay aligned
     for name in text_columns:
         if name not in table.columns:
-            option = next(f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name)
+            option = next((f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name), "column")
             raise UsageError(
                 f"{option} {name!r} is not in the input; its columns are: {', '.join(table.columns)}"
                 f"{header_hint(list(table.columns), option, name)}"
@@ -217,6 +223,21 @@ def columns_as_trained(cfg: PredictConfig) -> PredictConfig:
             "give an --input_file with both columns"
         )
     return dataclasses.replace(cfg, text_column=text, text_pair_column=pair)
+
+
+def prompts_as_trained(model_folder: str) -> tuple[str, bool | None]:
+    """A causal LM's prompt column and whether its prompts go through the chat template, as app/train.py trained it
+    (its training_args.yaml): a model trained on plain text continues plain text, one trained on prompts or
+    conversations gets the template (when its tokenizer has one). A model from elsewhere: text, and the template."""
+    recorded = recorded_config(Path(model_folder))
+    if not recorded:
+        return "text", None
+    sources = {key: recorded[key] for key in LM_DATA_KEYS if isinstance(recorded.get(key), str)}
+    try:
+        columns = lm_data.resolve_columns(TrainConfig(**sources))
+    except UsageError:  # a training_args.yaml edited by hand: as a model from elsewhere
+        return "text", None
+    return columns.names.get("prompt", columns.names.get("text", "text")), columns.kind != "text"
 
 
 def is_empty_cell(value) -> bool:
@@ -282,7 +303,10 @@ def predict_and_write(
         check_decoder(model_config)
         if cfg.text_pair_column:
             raise UsageError("--text_pair_column is for sentence-pair classifiers; this model is a causal LM")
-        text_columns = (cfg.prompt_column or cfg.text_column or "text",)
+        trained_column, chat = prompts_as_trained(cfg.model_name_or_path)
+        if not (cfg.prompt_column or cfg.text_column):  # named, so that a file without it is told which flag to give
+            cfg = dataclasses.replace(cfg, prompt_column=trained_column)
+        text_columns = (cfg.prompt_column or cfg.text_column,)
         output_columns = TextGenerator.columns
     else:
         if not has_trained_head(model_config):
@@ -303,14 +327,14 @@ def predict_and_write(
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":
-        TextGenerator.check_inputs(tokenizer, model_config, max_length, max_new_tokens, inputs[0])
+        TextGenerator.check_inputs(tokenizer, model_config, max_length, max_new_tokens, inputs[0], chat)
     check_output_file(cfg.output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------
     for line in (policy.describe(), *notes, *describe_backend(accelerator)):
         say(line)
     shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
-    predictor = TextGenerator(*shared, max_new_tokens) if task == "causal_lm" else LabelPredictor(*shared)
+    predictor = TextGenerator(*shared, max_new_tokens, chat) if task == "causal_lm" else LabelPredictor(*shared)
     bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
     started = time.perf_counter()
     results = predictor.predict(accelerator, policy, inputs, lambda done: bar.update(done * accelerator.num_processes))

@@ -366,6 +366,47 @@ def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, re
     assert pd.read_json(out, lines=True)["generated_text"].fillna("").tolist() == fp32.tolist()
 
 
+@pytest.mark.parametrize("trained_on", ["plain text", "prompts"])
+def test_predict_renders_and_reads_prompts_as_the_model_was_trained(
+    tmp_path, tiny_llama_dir, review_files, capsys, trained_on
+):
+    # A model trained on plain text had its prompts wrapped in the chat template, which it never saw: the fox that
+    # learned "the quick brown fox jumps" went on with ",&&&&". And the prompts were read from a text column, not the
+    # trained --prompt_column: another column silently, or a StopIteration traceback where the file had no text.
+    from app.predict import main as predict
+
+    columns = ["--text_column", "text", "--no_packing"] if trained_on == "plain text" else ["--prompt_column", "prompt"]
+    frames = {split: pd.read_csv(path).head(16) for split, path in review_files.items()}
+    files = {}
+    for split, frame in frames.items():
+        files[split] = tmp_path / f"{split}.csv"
+        frame.assign(prompt=frame["text"].str[:40]).rename(columns={"label": "completion"}).to_csv(files[split])
+    response = [] if trained_on == "plain text" else ["--response_column", "completion"]
+    args = lm_args(tmp_path, tiny_llama_dir, files, *columns, *response, "--max_steps", 1, "--mixed_precision", "no")
+    assert run_app(args) == 0
+    source = tmp_path / "prompts.csv"
+    pd.DataFrame({"prompt": ["Fresh coffee with", "The tea was"], "text": ["Not the", "prompts"]}).to_csv(source)
+    out = tmp_path / "generated.jsonl"
+    flags = ["--model_name_or_path", str(tmp_path / "out"), "--max_new_tokens", "4", "--mixed_precision", "no"]
+    assert predict([*flags, "--input_file", str(source), "--output_file", str(out), "--disable_tqdm"]) == 0
+    read = "text" if trained_on == "plain text" else "prompt"
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    for prompt, generated in zip(pd.read_csv(source)[read], pd.read_json(out, lines=True)["generated_text"].fillna("")):
+        if trained_on == "plain text":  # a document's start, as training tokenized documents
+            ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+        else:
+            ids = torch.tensor([Renderer(tokenizer, 48).prompt_ids(prompt)])
+            assert tokenizer.decode(ids[0]).startswith("<|im_start|>"), "the chat template, as in training"
+        expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+        assert generated == tokenizer.decode(expected[0, ids.shape[1] :], skip_special_tokens=True)
+    without = tmp_path / "without.csv"
+    pd.DataFrame({"other": ["a"]}).to_csv(without, index=False)
+    capsys.readouterr()
+    assert predict([*flags, "--input_file", str(without)]) == 2
+    assert capsys.readouterr().err == f"error: --prompt_column {read!r} is not in the input; its columns are: other\n"
+
+
 def test_empty_documents_are_left_out_for_what_they_are(tmp_path, tiny_gpt2_dir, capsys):
     # GPT-2 adds no BOS: an empty text is EOS alone, with no token before it to predict it from. The note said they
     # were cut at --max_length, and a split of them was told to raise it.

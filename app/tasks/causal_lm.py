@@ -285,8 +285,8 @@ class CausalLM:
 
 
 class TextGenerator:
-    """predict.py's output for a causal LM: each prompt's greedy continuation (rendered as in training: with the chat
-    template when the tokenizer has one)."""
+    """predict.py's output for a causal LM: each prompt's greedy continuation, rendered as in training: with the chat
+    template when the tokenizer has one, unless the model was trained on plain text (`chat` False)."""
 
     columns = ("generated_text",)
 
@@ -299,19 +299,25 @@ class TextGenerator:
         device: torch.device,
         say: Callable[[str], None],
         max_new_tokens: int,
+        chat: bool | None = None,
     ):
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.model = load_trained(model_path, AutoModelForCausalLM, say)  # full, or a base with adapters
         self.model.to(device).eval()
         self.tokenizer = tokenizer
-        self.renderer = Renderer(tokenizer, max_length, getattr(self.model.config, "bos_token_id", None))
+        self.renderer = Renderer(tokenizer, max_length, getattr(self.model.config, "bos_token_id", None), chat)
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
         self.cut_note: str | None = None  # how many prompts the last predict() cut to fit
 
     @staticmethod
     def check_inputs(
-        tokenizer, model_config: PretrainedConfig, max_length: int, max_new_tokens: int, prompts: list[str]
+        tokenizer,
+        model_config: PretrainedConfig,
+        max_length: int,
+        max_new_tokens: int,
+        prompts: list[str],
+        chat: bool | None = None,
     ) -> None:
         """Before the weights load (load_tokenizer has checked the special tokens): the new tokens leave room for a
         prompt in the model's positions, and every prompt has a token to follow."""
@@ -321,7 +327,7 @@ class TextGenerator:
                 f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's {positions} positions; "
                 f"use --max_new_tokens {positions - 1} or less"
             )
-        renderer = Renderer(tokenizer, max_length, getattr(model_config, "bos_token_id", None))
+        renderer = Renderer(tokenizer, max_length, getattr(model_config, "bos_token_id", None), chat)
         empty = lm_data.first_empty_prompt(renderer, prompts)
         if empty is not None:
             raise UsageError(

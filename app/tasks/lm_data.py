@@ -110,11 +110,13 @@ class Renderer:
 
     Args:
         model_bos_token_id: the model config's BOS, for a tokenizer that names none (an empty prompt starts from it).
+        chat: render prompts with the tokenizer's chat template; default: when it has one. A model trained on plain
+            text continues plain text (predict.py).
     """
 
-    def __init__(self, tokenizer, max_length: int, model_bos_token_id: int | None = None):
+    def __init__(self, tokenizer, max_length: int, model_bos_token_id: int | None = None, chat: bool | None = None):
         self.tokenizer, self.max_length = tokenizer, max_length
-        self.chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self.chat_template = bool(getattr(tokenizer, "chat_template", None)) and chat is not False
         # Without a chat template an empty prompt starts from BOS, as generate() does when given no input ids.
         bos = tokenizer.bos_token_id
         self.bos = bos if bos is not None else model_bos_token_id
