@@ -157,6 +157,13 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
             targets += [name for name in outside if name not in targets]
     if not targets:
         raise UsageError("--lora_target_modules: the model has no linear layer to adapt; name its layers instead")
+    tied = tied_embeddings(model)
+    if adapted := next((name for name in targets if name in tied), None):
+        raise UsageError(
+            f"--lora_target_modules: {adapted} shares its weight with {' and '.join(n for n in tied if n != adapted)} "
+            "(the model ties its embeddings), so merging its adapters would change both: the merged model and "
+            "predict.py's would not be the one trained; adapt other layers"
+        )
     max_rank = max(((name, min(_sides(modules[name]))) for name in targets), key=lambda pair: pair[1])
     return AdapterPlan(
         tuple(targets),
@@ -170,6 +177,14 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
         max_rank,
         all(isinstance(modules[name], Conv1D) for name in targets),
     )
+
+
+def tied_embeddings(model: torch.nn.Module) -> tuple[str, ...]:
+    """The input embedding and output head of a model that ties them (one weight), by name; else ()."""
+    inputs, outputs = model.get_input_embeddings(), model.get_output_embeddings()
+    if inputs is None or outputs is None or outputs.weight is not inputs.weight:
+        return ()
+    return tuple(name for name, module in model.named_modules() if module is inputs or module is outputs)
 
 
 def _sides(layer: torch.nn.Module) -> tuple[int, int]:
