@@ -123,7 +123,10 @@ def test_checkpoints_hold_the_adapters_and_a_resume_is_bitwise(tiny_model_dir, r
     "change, expected",
     [
         (["--lora_r", "8"], "holds adapters of another shape (--lora_r 16): resume with the same --lora_r"),
-        (["--lora_target_modules", "query"], "(--lora_target_modules on 13 modules)"),
+        (
+            ["--lora_target_modules", "query"],
+            "(--lora_target_modules on 13 modules, bert.encoder.layer.0.attention.self.key among them)",
+        ),
         ([], "holds LoRA adapters: resume with --use_peft"),
     ],
 )
@@ -138,6 +141,29 @@ def test_a_resume_that_does_not_fit_the_adapters_is_one_line(
     assert run_app([*args, *change, *RUN, "--resume_from_checkpoint", "latest"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_a_resume_naming_the_same_targets_in_another_order_fits(tiny_model_dir):
+    # `--lora_target_modules value query` was refused for adapters saved with `query value`: "another shape (on 4
+    # modules)", though both adapt the same 4 layers.
+    from transformers import AutoConfig
+
+    from app.adapters.lora import plan_adapters
+    from app.adapters.plan import ModelPlan, check_resume
+    from app.config import TrainConfig
+    from app.errors import UsageError
+
+    with torch.device("meta"):
+        model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(tiny_model_dir))
+
+    def plan(*targets: str) -> ModelPlan:
+        adapters = plan_adapters(TrainConfig(use_peft=True, lora_target_modules=list(targets)), model, [], True)
+        return ModelPlan(torch.float32, "", adapters, "base", None)
+
+    saved = plan("query", "value").record()
+    check_resume(saved, plan("value", "query"), Path("step-3"), model)
+    with pytest.raises(UsageError, match=r"\(--lora_target_modules on 4 modules, not bert.encoder.layer.0.attention"):
+        check_resume(saved, plan("query", "value", "key"), Path("step-3"), model)
 
 
 def test_a_full_model_checkpoint_or_another_base_is_refused(tiny_model_dir, review_files, tmp_path, capsys):

@@ -127,10 +127,12 @@ def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: t
             f"{where} holds adapters of another base model (fingerprint {saved['base']}, this one {now['base']}): "
             "resume with the --model_name_or_path they were trained on"
         )
-    differ = [key for key in _SHAPE_FLAGS if saved[key] != now[key]]
+    # Module lists as sets: `--lora_target_modules v_proj q_proj` adapts the layers that `q_proj v_proj` did.
+    same = lambda a, b: set(a) == set(b) if isinstance(a, list) and isinstance(b, list) else a == b  # noqa: E731
+    differ = [key for key in _SHAPE_FLAGS if not same(saved[key], now[key])]
     if differ:
         flags = ", ".join(_SHAPE_FLAGS[key] for key in differ)
-        was = ", ".join(f"{_SHAPE_FLAGS[key]} {_shown(saved[key])}" for key in differ)
+        was = ", ".join(f"{_SHAPE_FLAGS[key]} {_shown(saved[key], now[key])}" for key in differ)
         raise UsageError(f"{where} holds adapters of another shape ({was}): resume with the same {flags}")
 
 
@@ -155,8 +157,14 @@ _SHAPE_FLAGS = {
 }
 
 
-def _shown(value) -> str:
-    return f"on {len(value)} modules" if isinstance(value, list) else str(value)
+def _shown(value, now) -> str:
+    """A checkpoint's value where this run's differs; for modules, one that only one side has."""
+    if not isinstance(value, list):
+        return str(value)
+    if only_saved := [name for name in value if name not in now]:
+        return f"on {len(value)} modules, {only_saved[0]} among them"
+    missing = next(name for name in now if name not in value)
+    return f"on {len(value)} modules, not {missing}"
 
 
 def _count(n: int) -> str:
