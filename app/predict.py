@@ -190,8 +190,9 @@ def read_input(
         odd = next((row for row, v in enumerate(table[name]) if not isinstance(v, str) and not is_empty_cell(v)), None)
         if odd is not None:
             value = table[name].iloc[odd]
-            listed = hasattr(value, "tolist") or isinstance(value, (list, dict))  # a JSON list: a conversation?
-            shown = shorten(" ".join(repr(value.tolist() if hasattr(value, "tolist") else value).split()), 80)
+            value = value.tolist() if hasattr(value, "tolist") else value  # numpy's arrays and scalars, as Python's
+            listed = isinstance(value, (list, dict))  # a JSON list: a conversation?
+            shown = shorten(" ".join(repr(value).split()), 80)
             raise UsageError(
                 f"column {name!r} holds {'a list' if listed else type(value).__name__} in row {odd + 1} of the input "
                 f"({shown}); texts must be strings{', one prompt each, not conversations' if listed else ''}"
