@@ -408,3 +408,46 @@ def test_a_flag_naming_a_defaulted_roles_column_is_refused(given, said):
     )
     replace_default = {default.removeprefix("--"): "other"}
     classification.resolve_columns(TrainConfig(train_file="t.csv", **given, **replace_default))
+
+
+@pytest.mark.parametrize(
+    "labels, names, ids_as_written",
+    [
+        (["True", "False", "True", "False"], ("False", "True"), False),  # read as bools: "give ints or strings"
+        (["01", "1", "01", "1"], ("01", "1"), False),  # both read as the int 1: two classes merged
+        ([str(i) for i in range(1, 11)] * 2, tuple(str(i) for i in range(1, 11)), False),  # "renumber them from 0"
+        (["1", "0", "2", "1"], ("0", "1", "2"), True),  # the class ids, as a json file's ints
+    ],
+    ids=["booleans", "codes with a leading zero", "ratings 1 to 10", "class ids"],
+)
+def test_csv_labels_are_read_as_written_and_whole_numbers_from_0_are_class_ids(tmp_path, labels, names, ids_as_written):
+    # pandas guessed the types of csv cells: advice that a csv cannot follow ("write them as strings"), or classes
+    # merged without a word. Numbers written as names sort by value, "2" before "10".
+    rows = "".join(f"{1000 + i},{label}\n" for i, label in enumerate(labels))  # numbers as texts, too
+    (tmp_path / "train.csv").write_text("text,label\n" + rows)
+    (tmp_path / "validation.csv").write_text("text,label\n" + rows)
+    raw = data.load_raw(
+        TrainConfig(train_file=str(tmp_path / "train.csv"), validation_file=str(tmp_path / "validation.csv"))
+    )
+    assert raw["train"]["text"][:2] == ["1000", "1001"]
+    space = classification.infer_labels(raw, "label", fixed=None)
+    assert space.names == names and space.string_labels is not ids_as_written
+    assert [space.encoder()(v) for v in raw["train"]["label"]] == [names.index(v) for v in labels]
+
+
+def test_whole_numbers_in_a_csv_fit_a_trained_heads_ids_and_decimals_are_refused_as_json_floats_are(tmp_path):
+    path = tmp_path / "ids.csv"
+    path.write_text("text,label\na,1\nb,0\nc,1\n")
+    raw = data.load_raw(TrainConfig(train_file=str(path), validation_file=str(path)))
+    trained = classification.infer_labels(raw, "label", fixed={0: "LABEL_0", 1: "LABEL_1"})
+    assert trained.names == ("LABEL_0", "LABEL_1") and trained.encoder()("1") == 1
+    # The first float was whole, 2.0: the advice was to write class ids as ints, for a regression target.
+    for name, cells in (("floats.csv", ["2.0", "0.5", "1.0"]), ("floats.jsonl", [2.0, 0.5, 1.0])):
+        path = tmp_path / name
+        if name.endswith(".csv"):
+            path.write_text("text,label\n" + "".join(f"t{i},{v}\n" for i, v in enumerate(cells)))
+        else:
+            path.write_text("".join(json.dumps({"text": f"t{i}", "label": v}) + "\n" for i, v in enumerate(cells)))
+        raw = data.load_raw(TrainConfig(train_file=str(path), validation_file=str(path)))
+        with pytest.raises(UsageError, match="found float 0.5: a float target is regression"):
+            classification.infer_labels(raw, "label", fixed=None)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import datasets
 import torch
-from datasets import Dataset, DatasetDict, load_dataset
+from datasets import Dataset, DatasetDict, Features, Value, load_dataset
 from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 
@@ -153,14 +153,18 @@ def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
     return DatasetDict({split: _read_file(kind, split, path) for split, path in files.items()})
 
 
-# pandas' default reads NA, null, None, nan, N/A and more as missing values: a review that says "None" or a label "NA"
-# would be an empty cell. Only an empty cell is one.
+# A csv's cells as written, as strings: pandas' default reads NA, null, None, nan, N/A and more as missing values (a
+# review that says "None" or a label "NA" would be an empty cell; only an empty cell is one), and guesses types: the
+# labels "True" and "False" read as bools, "01" and "1" as one int, a review "1004" as a number. The task tells numbers
+# apart where they matter (tasks/classification.py: labels).
 CSV_MISSING = {"keep_default_na": False, "na_values": [""]}
 
 
 def _read_file(kind: str, split: str, path: str) -> Dataset:
     try:
-        dataset = load_dataset(kind, data_files={split: path}, **(CSV_MISSING if kind == "csv" else {}))[split]
+        dataset = _read_csv_as_written(path, split) if kind == "csv" else None
+        if not dataset:  # not csv; or a csv file that is read for its error, or that has no rows (datasets refuses)
+            dataset = load_dataset(kind, data_files={split: path}, **(CSV_MISSING if kind == "csv" else {}))[split]
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
         if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
             raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
@@ -168,6 +172,26 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
     if kind == "csv":
         check_no_row_labels(dataset.column_names, path)
     return dataset
+
+
+def _read_csv_as_written(path: str, split: str, data_files=None) -> Dataset | DatasetDict | None:
+    """A csv file (or the files of a folder, which share one header) with every column a string, the cells as
+    written; None if that read fails: the file is then read as datasets reads it, for its error or its row labels
+    (check_no_row_labels)."""
+    import pandas as pd
+
+    try:
+        # pandas takes row labels from a first row longer than the header; datasets' own read keeps them to be found
+        firsts = [pd.read_csv(file, nrows=1, **CSV_MISSING) for file in data_files or [path]]
+        headers = {tuple(first.columns) for first in firsts}
+        if len(headers) != 1 or not all(isinstance(first.index, pd.RangeIndex) for first in firsts):
+            return None
+        strings = Features({str(name): Value("string") for name in headers.pop()})
+        if data_files:  # a --dataset_name folder
+            return load_dataset(path, features=strings, **CSV_MISSING)
+        return load_dataset("csv", data_files={split: path}, features=strings, **CSV_MISSING)[split]
+    except Exception:
+        return None
 
 
 def _row_count(path: str, kind: str) -> int | None:
@@ -188,7 +212,9 @@ def _row_count(path: str, kind: str) -> int | None:
 def _load_named(name: str, config_name: str | None) -> DatasetDict:
     hub.before_looking_up(name)
     try:
-        loaded = load_dataset(name, config_name, **(CSV_MISSING if _a_folder_of_csv_files(name) else {}))
+        csv_files = _csv_files_of_folder(name)
+        loaded = _read_csv_as_written(name, "train", csv_files) if csv_files and config_name is None else None
+        loaded = loaded or load_dataset(name, config_name, **(CSV_MISSING if csv_files else {}))
     except Exception as e:  # not found, offline, wrong config: all are input errors here
         raise UsageError(
             f"--dataset_name {name!r} cannot be loaded: {first_line(e)} "
@@ -208,12 +234,13 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
     return DatasetDict(splits)
 
 
-def _a_folder_of_csv_files(name: str) -> bool:
-    """A local folder whose files are csv files only (a README and hidden files aside): datasets reads it with its csv
-    builder, which takes a --train_file's options. Any other file may make datasets pick another builder."""
+def _csv_files_of_folder(name: str) -> list[Path]:
+    """The files of a local folder whose files are csv files only (a README and hidden files aside): datasets reads
+    it with its csv builder, which takes a --train_file's options. Empty for anything else: any other file may make
+    datasets pick another builder."""
     folder = Path(name)
     if not folder.is_dir():
-        return False
+        return []
     files = [
         path
         for path in folder.rglob("*")
@@ -221,7 +248,7 @@ def _a_folder_of_csv_files(name: str) -> bool:
         and not any(part.startswith(".") for part in path.relative_to(folder).parts)
         and path.suffix.lower() != ".md"
     ]
-    return bool(files) and all(path.suffix.lower() == ".csv" for path in files)
+    return files if files and all(path.suffix.lower() == ".csv" for path in files) else []
 
 
 def map_splits(raw: DatasetDict, transform: Callable, **options) -> DatasetDict:

@@ -8,6 +8,7 @@ the metrics (loss, accuracy, macro-F1).
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,16 +106,36 @@ def has_trained_head(config: PretrainedConfig) -> bool:
     return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
 
 
+# A csv's cells are read as written, as strings (inputs/data.py): its labels that are numbers are told apart here.
+WHOLE_NUMBER = re.compile(r"0|[1-9][0-9]*")
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def written_class_ids(train: list, validation: list, trained_head: bool) -> bool:
+    """Labels written as the whole numbers 0..N-1, each among the training labels (or any whole numbers, for a trained
+    head), are class ids, as a json file's int labels are. Other numbers written as text stay names ("1" to "5",
+    "01"), and decimals are refused by infer_labels."""
+    if not all(isinstance(v, str) and WHOLE_NUMBER.fullmatch(v) for v in train + validation):
+        return False
+    ids = {int(v) for v in train}
+    return trained_head or ids == set(range(len(ids)))
+
+
 def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | None) -> LabelSpace:
     """The label space from the training labels, or the model's own when its head is already trained.
 
     Args:
         fixed: the id2label of a model whose classification head is trained, else None.
     """
-    values = list(raw["train"][label_column])
+    values, validation = list(raw["train"][label_column]), list(raw["validation"][label_column])
     for split in ("train", "validation"):
-        check_label_cells(raw, split, label_column, values if split == "train" else None)
+        check_label_cells(raw, split, label_column, values if split == "train" else validation)
+    if written_class_ids(values, validation, fixed is not None):  # a csv's "0" and "1": ints (the encoder's int())
+        values, validation = [int(v) for v in values], [int(v) for v in validation]
     if all(isinstance(v, str) for v in values):
+        numbers = all(NUMBER.fullmatch(v) for v in values)
+        if numbers and any(not WHOLE_NUMBER.fullmatch(v) and ("." in v or "e" in v.lower()) for v in values):
+            _refuse_floats(label_column, [float(v) for v in values])  # decimals in a csv: as a json file's floats
         if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values):
             raise UsageError(
                 f"label column {label_column!r} holds a different value in each of its {len(values)} training rows: "
@@ -131,7 +152,9 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
                 f"{_more_rows(len(spaced) - 1)}, which would make it a class of "
                 "its own: remove the spaces, and quote texts that hold commas, as csv writers do"
             )
-        space = LabelSpace(tuple(sorted(set(values))), string_labels=True)
+        # Numbers written as text are names, in the order of their values: star ratings "1" to "10", "2" before "10".
+        by_value = (lambda v: (int(v), v)) if numbers else None
+        space = LabelSpace(tuple(sorted(set(values), key=by_value)), string_labels=True)
     elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         if min(values) < 0:
             raise UsageError(
@@ -156,15 +179,11 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
                 f"{file_row(raw, 'train', number)} and {values[text - 1]!r} in {row_of(raw, 'train', text)}; write "
                 "every label as a string, or every one as an int 0..N-1"
             )
-        if isinstance(odd, float) and odd.is_integer():  # class ids a spreadsheet or pandas wrote as floats
-            fix = f"write class ids as ints ({int(odd)}, not {odd!r})"
-        elif isinstance(odd, float):
-            fix = "a float target is regression, which this app does not train; give classes as ints 0..N-1 or strings"
-        else:
-            fix = "give classes as ints 0..N-1 or as strings"
+        if isinstance(odd, float):
+            _refuse_floats(label_column, [v for v in values if isinstance(v, float)])
         raise UsageError(
             f"label column {label_column!r} must hold only ints or only strings; found {type(odd).__name__} {odd!r}: "
-            f"{fix}"
+            "give classes as ints 0..N-1 or as strings"
         )
     if fixed is not None:
         space = _fit_to_trained_head(space, fixed, label_column)
@@ -175,7 +194,7 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             "or the held-out validation split left them out: raise the one, or give a --validation_file)"
         )
     known = set(space.names) if space.string_labels else set(range(len(space.names)))
-    unknown = [v for v in raw["validation"][label_column] if v not in known]
+    unknown = [v for v in validation if v not in known]
     if unknown and isinstance(unknown[0], str) != space.string_labels:
         kinds = ("strings", "ints") if space.string_labels else ("ints", "strings")
         raise UsageError(
@@ -188,6 +207,21 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             "head learns only those: add examples of it to the training data or drop its validation rows"
         )
     return space
+
+
+def _refuse_floats(label_column: str, floats: list[float]) -> None:
+    """Float labels: a regression target if any has a fraction (the first such is named), else class ids that a
+    spreadsheet or pandas wrote as floats."""
+    fraction = next((v for v in floats if not v.is_integer()), None)
+    if fraction is not None:
+        odd, fix = (
+            fraction,
+            "a float target is regression, which this app does not train; give classes as ints 0..N-1 or strings",
+        )
+    else:
+        odd = floats[0]
+        fix = f"write class ids as ints ({int(odd)}, not {odd!r})"
+    raise UsageError(f"label column {label_column!r} must hold only ints or only strings; found float {odd!r}: {fix}")
 
 
 def _more_rows(n: int) -> str:
