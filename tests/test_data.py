@@ -451,3 +451,13 @@ def test_whole_numbers_in_a_csv_fit_a_trained_heads_ids_and_decimals_are_refused
         raw = data.load_raw(TrainConfig(train_file=str(path), validation_file=str(path)))
         with pytest.raises(UsageError, match="found float 0.5: a float target is regression"):
             classification.infer_labels(raw, "label", fixed=None)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".jsonl", ".parquet"])
+def test_a_file_of_zero_bytes_is_said_to_have_no_rows(tmp_path, suffix):
+    # A .json file of zero bytes was "cannot read empty.json: StopIteration; check the file's format".
+    path = tmp_path / f"empty{suffix}"
+    path.write_bytes(b"")
+    with pytest.raises(UsageError) as refused:
+        data.load_raw(TrainConfig(train_file=str(path)))
+    assert str(refused.value) == f"{path} has no rows, so the train split is empty; add examples to it"

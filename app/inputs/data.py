@@ -166,7 +166,7 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
         if not dataset:  # not csv; or a csv file that is read for its error, or that has no rows (datasets refuses)
             dataset = load_dataset(kind, data_files={split: path}, **(CSV_MISSING if kind == "csv" else {}))[split]
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
-        if _row_count(path, kind) == 0:  # datasets cannot type the columns of a file without rows
+        if Path(path).stat().st_size == 0 or _row_count(path, kind) == 0:  # datasets cannot type a file without rows
             raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
         raise UsageError(read_error(kind, path, e)) from None
     if kind == "csv":
