@@ -461,3 +461,18 @@ def test_a_file_of_zero_bytes_is_said_to_have_no_rows(tmp_path, suffix):
     with pytest.raises(UsageError) as refused:
         data.load_raw(TrainConfig(train_file=str(path)))
     assert str(refused.value) == f"{path} has no rows, so the train split is empty; add examples to it"
+
+
+def test_a_json_line_with_a_lone_surrogate_escape_is_named_by_its_line(tmp_path):
+    # pyarrow refuses it and counts its rows from 0 ("in row 10" for line 11); Python's json took it, so the app's own
+    # recheck of the lines found nothing to name.
+    lines = [json.dumps({"text": f"review {i}", "label": "ab"[i % 2]}) for i in range(20)]
+    lines[10] = '{"text": "bad \\ud800 here", "label": "a"}'
+    path = tmp_path / "surrogate.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UsageError) as refused:
+        data.load_raw(TrainConfig(train_file=str(path)))
+    assert str(refused.value) == (
+        f"cannot read {path}: line 11 holds an escaped lone surrogate (such as \\ud800), which is no character; fix "
+        "that line"
+    )

@@ -60,9 +60,15 @@ def _where(path: str, kind: str, error: BaseException) -> tuple[str, str]:
             for number, line in enumerate(text.split("\n"), start=1):
                 try:
                     if line.strip():
-                        json.loads(line)
+                        # Python's json takes a lone surrogate escape (\ud800), which no UTF-8 text, nor pyarrow, can
+                        json.dumps(json.loads(line), ensure_ascii=False).encode("utf-8")
                 except json.JSONDecodeError as e:
                     return f"line {number} is not valid JSON ({e.msg} at column {e.colno})", "fix that line"
+                except UnicodeEncodeError:
+                    return (
+                        f"line {number} holds an escaped lone surrogate (such as \\ud800), which is no character",
+                        "fix that line",
+                    )
     return _most_specific(error).rstrip("."), "check the file's format"
 
 
