@@ -285,6 +285,18 @@ def test_a_quantized_model_is_refused_before_training(tmp_path, tiny_gpt2_dir, r
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("data", ["packed text", "prompts"])
+def test_a_max_length_of_one_token_is_refused_for_what_it_is(tmp_path, tiny_gpt2_dir, review_files, capsys, data):
+    # Packed, it was "the train data packs into a single token, with none before it to predict it from; add text".
+    columns = ["--text_column", "text"] if data == "packed text" else PROMPTS
+    assert run_app([*lm_args(tmp_path, tiny_gpt2_dir, review_files, *columns), "--max_length", 1]) == 2
+    assert capsys.readouterr().err == (
+        "error: --max_length 1 leaves a causal LM no token to learn: each is learned from the tokens before it; use "
+        "--max_length 2 or more\n"
+    )
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
 def test_flags_of_the_other_task_are_refused(
     tmp_path, tiny_gpt2_dir, tiny_model_dir, review_files, conversation_files, capsys
 ):

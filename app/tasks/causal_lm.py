@@ -86,6 +86,11 @@ class CausalLM:
     def from_data(cls, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig) -> CausalLM:
         """Check the model, tokenizer and columns (UsageError if they don't fit), before anything heavy."""
         check_decoder(model_config)
+        if cfg.max_length < 2:  # packed, it was "the data packs into a single token ...; add text"
+            raise UsageError(
+                f"--max_length {cfg.max_length} leaves a causal LM no token to learn: each is learned from the tokens "
+                "before it; use --max_length 2 or more"
+            )
         if tokenizer.eos_token_id is None:
             raise UsageError("the tokenizer has no EOS token, which ends responses and joins documents; add one")
         if tokenizer.pad_token_id is None:  # GPT-2 and Llama tokenizers come without one; padding is masked anyway
