@@ -245,8 +245,7 @@ def train(training: Training, budget: int | None = None) -> None:
             continue
         if due.evaluate:
             with telemetry.paused():
-                metrics = training.evaluate()
-                telemetry.log_eval(step, metrics)
+                metrics = training.evaluate_and_log()
             stopped_early = best.after_eval(step, metrics)
             if stopped_early:
                 ledger.settle()  # the run ends here: this step's outcome is its last

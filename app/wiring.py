@@ -147,6 +147,7 @@ class Training:
     stop: StopRequest
     scaler_state: ScalerCheckpoint  # what Accelerate checkpoints; it holds `scaler`
     masks: DropoutMasks  # how this run draws its CPU dropout masks (host/dropout.py)
+    evaluated: tuple[int, dict[str, float]] | None = None  # the last evaluation: its optimizer step and metrics
 
     def dropout_masks(self) -> contextlib.AbstractContextManager:
         """What a training forward runs under: faster CPU dropout masks where torch draws them serially."""
@@ -159,6 +160,17 @@ class Training:
     def evaluate(self) -> dict[str, float]:
         """The task's metrics over the whole validation set."""
         return self.inputs.task.evaluate(self.accelerator, self.policy, self.model, self.eval_loader)
+
+    def evaluate_and_log(self) -> dict[str, float]:
+        """evaluate(), logged at the current step; kept, so that the step that ends a run early is not evaluated
+        again as the final model (the same weights: a second point at the same step, and the time of a pass)."""
+        step = self.state.opt_step
+        if self.evaluated is not None and self.evaluated[0] == step:
+            return self.evaluated[1]
+        metrics = self.evaluate()
+        self.telemetry.log_eval(step, metrics)
+        self.evaluated = (step, metrics)
+        return metrics
 
     # ---- a precision fallback: switch, then rewind ------------------------------------------------------------------
     def fall_back(self, fallback: Fallback) -> str:
@@ -193,6 +205,7 @@ class Training:
         self.checkpoints.load(checkpoint)
         vars(self.state).update(vars(CheckpointRecord.read(checkpoint).state))
         self.telemetry.rewind(self.state)
+        self.evaluated = None  # of weights that are gone
 
     # ---- fp16 diagnostics ------------------------------------------------------------------------------------------
     def preflight(self) -> None:

@@ -129,10 +129,15 @@ def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(
     assert ref == 0, said.err[-2000:]
     curves = tb.scalars(tmp_path / "ref_runs" / "r")
     losses = curves["eval/loss"]
-    # The loop evaluates before max_steps; the final evaluation, at the stop step, repeats the loop's last one.
     in_loop = {step: loss for step, loss in losses.items() if step < 16}
     expected_stop = stop_step(in_loop, patience=2)
     assert expected_stop is not None and expected_stop < 16, f"the setup should stop early: {losses}"
+    # The stop step's evaluation is the final model's (it was evaluated again: a second point, the same weights),
+    # then the best model's, at the last step.
+    steps = [event.step for event in tb.load(tmp_path / "ref_runs" / "r").Scalars("eval/loss")]
+    assert steps == [*range(2, expected_stop + 1, 2), expected_stop], steps
+    said_at_stop = [line for line in said.out.splitlines() if line.startswith(f"step {expected_stop}: eval/loss")]
+    assert len(said_at_stop) == 2, said.out  # the loop's, and the best model's
     assert curves["train/stopped_early"] == {expected_stop: 1.0}
     assert f"early stopping at optimizer step {expected_stop}: eval/loss has not improved" in said.out
     assert "optimizer steps  " + str(expected_stop) in said.out, "training went on after the stop"
