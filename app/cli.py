@@ -14,7 +14,7 @@ from typing import Callable
 
 from transformers import HfArgumentParser
 
-from app.errors import DiskFull, TrainingHalted, UsageError
+from app.errors import DiskFull, TrainingHalted, UsageError, with_sources
 
 
 def flag(help_text: str, **extra) -> typing.Any:
@@ -114,7 +114,12 @@ def say_why(halt: UsageError | TrainingHalted) -> None:
         return
     halt.said = True
     if os.environ.get("RANK", "0") == "0":
-        print(f"error: {halt}" if isinstance(halt, (UsageError, DiskFull)) else str(halt), file=sys.stderr)
+        line = str(halt)
+        if isinstance(halt, UsageError):  # with the --config file that set a flag it names, which was not typed
+            line = f"error: {with_sources(line)}"
+        elif isinstance(halt, DiskFull):
+            line = f"error: {line}"
+        print(line, file=sys.stderr)
 
 
 class OutputPastItsReader:

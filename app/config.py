@@ -21,6 +21,7 @@ from typing import Literal, Optional
 import numpy
 import yaml
 
+from app import errors
 from app.cli import OneLineParser, flag, unknown_flag_advice
 from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
@@ -32,6 +33,12 @@ ALL_LINEAR = "all-linear"  # --lora_target_modules: every linear layer of the ba
 # Flags that only --use_peft reads: given without it, they would be ignored silently.
 PEFT_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_modules_to_save", "use_rslora")
 PRECISION_FLAGS = frozenset({"amp", "mixed_precision"})  # two ways to ask for a precision
+# A causal LM's data formats, each by its own columns: a format named on the command line replaces a --config's.
+DATA_FORMATS = (
+    frozenset({"messages_column"}),
+    frozenset({"prompt_column", "response_column"}),
+    frozenset({"text_column"}),
+)
 # What --metric_for_best_model may name: every task's metrics (each task says which of them it computes).
 METRICS = {
     "loss": EVAL_LOSS,
@@ -428,12 +435,18 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         raise UsageError(
             "--config is given more than once; pass one YAML, and the flags that differ on the command line"
         )
-    if known.config:
-        from_yaml = _read_yaml(Path(known.config))
-        if PRECISION_FLAGS & set(given):  # two ways to ask for one thing: the command line's wins over the YAML's
-            for name in PRECISION_FLAGS:
-                from_yaml.pop(name, None)
-        parser.set_defaults(**from_yaml)
+    from_yaml = _read_yaml(Path(known.config)) if known.config else {}
+    # Two ways to ask for one thing: the command line's wins over the YAML's. So does a data format, and adapters
+    # switched off (--use_peft false) take the YAML's adapter settings with them.
+    replaced = [PRECISION_FLAGS] if PRECISION_FLAGS & set(given) else []
+    replaced += [other for named in DATA_FORMATS if named & set(given) for other in DATA_FORMATS if other != named]
+    if "use_peft" in given:
+        replaced.append(frozenset({*PEFT_FLAGS, "save_merged_model"}))
+    for name in set().union(*replaced) - set(given):
+        from_yaml.pop(name, None)
+    parser.set_defaults(**from_yaml)
+    # Where a value came from, for a line that names a flag the user did not type (errors.with_sources).
+    errors.set_config_sources({name: known.config for name in from_yaml if name not in given})
     namespace, unknown = parser.parse_known_args(argv)
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
@@ -441,6 +454,11 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
         )
     cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+    # `--prompt_column ""`: no column has an empty name (pandas names an empty header "Unnamed: 0"), so it unsets one
+    # that a --config named.
+    cfg = dataclasses.replace(
+        cfg, **{name: None for name in names if name.endswith("_column") and getattr(cfg, name) == ""}
+    )
     spec = cfg.resume_from_checkpoint
     if spec is not None and str(spec).lower() in ("latest", "true") and not Path(str(spec)).exists():
         cfg = dataclasses.replace(cfg, resume_from_checkpoint="latest")  # true: HF Trainer's True

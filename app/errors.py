@@ -3,6 +3,8 @@
 `train.py` turns these into one line on stderr and the exit code; anything else is a bug and keeps its traceback.
 """
 
+import re
+
 
 class UsageError(Exception):
     """Bad input (flag, file, column, label, config). Raised before heavy work; exit code 2."""
@@ -32,3 +34,22 @@ def first_line(error: BaseException) -> str:
     """The first line of an error's message, for a one-line report; its type name when the message is empty."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+# The flags whose values a --config YAML set, not the command line, and the file: app/config.parse_config sets them.
+_config_sources: dict[str, str] = {}
+
+
+def set_config_sources(sources: dict[str, str]) -> None:
+    _config_sources.clear()
+    _config_sources.update(sources)
+
+
+def with_sources(line: str) -> str:
+    """A line that names flags a --config file set says so: the user did not type them."""
+    named = [name for name in _config_sources if re.search(rf"--{name}\b", line)]
+    if not named:
+        return line
+    files = sorted({_config_sources[name] for name in named})
+    flags = ", ".join(f"--{name}" for name in named)
+    return f"{line} ({flags}: from --config {', '.join(files)}; a flag on the command line overrides it)"

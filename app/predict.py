@@ -35,6 +35,7 @@ import pandas as pd
 import yaml
 from tqdm.auto import tqdm
 
+from app import errors
 from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
 from app.cli import (
     PREDICT_OTHER_NAMES,
@@ -141,6 +142,7 @@ def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     parser.add_argument(
         "texts", nargs="*", help="Texts or prompts (all before the flags or all after them), if no --input_file."
     )
+    errors.set_config_sources({})  # no --config here: a train.py run in this process does not name its flags
     namespace, extras = parser.parse_known_args(argv)
     if extras and extras[0].startswith("-"):
         advice = unknown_flag_advice(extras[0], parser.flag_names(), "app/predict.py", PREDICT_OTHER_NAMES)

@@ -182,6 +182,48 @@ def test_a_precision_on_the_command_line_wins_over_the_other_precision_key_of_th
     )
 
 
+@pytest.mark.parametrize(
+    "in_yaml, on_the_command_line, expected",
+    [
+        (
+            "prompt_column: prompt\nresponse_column: completion",
+            ["--messages_column", "messages"],
+            {"messages_column": "messages", "prompt_column": None, "response_column": None},
+        ),
+        ("messages_column: messages", ["--text_column", "body"], {"messages_column": None, "text_column": "body"}),
+        ("messages_column: messages", ["--messages_column", ""], {"messages_column": None}),
+        ("use_peft: true\nlora_r: 4\nsave_merged_model: true", ["--use_peft", "false"], {"lora_r": 16}),
+    ],
+    ids=["a data format", "another data format", "a column unset", "adapters switched off"],
+)
+def test_the_command_line_replaces_what_a_yaml_set_for_the_same_choice(
+    tmp_path, in_yaml, on_the_command_line, expected
+):
+    # "give --messages_column alone, or --prompt_column with --response_column" for a command line that gave it alone,
+    # "--lora_r applies to adapters only" for a --lora_r in the YAML, and no way to unset a YAML's column.
+    from app.config import parse_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{in_yaml}\nmax_steps: 3\n")
+    cfg = parse_config(["--config", str(path), *on_the_command_line])
+    assert {name: getattr(cfg, name) for name in expected} == expected and cfg.max_steps == 3
+    assert not cfg.save_merged_model
+
+
+def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path, capsys):
+    from tests.conftest import run_app
+
+    path = tmp_path / "run.yaml"
+    path.write_text("lora_r: 4\n")
+    assert run_app(["--config", path]) == 2
+    assert capsys.readouterr().err == (
+        "error: --lora_r applies to adapters only; add --use_peft, or drop --lora_r (--lora_r: from --config "
+        f"{path}; a flag on the command line overrides it)\n"
+    )
+    assert run_app(["--lora_r", "4"]) == 2  # typed: nothing to add
+    assert capsys.readouterr().err == "error: --lora_r applies to adapters only; add --use_peft, or drop --lora_r\n"
+
+
 def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():
     # Each name that HF TrainingArguments or trl gives a flag of another name here (app/cli.OTHER_NAMES) is no flag
     # of the app, and the advice names only flags that the app or accelerate launch has.
