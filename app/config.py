@@ -425,12 +425,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from a YAML (`--config`) and the command line, which wins. Raises UsageError."""
     parser = OneLineParser(TrainConfig, "app/train.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", metavar="YAML", help="YAML file whose keys are these flags' names.")
+    errors.set_config_sources({})  # until a --config is read
     known, _ = parser.parse_known_args(argv)
-    given = [
-        arg.partition("=")[0].removeprefix("--").replace("-", "_")
-        for arg in (sys.argv[1:] if argv is None else argv)
-        if arg.startswith("--")
-    ]
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    given = [_field_of(arg, names) for arg in (sys.argv[1:] if argv is None else argv) if arg.startswith("--")]
     if given.count("config") > 1:  # argparse would keep the last file and drop the others without a word
         raise UsageError(
             "--config is given more than once; pass one YAML, and the flags that differ on the command line"
@@ -440,7 +438,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # switched off (--use_peft false) take the YAML's adapter settings with them.
     replaced = [PRECISION_FLAGS] if PRECISION_FLAGS & set(given) else []
     replaced += [other for named in DATA_FORMATS if named & set(given) for other in DATA_FORMATS if other != named]
-    if "use_peft" in given:
+    if "use_peft" in given and not known.use_peft:  # switched off: the YAML's adapters with it
         replaced.append(frozenset({*PEFT_FLAGS, "save_merged_model"}))
     for name in set().union(*replaced) - set(given):
         from_yaml.pop(name, None)
@@ -448,7 +446,6 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # Where a value came from, for a line that names a flag the user did not type (errors.with_sources).
     errors.set_config_sources({name: known.config for name in from_yaml if name not in given})
     namespace, unknown = parser.parse_known_args(argv)
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
         raise UsageError(
             f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
@@ -490,6 +487,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def _field_of(arg: str, fields: set[str]) -> str:
+    """The config field a command-line flag sets: `--lora-r=4` sets lora_r, `--no_packing` packing."""
+    name = arg.partition("=")[0].removeprefix("--").replace("-", "_")
+    return name.removeprefix("no_") if name not in fields and name.removeprefix("no_") in fields else name
 
 
 def _names(values: list[str]) -> list[str]:

@@ -164,8 +164,13 @@ def fine_tune(
                 training.save_checkpoint()
         # The trained model first, so that nothing after training (a final evaluation that fails) can lose it.
         training.save_model(paths.output_dir)
-        accelerator.print(f"evaluating the final model (step {training.state.opt_step}'s, saved in {paths.output_dir})")
-        final = training.evaluate_and_log()  # an early stop's step was evaluated by the loop: its metrics
+        step, saved = training.state.opt_step, paths.output_dir
+        accelerator.print(
+            f"the final model is step {step}'s, evaluated above (saved in {saved})"  # the step of an early stop
+            if training.evaluated_at(step)
+            else f"evaluating the final model (step {step}'s, saved in {saved})"
+        )
+        final = training.evaluate_and_log()
         final, best_loaded = training.end_with_best(final)
         if best_loaded:  # --load_best_model_at_end: the best checkpoint's weights take the trained model's place
             # Logged after the trained model's, as HF's evaluate() after training: the last eval/* values (HPARAMS'

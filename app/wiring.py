@@ -161,11 +161,15 @@ class Training:
         """The task's metrics over the whole validation set."""
         return self.inputs.task.evaluate(self.accelerator, self.policy, self.model, self.eval_loader)
 
+    def evaluated_at(self, step: int) -> bool:
+        return self.evaluated is not None and self.evaluated[0] == step
+
     def evaluate_and_log(self) -> dict[str, float]:
-        """evaluate(), logged at the current step; kept, so that the step that ends a run early is not evaluated
-        again as the final model (the same weights: a second point at the same step, and the time of a pass)."""
+        """evaluate(), logged at the current step; kept, so that a step the loop evaluated (one that stopped the run
+        early) is not evaluated again as the final model: the same weights, a second point at the same step, and
+        the time of a pass over the validation set."""
         step = self.state.opt_step
-        if self.evaluated is not None and self.evaluated[0] == step:
+        if self.evaluated_at(step):
             return self.evaluated[1]
         metrics = self.evaluate()
         self.telemetry.log_eval(step, metrics)

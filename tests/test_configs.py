@@ -193,8 +193,14 @@ def test_a_precision_on_the_command_line_wins_over_the_other_precision_key_of_th
         ("messages_column: messages", ["--text_column", "body"], {"messages_column": None, "text_column": "body"}),
         ("messages_column: messages", ["--messages_column", ""], {"messages_column": None}),
         ("use_peft: true\nlora_r: 4\nsave_merged_model: true", ["--use_peft", "false"], {"lora_r": 16}),
+        (
+            "use_peft: true\nlora_r: 4\nsave_merged_model: true",
+            ["--use_peft"],
+            {"lora_r": 4, "save_merged_model": True},
+        ),
+        ("lora_r: 4", ["--use_peft", "true"], {"lora_r": 4}),
     ],
-    ids=["a data format", "another data format", "a column unset", "adapters switched off"],
+    ids=["a data format", "another data format", "a column unset", "adapters off", "adapters on", "adapters on, true"],
 )
 def test_the_command_line_replaces_what_a_yaml_set_for_the_same_choice(
     tmp_path, in_yaml, on_the_command_line, expected
@@ -207,21 +213,25 @@ def test_the_command_line_replaces_what_a_yaml_set_for_the_same_choice(
     path.write_text(f"{in_yaml}\nmax_steps: 3\n")
     cfg = parse_config(["--config", str(path), *on_the_command_line])
     assert {name: getattr(cfg, name) for name in expected} == expected and cfg.max_steps == 3
-    assert not cfg.save_merged_model
 
 
 def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path, capsys):
     from tests.conftest import run_app
 
     path = tmp_path / "run.yaml"
-    path.write_text("lora_r: 4\n")
+    path.write_text("lora_r: 4\nlearning_rate: 0.0001\n")
     assert run_app(["--config", path]) == 2
     assert capsys.readouterr().err == (
         "error: --lora_r applies to adapters only; add --use_peft, or drop --lora_r (--lora_r: from --config "
         f"{path}; a flag on the command line overrides it)\n"
     )
-    assert run_app(["--lora_r", "4"]) == 2  # typed: nothing to add
+    assert run_app(["--lora_r", "4"]) == 2  # typed: nothing to add, though the run before named a --config
     assert capsys.readouterr().err == "error: --lora_r applies to adapters only; add --use_peft, or drop --lora_r\n"
+    (tmp_path / "bad.yaml").write_text("learning_rat: 1\n")
+    assert run_app(["--config", path]) == 2
+    capsys.readouterr()
+    assert run_app(["--config", tmp_path / "bad.yaml"]) == 2  # refused while reading: the last file's keys are not it
+    assert "from --config" not in capsys.readouterr().err
 
 
 def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():

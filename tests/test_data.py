@@ -113,7 +113,9 @@ def test_csv_cells_that_pandas_calls_missing_are_texts_and_labels_as_written(tmp
     shutil.copy(train, tmp_path / "validation.csv")
     if source == "files":
         raw = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(train)))
-    else:
+    else:  # with what dataset folders hold besides: a licence, and a test split of another header
+        (tmp_path / "LICENSE").write_text("CC0\n")
+        (tmp_path / "test.csv").write_text("text\nTrue\n")
         raw = data.load_raw(TrainConfig(dataset_name=str(tmp_path)))
     for split in ("train", "validation"):
         assert raw[split]["text"][:] == ["None", "null", "nan", "N/A", None]
@@ -387,27 +389,23 @@ def test_a_held_out_split_that_leaves_no_training_rows_is_one_line(tmp_path, row
 
 
 @pytest.mark.parametrize(
-    "given, said",
+    "given, flag, default",
     [
-        ({"text_column": "label"}, "--text_column 'label' is the column that --label_column reads by default"),
-        ({"text_pair_column": "text"}, "--text_pair_column 'text' is the column that --text_column reads by default"),
-        (
-            {"text_pair_column": "label"},
-            "--text_pair_column 'label' is the column that --label_column reads by default",
-        ),
-        ({"label_column": "text"}, "--label_column 'text' is the column that --text_column reads by default"),
+        ({"text_column": "label"}, "--text_column 'label'", "--label_column"),
+        ({"text_pair_column": "text"}, "--text_pair_column 'text'", "--text_column"),
+        ({"text_pair_column": "label"}, "--text_pair_column 'label'", "--label_column"),
+        ({"label_column": "text"}, "--label_column 'text'", "--text_column"),
     ],
 )
-def test_a_flag_naming_a_defaulted_roles_column_is_refused(given, said):
+def test_a_flag_naming_a_defaulted_roles_column_is_refused(given, flag, default):
     # --text_column label trained the classifier on its own labels: eval/accuracy 1.0 on a model that learned nothing.
     with pytest.raises(UsageError) as refused:
         classification.resolve_columns(TrainConfig(train_file="t.csv", **given))
-    flag, default = said.split()[0], said.split()[-4]
     assert str(refused.value) == (
-        f"{said}: each role takes its own column; give {flag} another column, or {default} too"
+        f"{flag} is the column that {default} reads by default: each role takes its own column; give "
+        f"{flag.split()[0]} another column, or {default} too"
     )
-    replace_default = {default.removeprefix("--"): "other"}
-    classification.resolve_columns(TrainConfig(train_file="t.csv", **given, **replace_default))
+    classification.resolve_columns(TrainConfig(train_file="t.csv", **given, **{default.removeprefix("--"): "other"}))
 
 
 @pytest.mark.parametrize(
@@ -415,14 +413,14 @@ def test_a_flag_naming_a_defaulted_roles_column_is_refused(given, said):
     [
         (["True", "False", "True", "False"], ("False", "True"), False),  # read as bools: "give ints or strings"
         (["01", "1", "01", "1"], ("01", "1"), False),  # both read as the int 1: two classes merged
-        ([str(i) for i in range(1, 11)] * 2, tuple(str(i) for i in range(1, 11)), False),  # "renumber them from 0"
+        ([str(i) for i in range(1, 11)] * 2, tuple(sorted(str(i) for i in range(1, 11))), False),  # "renumber from 0"
         (["1", "0", "2", "1"], ("0", "1", "2"), True),  # the class ids, as a json file's ints
     ],
     ids=["booleans", "codes with a leading zero", "ratings 1 to 10", "class ids"],
 )
 def test_csv_labels_are_read_as_written_and_whole_numbers_from_0_are_class_ids(tmp_path, labels, names, ids_as_written):
     # pandas guessed the types of csv cells: advice that a csv cannot follow ("write them as strings"), or classes
-    # merged without a word. Numbers written as names sort by value, "2" before "10".
+    # merged without a word. Numbers written as names sort as strings do, as in HF's scripts and in older runs.
     rows = "".join(f"{1000 + i},{label}\n" for i, label in enumerate(labels))  # numbers as texts, too
     (tmp_path / "train.csv").write_text("text,label\n" + rows)
     (tmp_path / "validation.csv").write_text("text,label\n" + rows)
@@ -441,6 +439,13 @@ def test_whole_numbers_in_a_csv_fit_a_trained_heads_ids_and_decimals_are_refused
     raw = data.load_raw(TrainConfig(train_file=str(path), validation_file=str(path)))
     trained = classification.infer_labels(raw, "label", fixed={0: "LABEL_0", 1: "LABEL_1"})
     assert trained.names == ("LABEL_0", "LABEL_1") and trained.encoder()("1") == 1
+    # A head trained on ratings "1" to "3" names its classes so: "1" is class 0, not class 1 ("2").
+    named = classification.infer_labels(raw, "label", fixed={0: "0", 1: "1", 2: "2"})
+    assert named.encoder()("1") == 1
+    path.write_text("text,label\na,1\nb,2\nc,1\n")
+    raw = data.load_raw(TrainConfig(train_file=str(path), validation_file=str(path)))
+    stars = classification.infer_labels(raw, "label", fixed={0: "1", 1: "2", 2: "3"})
+    assert stars.names == ("1", "2", "3") and [stars.encoder()(v) for v in ("1", "2")] == [0, 1]
     # The first float was whole, 2.0: the advice was to write class ids as ints, for a regression target.
     for name, cells in (("floats.csv", ["2.0", "0.5", "1.0"]), ("floats.jsonl", [2.0, 0.5, 1.0])):
         path = tmp_path / name

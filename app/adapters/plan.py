@@ -127,9 +127,7 @@ def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: t
             f"{where} holds adapters of another base model (fingerprint {saved['base']}, this one {now['base']}): "
             "resume with the --model_name_or_path they were trained on"
         )
-    # Module lists as sets: `--lora_target_modules v_proj q_proj` adapts the layers that `q_proj v_proj` did.
-    same = lambda a, b: set(a) == set(b) if isinstance(a, list) and isinstance(b, list) else a == b  # noqa: E731
-    differ = [key for key in _SHAPE_FLAGS if not same(saved[key], now[key])]
+    differ = [key for key in _SHAPE_FLAGS if not _same(saved[key], now[key])]
     if differ:
         flags = ", ".join(_SHAPE_FLAGS[key] for key in differ)
         was = ", ".join(f"{_SHAPE_FLAGS[key]} {_shown(saved[key], now[key])}" for key in differ)
@@ -155,6 +153,11 @@ _SHAPE_FLAGS = {
     "target_modules": "--lora_target_modules",
     "modules_to_save": "--lora_modules_to_save",
 }
+
+
+def _same(saved, now) -> bool:
+    """Module lists as sets: `--lora_target_modules v_proj q_proj` adapts the layers that `q_proj v_proj` did."""
+    return set(saved) == set(now) if isinstance(saved, list) and isinstance(now, list) else saved == now
 
 
 def _shown(value, now) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import datasets
 import torch
-from datasets import Dataset, DatasetDict, Features, Value, load_dataset
+from datasets import Dataset, DatasetDict, Features, Value, load_dataset, load_dataset_builder
 from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 
@@ -162,7 +162,7 @@ CSV_MISSING = {"keep_default_na": False, "na_values": [""]}
 
 def _read_file(kind: str, split: str, path: str) -> Dataset:
     try:
-        dataset = _read_csv_as_written(path, split) if kind == "csv" else None
+        dataset = _read_csv_as_written([path], split) if kind == "csv" else None
         if not dataset:  # not csv; or a csv file that is read for its error, or that has no rows (datasets refuses)
             dataset = load_dataset(kind, data_files={split: path}, **(CSV_MISSING if kind == "csv" else {}))[split]
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
@@ -174,22 +174,19 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
     return dataset
 
 
-def _read_csv_as_written(path: str, split: str, data_files=None) -> Dataset | DatasetDict | None:
-    """A csv file (or the files of a folder, which share one header) with every column a string, the cells as
-    written; None if that read fails: the file is then read as datasets reads it, for its error or its row labels
-    (check_no_row_labels)."""
+def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
+    """A split's csv files (of one header) with every column a string, the cells as written; None if that read fails:
+    the files are then read as datasets reads them, for its error or for their row labels (check_no_row_labels)."""
     import pandas as pd
 
     try:
         # pandas takes row labels from a first row longer than the header; datasets' own read keeps them to be found
-        firsts = [pd.read_csv(file, nrows=1, **CSV_MISSING) for file in data_files or [path]]
+        firsts = [pd.read_csv(file, nrows=1, **CSV_MISSING) for file in files]
         headers = {tuple(first.columns) for first in firsts}
         if len(headers) != 1 or not all(isinstance(first.index, pd.RangeIndex) for first in firsts):
             return None
         strings = Features({str(name): Value("string") for name in headers.pop()})
-        if data_files:  # a --dataset_name folder
-            return load_dataset(path, features=strings, **CSV_MISSING)
-        return load_dataset("csv", data_files={split: path}, features=strings, **CSV_MISSING)[split]
+        return load_dataset("csv", data_files={split: files}, features=strings, **CSV_MISSING)[split]
     except Exception:
         return None
 
@@ -212,9 +209,12 @@ def _row_count(path: str, kind: str) -> int | None:
 def _load_named(name: str, config_name: str | None) -> DatasetDict:
     hub.before_looking_up(name)
     try:
-        csv_files = _csv_files_of_folder(name)
-        loaded = _read_csv_as_written(name, "train", csv_files) if csv_files and config_name is None else None
-        loaded = loaded or load_dataset(name, config_name, **(CSV_MISSING if csv_files else {}))
+        csv_splits = _csv_splits_of_folder(name) if config_name is None else {}
+        read = {split: _read_csv_as_written(files, split) for split, files in csv_splits.items()}
+        if csv_splits and None not in read.values():
+            loaded = DatasetDict(read)
+        else:
+            loaded = load_dataset(name, config_name, **(CSV_MISSING if csv_splits else {}))
     except Exception as e:  # not found, offline, wrong config: all are input errors here
         raise UsageError(
             f"--dataset_name {name!r} cannot be loaded: {first_line(e)} "
@@ -234,21 +234,18 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
     return DatasetDict(splits)
 
 
-def _csv_files_of_folder(name: str) -> list[Path]:
-    """The files of a local folder whose files are csv files only (a README and hidden files aside): datasets reads
-    it with its csv builder, which takes a --train_file's options. Empty for anything else: any other file may make
-    datasets pick another builder."""
-    folder = Path(name)
-    if not folder.is_dir():
-        return []
-    files = [
-        path
-        for path in folder.rglob("*")
-        if path.is_file()
-        and not any(part.startswith(".") for part in path.relative_to(folder).parts)
-        and path.suffix.lower() != ".md"
-    ]
-    return files if files and all(path.suffix.lower() == ".csv" for path in files) else []
+def _csv_splits_of_folder(name: str) -> dict[str, list[str]]:
+    """A local folder that datasets reads with its csv builder: each split's files, as datasets finds them (by their
+    names: train.csv, validation.csv, test.csv, ...); else {}, and datasets reads it as it will."""
+    if not Path(name).is_dir():
+        return {}
+    try:
+        builder = load_dataset_builder(name)
+    except Exception:  # load_dataset then says what is wrong
+        return {}
+    if builder.name != "csv" or not builder.config.data_files:
+        return {}
+    return {str(split): [str(file) for file in files] for split, files in builder.config.data_files.items()}
 
 
 def map_splits(raw: DatasetDict, transform: Callable, **options) -> DatasetDict:

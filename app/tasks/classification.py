@@ -8,6 +8,7 @@ the metrics (loss, accuracy, macro-F1).
 from __future__ import annotations
 
 import copy
+import itertools
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -66,24 +67,21 @@ def resolve_columns(cfg: TrainConfig) -> Columns:
     refuse_flags_of_other_tasks(cfg, NAME, ("prompt_column", "response_column", "messages_column", "max_new_tokens"))
     text = cfg.text_column or (EMBEDDED_TEXT_COLUMN if is_embedded(cfg) else "text")
     label = cfg.label_column or (EMBEDDED_LABEL_COLUMN if is_embedded(cfg) else "label")
-    # Flags that name one column twice are refused with the config; here a flag that names a default's column
-    # (--text_column label trained on the labels themselves, and scored 100%).
+    # Flags that name one column twice are refused with the config; here a flag that names the column a default role
+    # reads (--text_column label trained on the labels themselves, and scored 100%).
     roles = [
         ("--text_column", text, cfg.text_column is None),
         ("--text_pair_column", cfg.text_pair_column, False),
         ("--label_column", label, cfg.label_column is None),
     ]
-    for i, (flag, column, defaulted) in enumerate(roles):
-        for other, theirs, other_defaulted in roles[i + 1 :]:
-            if column is None or column != theirs:
-                continue
-            given, default = (other, flag) if defaulted else (flag, other)
-            raise UsageError(
-                f"{given} {column!r} is the column that {default} reads by default: each role takes its own column; "
-                f"give {given} another column, or {default} too"
-                if defaulted or other_defaulted
-                else f"{flag} and {other} both name the column {column!r}: each role takes its own column"
-            )
+    for (flag, column, defaulted), (other, theirs, other_defaulted) in itertools.combinations(roles, 2):
+        if column is None or column != theirs or not (defaulted or other_defaulted):
+            continue
+        given, default = (other, flag) if defaulted else (flag, other)
+        raise UsageError(
+            f"{given} {column!r} is the column that {default} reads by default: each role takes its own column; give "
+            f"{given} another column, or {default} too"
+        )
     return Columns(text, cfg.text_pair_column, label)
 
 
@@ -108,17 +106,19 @@ def has_trained_head(config: PretrainedConfig) -> bool:
 
 # A csv's cells are read as written, as strings (inputs/data.py): its labels that are numbers are told apart here.
 WHOLE_NUMBER = re.compile(r"0|[1-9][0-9]*")
-NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+NUMBER = re.compile(r"[+-]?([0-9]+(?P<point>\.[0-9]*)?|(?P<fraction>\.[0-9]+))(?P<exponent>[eE][+-]?[0-9]+)?")
 
 
-def written_class_ids(train: list, validation: list, trained_head: bool) -> bool:
-    """Labels written as the whole numbers 0..N-1, each among the training labels (or any whole numbers, for a trained
-    head), are class ids, as a json file's int labels are. Other numbers written as text stay names ("1" to "5",
-    "01"), and decimals are refused by infer_labels."""
+def written_class_ids(train: list, validation: list, fixed: dict[int, str] | None) -> bool:
+    """Labels written as the whole numbers 0..N-1, each among the training labels, are class ids, as a json file's int
+    labels are; for a trained head, whole numbers that are not its label names are its ids. Other numbers written as
+    text are names ("1" to "5", "01", or a trained head's "1" to "3"), and decimals are refused by infer_labels."""
     if not all(isinstance(v, str) and WHOLE_NUMBER.fullmatch(v) for v in train + validation):
         return False
+    if fixed is not None:
+        return not set(train + validation) <= set(fixed.values())
     ids = {int(v) for v in train}
-    return trained_head or ids == set(range(len(ids)))
+    return ids == set(range(len(ids)))
 
 
 def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | None) -> LabelSpace:
@@ -130,12 +130,13 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
     values, validation = list(raw["train"][label_column]), list(raw["validation"][label_column])
     for split in ("train", "validation"):
         check_label_cells(raw, split, label_column, values if split == "train" else validation)
-    if written_class_ids(values, validation, fixed is not None):  # a csv's "0" and "1": ints (the encoder's int())
+    if written_class_ids(values, validation, fixed):  # a csv's "0" and "1": ints (the encoder's int())
         values, validation = [int(v) for v in values], [int(v) for v in validation]
     if all(isinstance(v, str) for v in values):
-        numbers = all(NUMBER.fullmatch(v) for v in values)
-        if numbers and any(not WHOLE_NUMBER.fullmatch(v) and ("." in v or "e" in v.lower()) for v in values):
-            _refuse_floats(label_column, [float(v) for v in values])  # decimals in a csv: as a json file's floats
+        numbers = [NUMBER.fullmatch(v) for v in values]
+        decimal = lambda number: number["point"] or number["fraction"] or number["exponent"]  # noqa: E731
+        if all(numbers) and any(map(decimal, numbers)):  # a csv's decimals: as a json file's floats
+            _refuse_floats(label_column, [float(v) for v in values])
         if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values):
             raise UsageError(
                 f"label column {label_column!r} holds a different value in each of its {len(values)} training rows: "
@@ -152,9 +153,7 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
                 f"{_more_rows(len(spaced) - 1)}, which would make it a class of "
                 "its own: remove the spaces, and quote texts that hold commas, as csv writers do"
             )
-        # Numbers written as text are names, in the order of their values: star ratings "1" to "10", "2" before "10".
-        by_value = (lambda v: (int(v), v)) if numbers else None
-        space = LabelSpace(tuple(sorted(set(values), key=by_value)), string_labels=True)
+        space = LabelSpace(tuple(sorted(set(values))), string_labels=True)  # as HF's scripts sort them
     elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
         if min(values) < 0:
             raise UsageError(
