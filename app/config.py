@@ -308,6 +308,11 @@ class TrainConfig:
                 raise UsageError(
                     f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
                 )
+        if self.init_loss_scale < self.min_loss_scale:  # the alarm watches skipped steps: an fp16 run learning nothing
+            raise UsageError(
+                f"--init_loss_scale {self.init_loss_scale:g} is below --min_loss_scale {self.min_loss_scale:g}, where "
+                "fp16 can no longer represent the gradients: the run would start collapsed; raise --init_loss_scale"
+            )
         if self.run_name is not None and (
             not self.run_name.strip() or Path(self.run_name).name != self.run_name or self.run_name in (".", "..")
         ):

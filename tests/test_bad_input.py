@@ -164,6 +164,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "--init_loss_scale must be at most 3.403e+38 (float32's largest), got 1e+40",
         ),
         (
+            "a first loss scale below the alarm's",  # exit 0, every fp16 gradient 0, nothing learned, no alarm
+            ["--amp", "--init_loss_scale", "0.5"],
+            {},
+            "--init_loss_scale 0.5 is below --min_loss_scale 1, where fp16 can no longer represent the gradients: the "
+            "run would start collapsed; raise --init_loss_scale",
+        ),
+        (
             "a run name that is a path",  # wrote outside --logdir; outputs/.. with --overwrite_output_dir, into the cwd
             ["--run_name", ".."],
             {},
