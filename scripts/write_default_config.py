@@ -1,12 +1,14 @@
 """Write configs/default.yaml from TrainConfig: every training flag at its default, with its help as a comment.
 
     python scripts/write_default_config.py          # after adding or changing a flag in app/config.py
+    python scripts/write_default_config.py --check  # exit 1 if the file is not what this would write
 
-tests/test_configs.py checks that the file loads and equals the defaults, so a flag added without rerunning this fails.
+tests/test_configs.py checks that the file is what this writes, so a flag added or changed without rerunning it fails.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import sys
@@ -29,7 +31,8 @@ HEADER = """\
 """
 
 
-def main() -> None:
+def render() -> str:
+    """configs/default.yaml as it should be: every field of TrainConfig at its default, its help as a comment."""
     source = (ROOT / "app" / "config.py").read_text()
     # The section rulers of the dataclass ("# ---- precision ----"), by the first field under each.
     sections = {m.group(2): m.group(1).strip() for m in re.finditer(r"# ---- ([^-]+?) -+\n\s+(\w+):", source)}
@@ -39,8 +42,22 @@ def main() -> None:
             lines.append(f"# ---- {sections[field.name]} " + "-" * (100 - len(sections[field.name])))
         lines += ["# " + line for line in textwrap.wrap(field.metadata["help"].replace("%%", "%"), 116)]
         lines += [yaml.safe_dump({field.name: getattr(defaults, field.name)}).strip(), ""]
-    (ROOT / "configs" / "default.yaml").write_text("\n".join(lines).rstrip() + "\n")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the file is out of date")
+    args = parser.parse_args(argv)
+    path = ROOT / "configs" / "default.yaml"
+    if args.check:
+        if path.read_text() != render():
+            print(f"{path} is out of date: run python scripts/write_default_config.py", file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(render())
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -104,6 +104,18 @@ def test_the_shipped_training_config_is_the_defaults_with_every_key():
     assert keys == {field.name for field in dataclasses.fields(TrainConfig)}
 
 
+def test_the_shipped_training_config_is_what_its_script_writes_comments_and_all():
+    # The values were checked, not the comments: a flag's help changed in app/config.py stayed old in the file.
+    import subprocess
+    import sys
+
+    script = ROOT / "scripts" / "write_default_config.py"
+    checked = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
+    helped = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True)
+    assert helped.returncode == 0 and "--check" in helped.stdout  # it took --help for a run, and wrote the file
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_training_config_loads(path):
     from app.config import TrainConfig, parse_config
