@@ -276,8 +276,14 @@ def main() -> int:
     if clashing:
         parser.error(f"{clashing[0]} is set by this script for each run; leave it out")
     report_dir = args.report_dir or Path("reports") / args.name
-    report_dir.mkdir(parents=True, exist_ok=True)
     logdir = Path(train_flags[train_flags.index("--logdir") + 1]) if "--logdir" in train_flags else Path("runs")
+    modes = ("no", "fp16", *(("bf16",) if args.with_bf16 else ()))
+    # A name used before: its runs would be refused, and their old curves read and reported as this call's.
+    taken = [logdir / args.name, report_dir / "report.md", *(logdir / f"{args.name}-{mode}" for mode in modes)]
+    if used := next((path for path in taken if path.exists()), None):
+        print(f"error: --name {args.name} was used before ({used} exists); pick another --name", file=sys.stderr)
+        return 2
+    report_dir.mkdir(parents=True, exist_ok=True)
     launcher = shlex.split(args.launcher) if args.launcher else default_launcher()
     if "--pad_to_multiple_of" not in train_flags:  # once, for every run: same batches, same masks
         train_flags += ["--pad_to_multiple_of", str(amp_padding())]
@@ -285,7 +291,7 @@ def main() -> int:
     command = [*launcher, str(ROOT / "app" / "train.py"), *train_flags]
 
     runs, failed = {}, []
-    for mode in ("no", "fp16", *(("bf16",) if args.with_bf16 else ())):
+    for mode in modes:
         run_name = f"{args.name}-{mode}"
         print(f"==> {run_name}", flush=True)
         owned = ["--mixed_precision", mode, "--run_name", run_name, "--output_dir", str(report_dir / "models" / mode)]

@@ -111,8 +111,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
 ):
     # The two runs in this process: what is tested is the comparison, not the launcher (compare_amp.py's default).
     monkeypatch.setattr(subprocess, "call", in_process)
-    said = run_here(
-        "compare_amp.py",
+    args = [
         "--name",
         "cmp",
         "--report_dir",
@@ -129,7 +128,8 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
         "--max_length",
         "60",
         "--disable_tqdm",
-    )
+    ]
+    said = run_here("compare_amp.py", *args)
     assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16", "cmp"}
     # The comparison: one run per precision, each with the compare/ tags that its charts pick.
     assert {p.name for p in (tmp_path / "runs" / "cmp").iterdir()} == {"fp32", "fp16"}
@@ -157,6 +157,14 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     assert "fp16 pre-flight: amp pre-flight: clean" in report and "Native low-precision matmuls on this CPU" in report
     assert (tmp_path / "report" / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "report:" in said
+
+    # The same --name again: its runs were refused (their folders hold a run), and the old runs' curves were read
+    # and written into a new report, and into the comparison's event files a second time.
+    before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file())
+    again = [a if a != "4" else "2" for a in args]
+    said = run_here("compare_amp.py", *again, exit_code=2)
+    assert said == f"error: --name cmp was used before ({tmp_path / 'runs' / 'cmp'} exists); pick another --name\n"
+    assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
 
 
 def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
