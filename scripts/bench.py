@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil  # noqa: E402
 import torch  # noqa: E402
 from accelerate.state import AcceleratorState  # noqa: E402
-from bench_job import exit_on_sigterm, scratch_dir  # noqa: E402
+from bench_job import at_least, exit_on_sigterm, json_file, scratch_dir  # noqa: E402
 from datasets import DatasetDict  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import (  # noqa: E402
@@ -126,17 +126,20 @@ def main() -> int:
 
         return bench_job.main([arg for arg in sys.argv[1:] if arg != "--job"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per implementation per round (>= 2)")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per implementation before the rounds")
+    parser.add_argument(
+        "--steps",
+        type=at_least(2),
+        default=10,
+        help="timed steps per implementation per round (time is measured between steps)",
+    )
+    parser.add_argument("--rounds", type=at_least(1), default=3)
+    parser.add_argument("--warmup", type=at_least(0), default=3, help="untimed steps per implementation first")
     parser.add_argument("--precision", choices=("no", "fp16", "bf16"), default="no")
-    parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--batch_size", type=at_least(1), default=16)
+    parser.add_argument("--max_length", type=at_least(2), default=128)
     parser.add_argument("--tiny", action="store_true", help="a tiny BERT built from a config instead of MiniLM")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--json", type=json_file, help="write the figures here")
     args = parser.parse_args()
-    if args.steps < 2:
-        parser.error("--steps must be 2 or more: time is measured between steps")
 
     show_library_notices(False)  # transformers' load report of each contender's new head, as app/train.py does
     workdir = scratch_dir("bench-")

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py --job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--max_train_samples", type=int, help="train on the first N reviews (default: all 4,000)")
     parser.add_argument("--tiny", action="store_true", help=f"a tiny BERT on {TINY_SAMPLES} + {TINY_SAMPLES} reviews")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--json", type=json_file, help="write the figures here")
     parser.add_argument(
         "--task",
         choices=("sequence_classification", "causal_lm"),
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=at_least(1),
         default=1,
         help="rounds of every run, one after the other, each round starting one run further along: the medians are "
         "printed, and --json is written after every round",
@@ -108,12 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--precision", help=argparse.SUPPRESS)
     parser.add_argument("--strategy", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}: give at least 1 round")
-    if args.json and not args.json.parent.is_dir():  # found now, not after the first round's quarter of an hour
-        parser.error(f"--json {args.json}: no folder {args.json.parent}; create it or write the figures elsewhere")
-    if args.json and args.json.is_dir():
-        parser.error(f"--json {args.json} is a folder; name a file in it, e.g. {args.json / 'job.json'}")
     if args.task == "causal_lm" and (args.repeats != 1 or args.without_hf_defaults or args.app_torch_masks):
         parser.error(
             "--repeats, --without_hf_defaults and --app_torch_masks are for the classification job; leave them out "
@@ -248,6 +242,29 @@ def _against_targets(rounds: list[dict], whole_job: bool) -> str:
     ]
     said = "; ".join(f"{text}: {'yes' if met else 'NO'}" for text, met in checks)
     return f"targets of the job (docs/benchmarks.md) {'met' if all(met for _, met in checks) else 'not met'}: {said}"
+
+
+def at_least(least: int):
+    """An argparse type: an int of `least` or more, else argparse's one-line error (exit 2) before anything runs."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be {least} or more, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in its error for a non-number
+    return parse
+
+
+def json_file(text: str) -> Path:
+    """An argparse type: where the figures go, a file in a folder that exists; checked before minutes of runs."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it, e.g. {path / 'figures.json'}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no folder {path.parent}; create it or write the figures elsewhere")
+    return path
 
 
 def scratch_dir(prefix: str) -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from bench_job import exit_on_sigterm, scratch_dir  # noqa: E402
+from bench_job import at_least, exit_on_sigterm, json_file, scratch_dir  # noqa: E402
 from datasets import Dataset, DatasetDict  # noqa: E402
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification  # noqa: E402
 
@@ -56,12 +56,12 @@ def synthetic_tokens(vocab_size: int, rows: int, length: int) -> DatasetDict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=40, help="timed optimizer steps per precision")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--batch_size", type=at_least(1), default=32)
+    parser.add_argument("--seq_len", type=at_least(2), default=128)
+    parser.add_argument("--steps", type=at_least(2), default=40, help="timed optimizer steps per precision")
+    parser.add_argument("--warmup", type=at_least(0), default=5)
     parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64: a dry run")
-    parser.add_argument("--json", type=Path, default=Path("gpu_check.json"))
+    parser.add_argument("--json", type=json_file, default=Path("gpu_check.json"))
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print(

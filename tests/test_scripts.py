@@ -167,6 +167,28 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
 
 
+@pytest.mark.parametrize(
+    "script, args, said",
+    [
+        ("gpu_check.py", ["--device", "cpu", "--tiny", "--steps", "0"], "argument --steps: must be 2 or more, got 0"),
+        ("bench.py", ["--tiny", "--rounds", "0"], "argument --rounds: must be 1 or more, got 0"),
+        ("bench.py", ["--tiny", "--json", "no/such/folder/steps.json"], "steps.json: no folder no/such/folder; create"),
+    ],
+    ids=["gpu_check steps", "bench rounds", "bench json"],
+)
+def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp_path, script, args, said):
+    # ZeroDivisionError tracebacks, and a --json in a missing folder found after the benchmark's minutes of runs.
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "compare_amp.py"), "--amp"],
@@ -345,14 +367,14 @@ def test_the_targets_check_takes_each_bound_as_met_and_no_more(monkeypatch):
 @pytest.mark.parametrize(
     "flags, error",
     [
-        (["--repeats", "0"], "--repeats 0: give at least 1 round"),
+        (["--repeats", "0"], "argument --repeats: must be 1 or more, got 0"),
         (["--task", "causal_lm", "--repeats", "3"], "--repeats, --without_hf_defaults and --app_torch_masks are for"),
         (
             ["--task", "causal_lm", "--app_torch_masks"],
             "--repeats, --without_hf_defaults and --app_torch_masks are for",
         ),
-        (["--json", "no/such/folder/job.json"], "--json no/such/folder/job.json: no folder no/such/folder; create it"),
-        (["--json", "."], "--json . is a folder; name a file in it, e.g. job.json"),
+        (["--json", "no/such/folder/job.json"], "--json: no/such/folder/job.json: no folder no/such/folder; create it"),
+        (["--json", "."], "--json: . is a folder; name a file in it, e.g. figures.json"),
     ],
     ids=["no-rounds", "lm-rounds", "lm-torch-masks", "json-folder", "json-is-a-folder"],
 )
