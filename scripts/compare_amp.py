@@ -80,7 +80,7 @@ def read_run(run_dir: Path) -> dict:
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     curves = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
-    device, preflight = "unknown device", None
+    device, preflight, fallback = "unknown device", None, None
     for tag in events.Tags()["tensors"]:
         if not tag.endswith("/text_summary"):
             continue  # the custom-scalars layout is a tensor too, but not text
@@ -91,12 +91,15 @@ def read_run(run_dir: Path) -> dict:
             )
         if tag.startswith(tags.AMP_PREFLIGHT + "/"):
             preflight = text
+        if tag.startswith(tags.AMP_FALLBACK + "/"):  # --on_scale_collapse fallback: it ended in another precision
+            fallback = text
     gpu_run = tags.MEMORY_PEAK_ALLOCATED_GIB in curves
     memory_tag, memory_kind = peak_memory_tag(torch.device("cuda" if gpu_run else "cpu"))
     last = lambda tag: curves[tag][max(curves[tag])] if curves.get(tag) else float("nan")  # noqa: E731
     speeds = list(curves.get(tags.PERF_SAMPLES_PER_SEC, {}).values())
     padding = list(curves.get(tags.PERF_PADDING_FRACTION, {}).values())
-    scaled = bool(curves.get(tags.AMP_LOSS_SCALE))  # the scaler's tags are written only while loss scaling is on
+    # The scaler's tags are written only while loss scaling is on; a run that fell back ended without it.
+    scaled = bool(curves.get(tags.AMP_LOSS_SCALE)) and fallback is None
     return {
         "curves": curves,
         "device": device,
@@ -113,6 +116,7 @@ def read_run(run_dir: Path) -> dict:
         "loss_scaling": scaled,
         "skipped_steps": last(tags.AMP_SKIPPED_STEPS) if scaled else 0,
         "loss_scale": last(tags.AMP_LOSS_SCALE) if scaled else None,
+        "fallback": fallback,
     }
 
 
@@ -232,6 +236,8 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
     table = [f"| | {' | '.join(LABELS[m] for m in modes)} |", "|---|" + "---|" * len(modes)]
     table += [f"| {name} | {' | '.join(cell(runs[m]) for m in modes)} |" for name, cell in rows.items()]
     said = verdict(runs, native)
+    if fell_back := runs["fp16"].get("fallback"):  # its speed, memory and metrics are mostly the other precision's
+        said = f"the fp16 run did not end in fp16 ({fell_back}), so its column is not fp16's alone. {said}"
     where = "GPU" if base["gpu"] else "CPU"
     hardware = ", ".join(f"{mode}: {native[mode] or 'no (emulated)'}" for mode in ("fp16", "bf16"))
     preflight = runs["fp16"]["preflight"] or "not run (--skip_amp_preflight, or an older app)"

@@ -108,3 +108,22 @@ def test_two_fp32_runs_of_a_comparison_deviate_by_zero(quick_args, tmp_path):
     assert sorted(curves[0]) == [1, 2, 3, 4] and all(math.isfinite(v) for v in curves[0].values())
     assert compare_amp.largest_deviation(*curves) == 0.0
     assert torch.tensor(list(curves[0].values())).std() > 0  # real, changing losses, not a constant
+
+
+def test_an_fp16_run_that_fell_back_is_reported_as_such(quick_args, overflow_model_dir, tmp_path):
+    # Its column showed fp16's last loss scale and skipped steps beside the fallback precision's speed, and the verdict
+    # blamed the skipped steps for a speed that was bf16's or fp32's.
+    args = list(quick_args)
+    args[args.index("--model_name_or_path") + 1] = str(overflow_model_dir)
+    args += ["--amp", "--max_consecutive_skips", "2", "--eval_steps", "0", "--on_scale_collapse", "fallback"]
+    assert run_app([*args, "--max_steps", "6"]) == 0
+    fp16 = compare_amp.read_run(tmp_path / "runs" / "test")
+    assert fp16["fallback"].startswith("fallback at optimizer step 3") and not fp16["loss_scaling"]
+    said = compare_amp.write_report({"no": synthetic(10), "fp16": fp16}, ["app/train.py"], tmp_path / "r.md", "1")
+    assert said.startswith(f"the fp16 run did not end in fp16 ({fp16['fallback']}), so its column is not fp16's alone")
+    rows = {
+        row.split("|")[1].strip(): row.split("|")[3].strip()
+        for row in (tmp_path / "r.md").read_text().splitlines()
+        if row.startswith("| ")
+    }
+    assert rows["skipped steps"] == rows["final loss scale"] == "off", rows

@@ -230,6 +230,8 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
         "fallback at optimizer step 3, on the loss-scale alarm: going back to step-0 (optimizer step 0) and "
         f"carrying on in {label}"
     ) in out
+    # The summary said "6 (6 applied, 0 skipped)": loss scaling on, for a run that ended without it
+    assert "  optimizer steps  6 (loss scaling off)" in out
     run_dir = tmp_path / "runs" / "test"
     logged = tb.scalars(run_dir)
     losses = logged[tags.TRAIN_LOSS]  # steps 1-3 were logged twice: the later, fallback values win

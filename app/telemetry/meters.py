@@ -265,7 +265,9 @@ class Telemetry:
         self._zero_timing()  # no synchronize: the read in log() already waited for the device
 
     def rewind(self, state) -> None:
-        """Continue from an earlier `state` (a fallback to a checkpoint): its interval, the bar moved back."""
+        """Continue from an earlier `state` (a fallback to a checkpoint): its interval, the bar moved back. A fallback
+        goes on in bf16 or fp32, without a scaler: the summary says so, as after a resume in that precision."""
+        self.loss_scaling_logged = False
         self.step_loss.zero_()
         self._reset_interval(state)
         self._continue_interval(state)
