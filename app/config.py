@@ -308,10 +308,12 @@ class TrainConfig:
                 raise UsageError(
                     f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
                 )
-        if self.init_loss_scale < self.min_loss_scale:  # the alarm watches skipped steps: an fp16 run learning nothing
+        may_scale = self.amp or self.mixed_precision in (None, "auto", "fp16")  # bf16 and fp32 have no scaler
+        if may_scale and self.init_loss_scale < self.min_loss_scale:  # the alarm watches skipped steps only
             raise UsageError(
-                f"--init_loss_scale {self.init_loss_scale:g} is below --min_loss_scale {self.min_loss_scale:g}, where "
-                "fp16 can no longer represent the gradients: the run would start collapsed; raise --init_loss_scale"
+                f"--init_loss_scale {self.init_loss_scale:g} is below --min_loss_scale {self.min_loss_scale:g}, the "
+                "scale the alarm takes for a collapse: an fp16 run would start collapsed, its gradients underflowing "
+                "without an alarm; raise --init_loss_scale or lower --min_loss_scale"
             )
         if self.run_name is not None and (
             not self.run_name.strip() or Path(self.run_name).name != self.run_name or self.run_name in (".", "..")

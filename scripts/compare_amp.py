@@ -134,6 +134,13 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
     """The comparison in words. `native`: as native_matmuls says, for the device the runs ran on."""
     base, fp16 = runs["no"], runs["fp16"]
     where = f"on this {base['device']}"
+    if fp16.get("fallback"):  # its speed, memory and metrics are the other precision's: nothing to say of fp16's
+        instead = "--mixed_precision bf16" if native["bf16"] else "--mixed_precision no"
+        return (
+            f"fp16 did not train this job {where}: its loss scale collapsed, and the run fell back "
+            f"({fp16['fallback']}), so its column is mostly the other precision's. Use {instead} here, or fix what "
+            "overflows (the pre-flight and the overflow report name the module)."
+        )
     if not (base["timed_intervals"] and fp16["timed_intervals"]):
         return (
             f"{NOT_ENOUGH} {where}: the fp32 run timed {base['timed_intervals']} log interval(s) and fp16 "
@@ -236,8 +243,6 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
     table = [f"| | {' | '.join(LABELS[m] for m in modes)} |", "|---|" + "---|" * len(modes)]
     table += [f"| {name} | {' | '.join(cell(runs[m]) for m in modes)} |" for name, cell in rows.items()]
     said = verdict(runs, native)
-    if fell_back := runs["fp16"].get("fallback"):  # its speed, memory and metrics are mostly the other precision's
-        said = f"the fp16 run did not end in fp16 ({fell_back}), so its column is not fp16's alone. {said}"
     where = "GPU" if base["gpu"] else "CPU"
     hardware = ", ".join(f"{mode}: {native[mode] or 'no (emulated)'}" for mode in ("fp16", "bf16"))
     preflight = runs["fp16"]["preflight"] or "not run (--skip_amp_preflight, or an older app)"
@@ -271,6 +276,16 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
     return said
 
 
+def _flag_value(flags: list[str], name: str) -> str | None:
+    """The value of `name` among the training flags, given as `--name value` or `--name=value`."""
+    for i, flag in enumerate(flags):
+        if flag == name and i + 1 < len(flags):
+            return flags[i + 1]
+        if flag.startswith(f"{name}="):
+            return flag.partition("=")[2]
+    return None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--name", default=f"compare-{datetime.datetime.now():%Y%m%d-%H%M%S}", help="run name prefix")
@@ -282,12 +297,15 @@ def main() -> int:
     if clashing:
         parser.error(f"{clashing[0]} is set by this script for each run; leave it out")
     report_dir = args.report_dir or Path("reports") / args.name
-    logdir = Path(train_flags[train_flags.index("--logdir") + 1]) if "--logdir" in train_flags else Path("runs")
+    logdir = Path(_flag_value(train_flags, "--logdir") or "runs")
     modes = ("no", "fp16", *(("bf16",) if args.with_bf16 else ()))
-    # A name used before: its runs would be refused, and their old curves read and reported as this call's.
-    taken = [logdir / args.name, report_dir / "report.md", *(logdir / f"{args.name}-{mode}" for mode in modes)]
+    # Folders of an earlier comparison: its runs would be refused, and their old curves read and reported as this
+    # call's. Checked before anything is launched.
+    taken = [logdir / args.name, report_dir / "report.md"]
+    taken += [path for mode in modes for path in (logdir / f"{args.name}-{mode}", report_dir / "models" / mode)]
     if used := next((path for path in taken if path.exists()), None):
-        print(f"error: --name {args.name} was used before ({used} exists); pick another --name", file=sys.stderr)
+        other = "--name" if used.is_relative_to(logdir) or args.report_dir is None else "--report_dir"
+        print(f"error: {used} exists, from an earlier comparison; pick another {other}", file=sys.stderr)
         return 2
     report_dir.mkdir(parents=True, exist_ok=True)
     launcher = shlex.split(args.launcher) if args.launcher else default_launcher()

@@ -61,7 +61,7 @@ def main() -> int:
     parser.add_argument("--steps", type=at_least(2), default=40, help="timed optimizer steps per precision")
     parser.add_argument("--warmup", type=at_least(0), default=5)
     parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64: a dry run")
-    parser.add_argument("--json", type=json_file, default=Path("gpu_check.json"))
+    parser.add_argument("--json", type=json_file, default="gpu_check.json")  # a string: argparse checks it
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print(

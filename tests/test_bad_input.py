@@ -167,8 +167,9 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "a first loss scale below the alarm's",  # exit 0, every fp16 gradient 0, nothing learned, no alarm
             ["--amp", "--init_loss_scale", "0.5"],
             {},
-            "--init_loss_scale 0.5 is below --min_loss_scale 1, where fp16 can no longer represent the gradients: the "
-            "run would start collapsed; raise --init_loss_scale",
+            "--init_loss_scale 0.5 is below --min_loss_scale 1, the scale the alarm takes for a collapse: an fp16 run "
+            "would start collapsed, its gradients underflowing without an alarm; raise --init_loss_scale or lower "
+            "--min_loss_scale",
         ),
         (
             "a run name that is a path",  # wrote outside --logdir; outputs/.. with --overwrite_output_dir, into the cwd

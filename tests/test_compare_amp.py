@@ -120,7 +120,14 @@ def test_an_fp16_run_that_fell_back_is_reported_as_such(quick_args, overflow_mod
     fp16 = compare_amp.read_run(tmp_path / "runs" / "test")
     assert fp16["fallback"].startswith("fallback at optimizer step 3") and not fp16["loss_scaling"]
     said = compare_amp.write_report({"no": synthetic(10), "fp16": fp16}, ["app/train.py"], tmp_path / "r.md", "1")
-    assert said.startswith(f"the fp16 run did not end in fp16 ({fp16['fallback']}), so its column is not fp16's alone")
+    # No advice from the fallback precision's speed: it blamed fp16's emulation, or said "use --amp" where bf16 ran
+    # fast.
+    assert said.startswith("fp16 did not train this job on this cpu: its loss scale collapsed, and the run fell back (")
+    assert "so its column is mostly the other precision's. Use --mixed_precision " in said
+    faster = {"no": synthetic(10), "fp16": {**fp16, "samples_per_sec": 15}}
+    for native, advice in ((NATIVE_BF16, "bf16"), (NO_NATIVE, "no")):
+        fell_back = compare_amp.verdict(faster, native)
+        assert "--amp" not in fell_back and f"Use --mixed_precision {advice} here, or fix what overflows" in fell_back
     rows = {
         row.split("|")[1].strip(): row.split("|")[3].strip()
         for row in (tmp_path / "r.md").read_text().splitlines()

@@ -271,3 +271,14 @@ def test_module_names_may_be_separated_by_commas_as_peft_writes_them():
         ["--use_peft", "--lora_target_modules", "q_proj,v_proj", "k_proj", "--lora_modules_to_save", "a,"]
     )
     assert (cfg.lora_target_modules, cfg.lora_modules_to_save) == (["q_proj", "v_proj", "k_proj"], ["a"])
+
+
+def test_a_loss_scale_below_the_alarms_is_refused_only_where_a_scaler_may_run():
+    from app.config import TrainConfig
+    from app.errors import UsageError
+
+    for asked in ({"amp": True}, {"mixed_precision": "fp16"}, {"mixed_precision": "auto"}, {}):
+        with pytest.raises(UsageError, match="is below --min_loss_scale"):
+            TrainConfig(min_loss_scale=131072, **asked).validate()
+    for asked in ({"mixed_precision": "bf16"}, {"mixed_precision": "no"}):  # no scaler: nothing to collapse
+        TrainConfig(min_loss_scale=131072, **asked).validate()

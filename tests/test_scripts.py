@@ -163,7 +163,15 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file())
     again = [a if a != "4" else "2" for a in args]
     said = run_here("compare_amp.py", *again, exit_code=2)
-    assert said == f"error: --name cmp was used before ({tmp_path / 'runs' / 'cmp'} exists); pick another --name\n"
+    assert said == f"error: {tmp_path / 'runs' / 'cmp'} exists, from an earlier comparison; pick another --name\n"
+    # Another name into the same --report_dir, whose report a call that failed half-way may not have written.
+    (tmp_path / "report" / "report.md").unlink()
+    said = run_here("compare_amp.py", *["cmp2" if a == "cmp" else a for a in again], exit_code=2)
+    assert said == (
+        f"error: {tmp_path / 'report' / 'models' / 'no'} exists, from an earlier comparison; pick another "
+        "--report_dir\n"
+    )
+    before = [entry for entry in before if entry[0].name != "report.md"]
     assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
 
 
@@ -172,12 +180,14 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     [
         ("gpu_check.py", ["--device", "cpu", "--tiny", "--steps", "0"], "argument --steps: must be 2 or more, got 0"),
         ("bench.py", ["--tiny", "--rounds", "0"], "argument --rounds: must be 1 or more, got 0"),
+        ("gpu_check.py", ["--device", "cpu", "--tiny"], "--json: gpu_check.json is a folder"),  # its default
         ("bench.py", ["--tiny", "--json", "no/such/folder/steps.json"], "steps.json: no folder no/such/folder; create"),
     ],
-    ids=["gpu_check steps", "bench rounds", "bench json"],
+    ids=["gpu_check steps", "bench rounds", "gpu_check default json", "bench json"],
 )
 def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp_path, script, args, said):
     # ZeroDivisionError tracebacks, and a --json in a missing folder found after the benchmark's minutes of runs.
+    (tmp_path / "gpu_check.json").mkdir()  # where gpu_check writes by default: a folder, found before the runs
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / script), *args],
         env=clean_env(tmp_path),
