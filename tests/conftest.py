@@ -261,6 +261,12 @@ def free_port() -> int:
     raise RuntimeError("no free port left in this worker's block")
 
 
+def folder_state(root: Path, files_only: bool = False) -> list[tuple]:
+    """Every entry under `root` (or its files alone) with its size and modification time: equal before and after a
+    refused run, nothing was written, replaced or touched."""
+    return sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file() or not files_only)
+
+
 def run_app(args: list) -> int:
     """`app/train.py` in this process: its real main(), returning the exit code."""
     from app.train import main

@@ -17,7 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from tests import forked, tb
-from tests.conftest import ROOT, clean_env, data_flags, run_app
+from tests.conftest import ROOT, clean_env, data_flags, folder_state, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 BOUNCY = ["--learning_rate", "1e-2", "--warmup_ratio", "0", "--max_steps", "16", "--eval_steps", "2"]
@@ -225,7 +225,7 @@ def test_a_resume_that_tracks_the_best_by_another_metric_is_one_line(tmp_path, t
     args += ["--load_best_model_at_end"]
     assert run_app([*args, "--max_steps", "4"]) == 0
     out = tmp_path / "out"
-    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    before = folder_state(out)
     capfd.readouterr()
     for other, rule in (
         (["--metric_for_best_model", "f1"], "eval/f1 (higher is better)"),
@@ -237,5 +237,5 @@ def test_a_resume_that_tracks_the_best_by_another_metric_is_one_line(tmp_path, t
             f"(lower is better), this resume asks for {rule}: resume with --metric_for_best_model loss (and its "
             "--greater_is_better), or start a new run in another --output_dir\n"
         )
-    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+    assert folder_state(out) == before
     assert run_app([*args, "--max_steps", "8", "--resume_from_checkpoint", "latest"]) == 0, "the run's own metric"

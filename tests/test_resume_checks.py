@@ -12,7 +12,7 @@ import yaml
 
 from app.storage.checkpoints import completed_checkpoints, find_resume_point
 from app.storage.integrity import RECORD, write_record
-from tests.conftest import data_flags, run_app
+from tests.conftest import data_flags, folder_state, run_app
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def test_a_resume_with_another_label_count_is_one_line_before_anything_is_writte
         frame.loc[::3, "label"] = "meh"
         three[split] = out.parent / f"three-{split}.csv"
         frame.to_csv(three[split], index=False)
-    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    before = folder_state(out)
     capfd.readouterr()
     resumed = [*flags, "--train_file", three["train"], "--validation_file", three["validation"]]
     assert run_app([*resumed, "--resume_from_checkpoint", "latest"]) == 2
@@ -177,7 +177,7 @@ def test_a_resume_with_another_label_count_is_one_line_before_anything_is_writte
         "(classifier.bias is [2] there, [3] in this run's model): resume with the model and labels it was trained "
         "with, or start the new model in another --output_dir\n"
     )
-    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+    assert folder_state(out) == before
 
 
 def test_a_resume_on_renamed_labels_is_one_line_before_anything_is_written(run_copy, review_files, capfd):
@@ -189,7 +189,7 @@ def test_a_resume_on_renamed_labels_is_one_line_before_anything_is_written(run_c
         frame["label"] = frame["label"].replace({"great": "z-great"})
         renamed[split] = out.parent / f"renamed-{split}.csv"
         frame.to_csv(renamed[split], index=False)
-    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    before = folder_state(out)
     capfd.readouterr()
     resumed = [*flags, "--train_file", renamed["train"], "--validation_file", renamed["validation"]]
     assert run_app([*resumed, "--max_steps", 6, "--resume_from_checkpoint", "latest"]) == 2
@@ -198,7 +198,7 @@ def test_a_resume_on_renamed_labels_is_one_line_before_anything_is_written(run_c
         "1: other; this data's are 0: other, 1: z-great, so class ids would change meaning: resume on data with the "
         "run's labels, or start a new run in another --output_dir\n"
     )
-    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+    assert folder_state(out) == before
 
 
 def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside_and_latest_continues_it(run_copy, capfd):
@@ -288,7 +288,7 @@ def test_a_branch_gets_the_checks_of_a_new_run_in_folders_that_hold_another_run(
     out, flags = run_copy
     other = tmp_path / "other"
     shutil.copytree(out, other)
-    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file())
+    before = folder_state(tmp_path, files_only=True)
     branch = [*flags, "--output_dir", other, "--resume_from_checkpoint", out / "checkpoints" / "step-2"]
     capfd.readouterr()
     assert run_app(branch) == 2
@@ -305,7 +305,7 @@ def test_a_branch_gets_the_checks_of_a_new_run_in_folders_that_hold_another_run(
         f"error: TensorBoard run {runs / 'r'} already exists and would mix two runs: it holds an earlier run's "
         "curves; pass another --run_name, or leave it unset for a unique one\n"
     )
-    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
+    assert folder_state(tmp_path, files_only=True) == before
 
 
 def test_a_set_aside_checkpoint_resumes_in_its_run_and_sets_the_line_that_replaced_it_aside(run_copy, capfd):
@@ -337,7 +337,7 @@ def test_an_output_dir_that_is_or_holds_the_model_being_fine_tuned_is_refused(
     out = tmp_path / "model"
     model = out / where if where != "." else out
     shutil.copytree(tiny_model_dir, model)
-    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in model.rglob("*") if p.is_file())
+    before = folder_state(model, files_only=True)
     flags = [
         *data_flags(model, review_files),
         "--output_dir",
@@ -356,7 +356,7 @@ def test_an_output_dir_that_is_or_holds_the_model_being_fine_tuned_is_refused(
             f"error: --output_dir {out} {'is' if where == '.' else 'holds'} the model being fine-tuned "
             f"(--model_name_or_path {model}): the run's model would replace it; pass another --output_dir\n"
         )
-    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in model.rglob("*") if p.is_file()) == before
+    assert folder_state(model, files_only=True) == before
 
 
 def test_a_plain_resume_of_a_run_with_its_own_settings_has_nothing_to_say():
@@ -439,7 +439,7 @@ def test_a_run_that_began_computing_every_row_resumes_so_and_a_new_one_with_the_
 def test_a_max_steps_before_the_checkpoints_step_is_one_line_before_anything_is_written(run_copy, capfd):
     # It trained nothing and saved step 4's model as the 3-step run's, under a note that the schedule was recomputed.
     out, flags = run_copy
-    before = sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    before = folder_state(out)
     capfd.readouterr()
     assert run_app([*flags, "--max_steps", 3, "--resume_from_checkpoint", "latest"]) == 2
     assert capfd.readouterr().err == (
@@ -447,7 +447,7 @@ def test_a_max_steps_before_the_checkpoints_step_is_one_line_before_anything_is_
         "4): nothing would train, and the model saved would be step 4's; give --max_steps 4 or more, or resume from a "
         "checkpoint at step 3 or before\n"
     )
-    assert sorted((p, p.stat().st_size, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
+    assert folder_state(out) == before
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from accelerate.state import AcceleratorState, GradientState
 
 from app.telemetry import tags
 from tests import tb
-from tests.conftest import ACCELERATE, ROOT, clean_env, data_flags, gpu_env, run_app
+from tests.conftest import ACCELERATE, ROOT, clean_env, data_flags, folder_state, gpu_env, run_app
 
 SCRIPTS = ROOT / "scripts"
 
@@ -160,7 +160,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
 
     # The same --name again: its runs were refused (their folders hold a run), and the old runs' curves were read
     # and written into a new report, and into the comparison's event files a second time.
-    before = sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file())
+    before = folder_state(tmp_path, files_only=True)
     again = [a if a != "4" else "2" for a in args]
     said = run_here("compare_amp.py", *again, exit_code=2)
     assert said == f"error: {tmp_path / 'runs' / 'cmp'} exists, from an earlier comparison; pick another --name\n"
@@ -172,7 +172,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
         "--report_dir\n"
     )
     before = [entry for entry in before if entry[0].name != "report.md"]
-    assert sorted((p, p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()) == before
+    assert folder_state(tmp_path, files_only=True) == before
 
 
 @pytest.mark.parametrize(
