@@ -259,6 +259,8 @@ def at_least(least: int):
 
 def json_file(text: str) -> Path:
     """An argparse type: where the figures go, a file in a folder that exists; checked before minutes of runs."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty; name a file, e.g. figures.json")
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it, e.g. {path / 'figures.json'}")

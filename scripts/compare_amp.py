@@ -37,7 +37,7 @@ from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-NOT_ENOUGH = "not enough steps to judge"
+NOT_ENOUGH = "Not enough steps to judge"
 OWNED_FLAGS = ("--amp", "--mixed_precision", "--run_name", "--output_dir", "--resume_from_checkpoint")
 LABELS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
 
@@ -134,6 +134,7 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
     """The comparison in words. `native`: as native_matmuls says, for the device the runs ran on."""
     base, fp16 = runs["no"], runs["fp16"]
     where = f"on this {base['device']}"
+    where_first = where[0].upper() + where[1:]  # at the start of a sentence
     if fp16.get("fallback"):  # its speed, memory and metrics are the other precision's: nothing to say of fp16's
         instead = "--mixed_precision bf16" if native["bf16"] else "--mixed_precision no"
         return (
@@ -154,7 +155,7 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
     skipped = fp16["skipped_steps"] if fp16["skipped_steps"] > 0.05 * steps else 0
     if speed >= 1.1:
         text = (
-            f"{where} fp16 is {speed:.2f}x the speed of fp32 with {memory:.2f}x the peak memory and an accuracy "
+            f"{where_first} fp16 is {speed:.2f}x the speed of fp32 with {memory:.2f}x the peak memory and an accuracy "
             f"change of {accuracy:+.1f} points: use --amp here."
         )
     else:
@@ -165,11 +166,11 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
                 better += f" or bf16 ({bf16_speed:.2f}x fp32)" if bf16_speed > 1 else ""
             elif native["bf16"]:
                 better += f" or try bf16 (this device has {native['bf16']}: --with_bf16 measures it)"
-            text = f"{where} fp16 is {speed:.2f}x the speed of fp32: use {better} here."
+            text = f"{where_first} fp16 is {speed:.2f}x the speed of fp32: use {better} here."
         else:
             text = (
-                f"{where} fp16 runs at about the speed of fp32 ({speed:.2f}x) with {memory:.2f}x the peak memory; "
-                "use --amp only if the memory matters."
+                f"{where_first} fp16 runs at about the speed of fp32 ({speed:.2f}x) with {memory:.2f}x the peak "
+                "memory; use --amp only if the memory matters."
             )
         text += f" Likely cause: {likely_cause(native, skipped)}."
     if skipped:

@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = ROOT / "configs" / "default.yaml"
     if args.check:
-        if path.read_text() != render():
-            print(f"{path} is out of date: run python scripts/write_default_config.py", file=sys.stderr)
+        if not path.is_file() or path.read_text() != render():
+            state = "out of date" if path.is_file() else "missing"
+            print(f"{path} is {state}: run python scripts/write_default_config.py", file=sys.stderr)
             return 1
         return 0
     path.write_text(render())

@@ -45,6 +45,7 @@ def synthetic(samples_per_sec: float, timed: int = 3, skipped: float = 0, accura
 def test_verdict_fp16_faster_says_use_amp():
     said = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(20)}, TENSOR_CORES)
     assert "fp16 is 2.00x the speed of fp32" in said and "use --amp here" in said and "Likely cause" not in said
+    assert said[0].isupper(), said  # a sentence; it read "on this cpu fp16 is ..."
 
 
 def test_verdict_fp16_slower_without_native_fp16_names_the_emulation():
@@ -70,6 +71,7 @@ def test_verdict_blames_skipped_steps_before_the_hardware():
 
 def test_verdict_same_speed_on_native_fp16_names_the_small_model():
     said = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(10.5)}, TENSOR_CORES)
+    assert said[0].isupper(), said
     assert "about the speed of fp32 (1.05x)" in said and "Likely cause: the model or batch is too small" in said
 
 
@@ -79,7 +81,7 @@ def test_a_short_run_is_reported_in_words_never_nan(tmp_path, short):
     runs[short] = synthetic(0, timed=0)
     said = compare_amp.write_report(runs, ["python", "app/train.py"], tmp_path / "report.md", "8")
     report = (tmp_path / "report.md").read_text()
-    assert said.startswith("not enough steps to judge on this cpu") and "nan" not in said
+    assert said.startswith("Not enough steps to judge on this cpu") and "nan" not in said
     assert "nan" not in report.lower() and "| samples/s |" in report and "not enough steps" in report
 
 

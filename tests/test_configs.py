@@ -116,6 +116,22 @@ def test_the_shipped_training_config_is_what_its_script_writes_comments_and_all(
     assert helped.returncode == 0 and "--check" in helped.stdout  # it took --help for a run, and wrote the file
 
 
+def test_the_config_check_names_a_missing_file_in_one_line(tmp_path, monkeypatch, capsys):
+    # --check read the file unguarded: a checkout without configs/default.yaml got a FileNotFoundError traceback.
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("write_default_config", ROOT / "scripts" / "write_default_config.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    (tmp_path / "app").mkdir()
+    shutil.copy(ROOT / "app" / "config.py", tmp_path / "app" / "config.py")
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    assert script.main(["--check"]) == 1
+    assert "default.yaml is missing: run python scripts/write_default_config.py" in capsys.readouterr().err
+    assert not (tmp_path / "configs").exists()  # a check writes nothing
+
+
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_training_config_loads(path):
     from app.config import TrainConfig, parse_config

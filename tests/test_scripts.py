@@ -385,8 +385,9 @@ def test_the_targets_check_takes_each_bound_as_met_and_no_more(monkeypatch):
         ),
         (["--json", "no/such/folder/job.json"], "--json: no/such/folder/job.json: no folder no/such/folder; create it"),
         (["--json", "."], "--json: . is a folder; name a file in it, e.g. figures.json"),
+        (["--json", ""], "argument --json: is empty; name a file, e.g. figures.json"),  # it read ":  is a folder"
     ],
-    ids=["no-rounds", "lm-rounds", "lm-torch-masks", "json-folder", "json-is-a-folder"],
+    ids=["no-rounds", "lm-rounds", "lm-torch-masks", "json-folder", "json-is-a-folder", "json-empty"],
 )
 def test_bench_job_refuses_rounds_it_cannot_run(run_here, flags, error):
     said = run_here("bench.py", "--job", "--tiny", *flags, exit_code=2)
