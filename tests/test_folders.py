@@ -161,3 +161,44 @@ def test_a_kill_during_the_first_checkpoint_write_does_not_block_the_rerun(tmp_p
 
     assert run_app(args) == 0
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-1", "step-2"]
+
+
+def test_overwrite_output_dir_removes_the_earlier_model_when_it_starts(tmp_path, quick_args, monkeypatch, capfd):
+    """An earlier model stayed until the new run's final save, beside the new run's training_args.yaml: a run that
+    crashed or was stopped before that save left a folder that predict.py read as a model trained with the new run's
+    flags (another text column, another --max_length). Now the earlier run goes when the new one starts; files that
+    are not a model's stay."""
+    out = tmp_path / "out"
+    args = [*quick_args, "--max_steps", "2", "--save_steps", "1", "--max_eval_samples", "8"]
+    assert run_app([*args, "--max_length", "32"]) == 0
+    (out / "notes.txt").write_text("mine")
+    assert {"model.safetensors", "config.json", "README.md", "checkpoints"} <= {p.name for p in out.iterdir()}
+
+    capfd.readouterr()
+    with monkeypatch.context() as patch:
+        crashing_at_step(patch, 1)
+        with pytest.raises(RuntimeError, match="the run crashed"):
+            run_app([*args, "--run_name", "second", "--overwrite_output_dir"])
+    assert (
+        f"note: --overwrite_output_dir: the earlier model and checkpoints in {out} are removed"
+        in capfd.readouterr().out
+    )
+    left = sorted(p.name for p in out.iterdir() if not p.name.startswith(".") and p.name != "checkpoints")
+    assert left == ["notes.txt", "training_args.yaml"] and not list(out.glob("checkpoints/step-*")), left
+    assert "max_length: 64" in (out / "training_args.yaml").read_text()
+    from app.predict import main as predict
+
+    assert predict(["A text.", "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 2
+
+
+def test_overwrite_output_dir_keeps_a_readme_this_app_did_not_write(tmp_path, quick_args, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = "---\ntags: [mine]\n---\n# My notes on this folder\n"
+    (out / "README.md").write_text(mine)
+    (out / "config.json").write_text("{}")  # an earlier model's file
+    with monkeypatch.context() as patch:
+        crashing_at_step(patch, 1)
+        with pytest.raises(RuntimeError, match="the run crashed"):
+            run_app([*quick_args, "--max_steps", "1", "--max_eval_samples", "8", "--overwrite_output_dir"])
+    assert (out / "README.md").read_text() == mine and not (out / "config.json").exists()

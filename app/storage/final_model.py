@@ -6,25 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 
 from app.storage import disk
-from app.storage.folders import CONFIG_FILE, MERGED_FOLDER
-
-# What save_pretrained writes at the top of a folder for a model, peft's adapters and a tokenizer, and the merged model.
-# An earlier model in the output folder (--overwrite_output_dir) leaves those that the new one does not write, and the
-# folder would load as a mix of two runs: a stale adapter_config.json makes transformers load the base with the old
-# adapters in place of a new full fine-tune.
-MODEL_FILES = (
-    *("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json"),
-    *("pytorch_model*.bin", "pytorch_model.bin.index.json", "adapter_config.json", "adapter_model.*"),
-    *("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "spiece.model"),
-    *("sentencepiece.bpe.model", "chat_template.*", "additional_chat_templates", MERGED_FOLDER),
-)
+from app.storage.folders import CONFIG_FILE, MERGED_FOLDER, remove_earlier_model
 
 
 def save_final_model(
@@ -94,17 +82,6 @@ def save_final_model(
         shutil.rmtree(staging)
         remove_earlier_model(output_dir, keep=written)
     accelerator.wait_for_everyone()
-
-
-def remove_earlier_model(output_dir: Path, keep: set[str]) -> None:
-    """Remove what an earlier model left in `output_dir` that the one just saved did not replace (MODEL_FILES): the
-    folder then loads as this run's model alone. The merged model, if asked for, is written after this."""
-    for path in output_dir.iterdir():
-        if path.name not in keep and any(fnmatch(path.name, pattern) for pattern in MODEL_FILES):
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
 
 
 def save_merged_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: Path) -> Path:

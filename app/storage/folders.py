@@ -13,6 +13,7 @@ import datetime
 import os
 import shutil
 from dataclasses import dataclass
+from fnmatch import fnmatch
 from pathlib import Path
 
 import yaml
@@ -31,6 +32,19 @@ from app.telemetry.writer import holds_only_a_start
 
 CONFIG_FILE = "training_args.yaml"
 MERGED_FOLDER = "merged"  # the adapters merged into their base (--save_merged_model; storage/final_model.py)
+MODEL_CARD = "README.md"
+CARD_TAG = "amp-trainer"  # among the model card's tags (storage/model_card.py): a README.md that this app wrote
+
+# What save_pretrained writes at the top of a folder for a model, peft's adapters and a tokenizer, and the merged model.
+# An earlier model in the output folder (--overwrite_output_dir) leaves those that the new one does not write, and the
+# folder would load as a mix of two runs: a stale adapter_config.json makes transformers load the base with the old
+# adapters in place of a new full fine-tune.
+MODEL_FILES = (
+    *("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json"),
+    *("pytorch_model*.bin", "pytorch_model.bin.index.json", "adapter_config.json", "adapter_model.*"),
+    *("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "spiece.model"),
+    *("sentencepiece.bpe.model", "chat_template.*", "additional_chat_templates", MERGED_FOLDER),
+)
 
 # What a start that failed before its first checkpoint leaves: nothing worth keeping, nothing to resume.
 _LEFT_BY_A_FAILED_START = {CONFIG_FILE, "checkpoints"}
@@ -283,17 +297,59 @@ def _remove_empty(created: list[Path]) -> None:
 
 def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
     """Create the folders and record the resolved config in both. Main process, after every input check, so that bad
-    input leaves them as they were: only here are a new run's old checkpoints deleted (`--overwrite_output_dir`), and
-    the event files of a start that failed before logging a step (check_log_dir), which the new run's replace."""
+    input leaves them as they were: only here are an earlier run's checkpoints and model deleted
+    (`--overwrite_output_dir`), and the event files of a start that failed before logging a step (check_log_dir),
+    which the new run's replace."""
     if not paths.continues:
         if cfg.overwrite_output_dir:
-            shutil.rmtree(paths.output_dir / "checkpoints", ignore_errors=True)
+            _remove_earlier_run(paths.output_dir)
         for events in _event_files(paths.log_dir):
             if holds_only_a_start(events):  # as check_log_dir found them: nothing else is removed, ever
                 events.unlink()
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
         write_config(cfg, folder)
+
+
+def _remove_earlier_run(output_dir: Path) -> None:
+    """--overwrite_output_dir: the earlier run's checkpoints and model go as a whole, when this run starts. Its model
+    left until this run's final save would sit beside this run's training_args.yaml, and predict.py would read it as
+    trained with this run's flags."""
+    checkpoints = output_dir / "checkpoints"
+    removed = ["checkpoints"] if completed_checkpoints(checkpoints) else []
+    shutil.rmtree(checkpoints, ignore_errors=True)
+    removed = (["model"] if remove_earlier_model(output_dir, keep=set(), card=True) else []) + removed
+    if removed:
+        print(f"note: --overwrite_output_dir: the earlier {' and '.join(removed)} in {output_dir} are removed")
+
+
+def remove_earlier_model(output_dir: Path, keep: set[str], card: bool = False) -> list[str]:
+    """Remove what an earlier model left in `output_dir` (MODEL_FILES, and with `card` this app's model card) but
+    `keep`: the folder then loads as this run's model alone. Returns the names removed."""
+    removed = []
+    for path in sorted(output_dir.iterdir()):
+        if path.name in keep:
+            continue
+        if any(fnmatch(path.name, pattern) for pattern in MODEL_FILES) or (card and _is_model_card(path)):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+def _is_model_card(path: Path) -> bool:
+    """A README.md that this app wrote: its front matter tags it. A user's own README.md stays."""
+    if path.name != MODEL_CARD or not path.is_file():
+        return False
+    try:
+        front = path.read_text(errors="replace")[:1000]
+    except OSError:
+        return False
+    return front.startswith("---") and any(
+        line.startswith("tags:") and CARD_TAG in line for line in front.split("---")[1].splitlines()
+    )
 
 
 def recorded_config(folder: Path) -> dict:

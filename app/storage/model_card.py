@@ -12,7 +12,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.inputs.model import portable_name
 from app.state import TrainState
-from app.storage.folders import CONFIG_FILE
+from app.storage.folders import CARD_TAG, CONFIG_FILE, MODEL_CARD
 from app.tasks.task import Task
 
 
@@ -73,7 +73,7 @@ def write_model_card(
         "---",
         *(["library_name: peft", f"base_model: {base}"] if adapters else ["library_name: transformers"]),
         f"pipeline_tag: {task.pipeline_tag}",
-        f"tags: [{task.pipeline_tag}, amp-trainer]",
+        f"tags: [{task.pipeline_tag}, {CARD_TAG}]",
         "---",
         f"# {run_name}",
         "",
@@ -99,7 +99,7 @@ def write_model_card(
         f"The resolved configuration is in `{CONFIG_FILE}`.",
         "",
     ]
-    (output_dir / "README.md").write_text("\n".join(lines))
+    (output_dir / MODEL_CARD).write_text("\n".join(lines))
 
 
 def _commands(commands: list[str | None]) -> list[str]:
