@@ -14,7 +14,7 @@ import pytest
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, run_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, folder_state, run_app
 
 
 def without_root_powers() -> list[str]:
@@ -202,3 +202,31 @@ def test_overwrite_output_dir_keeps_a_readme_this_app_did_not_write(tmp_path, qu
         with pytest.raises(RuntimeError, match="the run crashed"):
             run_app([*quick_args, "--max_steps", "1", "--max_eval_samples", "8", "--overwrite_output_dir"])
     assert (out / "README.md").read_text() == mine and not (out / "config.json").exists()
+
+
+@pytest.mark.parametrize(
+    "inside, what",
+    [
+        ("checkpoints/step-2", "is a checkpoint"),
+        ("checkpoints/step-2/new", "is inside a checkpoint"),
+        ("checkpoints", "is a run's checkpoints folder"),
+    ],
+    ids=["a-checkpoint", "below-one", "the-checkpoints-folder"],
+)
+def test_an_output_dir_in_a_runs_checkpoints_is_refused_with_or_without_overwrite(
+    tmp_path, quick_args, capfd, inside, what
+):
+    # The "not empty" refusal advised --overwrite_output_dir, which wrote the new run's model over step-2's weights:
+    # `latest` then found step-2 damaged and fell back to step-1.
+    out = tmp_path / "out"
+    assert run_app([*quick_args, "--max_steps", "2", "--save_steps", "1", "--max_eval_samples", "8"]) == 0
+    before, entries = folder_state(tmp_path, files_only=True), sorted(tmp_path.rglob("*"))
+    capfd.readouterr()
+    target = out / inside
+    args = [*quick_args, "--output_dir", target, "--run_name", "other", "--max_steps", "1", "--overwrite_output_dir"]
+    assert run_app(args) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(f"error: --output_dir {target} {what} (") and err.count("\n") == 1, err
+    assert "pass an --output_dir outside it" in err and "--overwrite_output_dir" not in err
+    # Files as they were, no entry added or left behind (a folder's own time changes with the claim it let go).
+    assert folder_state(tmp_path, files_only=True) == before and sorted(tmp_path.rglob("*")) == entries

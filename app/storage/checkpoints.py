@@ -321,6 +321,21 @@ def _step_folders(root: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def checkpoint_around(path: Path) -> Path | None:
+    """The checkpoint, or the checkpoints folder of a run, that `path` is or is inside; None if neither."""
+    for folder in (path, *path.parents):
+        try:
+            if integrity.is_recorded(folder) or (_STEP_DIR.match(folder.name) and (folder / STATE_FILE).is_file()):
+                return folder
+            if folder.name == "checkpoints" and any(
+                _STEP_DIR.match(p.name) or _SET_ASIDE.match(p.name) for p in folder.iterdir() if p.is_dir()
+            ):
+                return folder
+        except OSError:  # a folder above that cannot be read holds no checkpoint of a run here
+            continue
+    return None
+
+
 def find_resume_point(spec: str | None, output_dir: str | None, num_processes: int = 1) -> ResumePoint | None:
     """What `--resume_from_checkpoint` names, checked against its file record; None if not given.
 

@@ -22,6 +22,7 @@ from app.config import TrainConfig
 from app.errors import UsageError
 from app.storage.checkpoints import (
     ResumePoint,
+    checkpoint_around,
     completed_checkpoints,
     find_checkpoint,
     is_staging,
@@ -164,6 +165,7 @@ def claim_run_folders(
     # of a new run's folders (the folder may hold another run).
     continues = resume is not None and output_dir.resolve() == resume.output_dir.resolve()
     if output_dir is not None:  # given (and claimed), or the resumed run's: no run name can make it free
+        check_outside_checkpoints(output_dir)
         check_apart_from_model(output_dir, cfg.model_name_or_path)
         check_output_dir(output_dir, resuming=continues, overwrite=cfg.overwrite_output_dir)
     continued_name = resume.record.run_name if continues else None
@@ -189,6 +191,7 @@ def _claim(
         if output_dir is None:  # a new run's default output folder, named after it; else claimed and checked already
             claims.claim(paths.output_dir, "--output_dir", "pass another --run_name or an --output_dir")
             claimed.append(paths.output_dir)
+            check_outside_checkpoints(paths.output_dir)
             check_apart_from_model(paths.output_dir, cfg.model_name_or_path)
             check_output_dir(paths.output_dir, resuming=False, overwrite=cfg.overwrite_output_dir)
         claims.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
@@ -218,6 +221,19 @@ def check_output_dir(output_dir: Path, resuming: bool, overwrite: bool) -> None:
         f"--output_dir {output_dir} is not empty (it holds {work[0]}); pass --overwrite_output_dir to replace what "
         "is there, or another --output_dir"
     )
+
+
+def check_outside_checkpoints(output_dir: Path) -> None:
+    """The output folder is no checkpoint and is not inside one, or inside a run's checkpoints folder: the run's
+    files would be mixed into a checkpoint (its weights replaced, and its check then fails) or into the folder whose
+    checkpoints `latest` reads."""
+    if output_dir.exists() and (checkpoints := checkpoint_around(output_dir.resolve())):
+        what = "a run's checkpoints folder" if checkpoints.name == "checkpoints" else "a checkpoint"
+        where = "is" if checkpoints == output_dir.resolve() else "is inside"
+        raise UsageError(
+            f"--output_dir {output_dir} {where} {what} ({checkpoints}): this run's files would be mixed into it; pass "
+            "an --output_dir outside it (a checkpoint is resumed with --resume_from_checkpoint)"
+        )
 
 
 def check_apart_from_model(output_dir: Path, model_name_or_path: str | None) -> None:
