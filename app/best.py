@@ -8,10 +8,13 @@ evaluations for the same reason: the best step must have a checkpoint to come ba
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from app.config import TrainConfig, metric_tag
 from app.errors import UsageError
 from app.evaluation import evaluates_during_training
 from app.state import TrainState
+from app.storage.checkpoints import earlier_checkpoint, unusable
 from app.telemetry.tags import EVAL_LOSS, EVAL_PERPLEXITY
 
 LOWER_IS_BETTER = {EVAL_LOSS, EVAL_PERPLEXITY}
@@ -76,6 +79,19 @@ def check_resume_best(cfg: TrainConfig, state: TrainState, checkpoint) -> None:
         f"{state.best_metric_tag.removeprefix('eval/')} (and its --greater_is_better), or start a new run in another "
         "--output_dir"
     )
+
+
+def check_best_checkpoint(cfg: TrainConfig, state: TrainState, resumed: Path) -> None:
+    """With --load_best_model_at_end, the run's best checkpoint so far is loaded at the end: checked now, as the one
+    resumed from is, and not found gone or damaged after the training. UsageError if it cannot be loaded."""
+    if not cfg.load_best_model_at_end or state.best_step is None or state.best_step == state.opt_step:
+        return
+    if problem := unusable(earlier_checkpoint(resumed, state.best_step)):
+        raise UsageError(
+            f"--load_best_model_at_end: the run's best checkpoint so far, step {state.best_step}, cannot be loaded: "
+            f"{problem}; restore it, or resume with --load_best_model_at_end false (the model saved is then the last "
+            "step's)"
+        )
 
 
 def final_competes(cfg: TrainConfig, state: TrainState, total_steps: int, final: dict[str, float]) -> int | None:

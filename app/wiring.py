@@ -41,12 +41,12 @@ from app.amp import diagnose
 from app.amp.fallback import Fallback
 from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
-from app.best import check_resume_best, final_competes
+from app.best import check_best_checkpoint, check_resume_best, final_competes
 from app.config import TrainConfig, metric_tag
 from app.evaluation import evaluates_during_training
 from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
 from app.host.preemption import StopRequest
-from app.host.runtime import HostCollective, backend_name
+from app.host.runtime import HostCollective, backend_name, on_main_process
 from app.inputs import data, gguf
 from app.inputs.model import (
     check_max_length,
@@ -61,7 +61,7 @@ from app.inputs.model import (
 from app.inputs.sampling import DataPosition
 from app.optim import build_optimizer, build_schedule, check_resume_length, total_optimizer_steps
 from app.state import TrainState
-from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands
+from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands, unusable
 from app.storage.final_model import save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
@@ -117,6 +117,7 @@ def load_inputs(
         check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config))
         check_resume_labels(resume.record.labels, class_names(task), resume.path)
         check_resume_best(cfg, resume.record.state, resume.path)
+        on_main_process(accelerator, lambda: check_best_checkpoint(cfg, resume.record.state, resume.path))
         check_resume_length(cfg.max_steps, resume.record.state.opt_step, resume.path)
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
@@ -148,6 +149,9 @@ class Training:
     scaler_state: ScalerCheckpoint  # what Accelerate checkpoints; it holds `scaler`
     masks: DropoutMasks  # how this run draws its CPU dropout masks (host/dropout.py)
     evaluated: tuple[int, dict[str, float]] | None = None  # the last evaluation: its optimizer step and metrics
+    saved_best: int | None = (
+        None  # with --load_best_model_at_end, the best step, whose weights the model has at the end
+    )
 
     def dropout_masks(self) -> contextlib.AbstractContextManager:
         """What a training forward runs under: faster CPU dropout masks where torch draws them serially."""
@@ -255,9 +259,18 @@ class Training:
             rather than the trained ones (then they are to be saved in the trained model's place).
         """
         step = final_competes(self.cfg, self.state, self.total_steps, final)
+        self.saved_best = self.state.best_step if self.cfg.load_best_model_at_end else None
         if step is None:
             return final, False
-        path = self.checkpoints.path(step)
+        path = self.checkpoints.of_step(step)
+        # Checked at a resume; gone or damaged since (by hand, during the training): the trained model stays.
+        if problem := on_main_process(self.accelerator, lambda: unusable(path)):
+            self.saved_best = None
+            self.accelerator.print(
+                f"warning: the best checkpoint, step {step}, cannot be loaded ({problem}): the model saved is the "
+                f"last step's, step {self.state.opt_step}"
+            )
+            return final, False
         self.checkpoints.load_model_weights(self.model, path)
         self.accelerator.print(
             f"loaded the best model, step {step} ({metric_tag(self.cfg.metric_for_best_model)} "
@@ -288,6 +301,7 @@ class Training:
             adapters=self.inputs.plan.adapters.describe() if self.inputs.plan.adapters else None,
             base_dtype=dtype_name(self.inputs.plan.dtype),
             commands=self.checkpoints.record.commands,
+            best_step=self.saved_best,
         )
 
     def close(self) -> None:

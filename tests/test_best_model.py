@@ -6,6 +6,8 @@ A high learning rate makes the tiny model's eval loss bounce: it peaks (is lowes
 from __future__ import annotations
 
 import json
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -239,3 +241,71 @@ def test_a_resume_that_tracks_the_best_by_another_metric_is_one_line(tmp_path, t
         )
     assert folder_state(out) == before
     assert run_app([*args, "--max_steps", "8", "--resume_from_checkpoint", "latest"]) == 0, "the run's own metric"
+
+
+def flip_weights(checkpoint) -> None:
+    """Change the weights in place, same size: only the checkpoint's file record can tell."""
+    weights = checkpoint / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)
+    weights.write_bytes(bytes(data))
+
+
+def test_the_best_checkpoint_is_checked_at_a_resume_found_beside_a_branch_and_never_loaded_damaged(
+    tmp_path, tiny_model_dir, review_files, capfd, monkeypatch
+):
+    # A resume checked only the checkpoint it resumed from: a damaged best was loaded at the end and saved as the
+    # model; a deleted or truncated one was a traceback after the training; and a resume into another --output_dir
+    # looked for the best (a step before the branch) in its own folder, where it is not.
+    args = [*common_args(tiny_model_dir, review_files), "--logdir", tmp_path / "runs", "--load_best_model_at_end"]
+    run = tmp_path / "run"
+    assert run_app([*args, "--output_dir", run]) == 0
+    loaded = re.search(r"loaded the best model, step (\d+) ", capfd.readouterr().out)
+    assert loaded, "the setup should make the eval loss peak before the last step"
+    best, last = int(loaded.group(1)), run / "checkpoints" / "step-16"
+    best_weights = run / "checkpoints" / f"step-{best}" / "model.safetensors"
+    assert_same_weights(best_weights, run / "model.safetensors")
+
+    # A branch at the last step: nothing to train, the best is loaded from the run it branched from.
+    capfd.readouterr()
+    branch = ["--output_dir", tmp_path / "branch", "--run_name", "branch"]
+    assert run_app([*args, *branch, "--resume_from_checkpoint", last]) == 0, capfd.readouterr().err[-2000:]
+    assert f"loaded the best model, step {best} " in capfd.readouterr().out
+    assert_same_weights(best_weights, tmp_path / "branch" / "model.safetensors")
+
+    # Damaged before a resume: one line, before anything loads; nothing changed.
+    shutil.copytree(best_weights.parent, tmp_path / "intact")
+    flip_weights(best_weights.parent)
+    before = folder_state(run, files_only=True)
+    resume = [*args, "--output_dir", run, "--resume_from_checkpoint", "latest"]
+    assert run_app([*resume, "--max_steps", "18"]) == 2
+    err = capfd.readouterr().err
+    assert err == (
+        f"error: --load_best_model_at_end: the run's best checkpoint so far, step {best}, cannot be loaded: "
+        f"{best_weights} does not match its checksum: it changed after it was written; restore it, or resume with "
+        "--load_best_model_at_end false (the model saved is then the last step's)\n"
+    ), err
+    assert folder_state(run, files_only=True) == before
+
+    # Gone after the resume's check (deleted by hand during the training): a warning, not a traceback; the model saved
+    # is the last step's, and the model card says so.
+    shutil.rmtree(best_weights.parent)
+    shutil.copytree(tmp_path / "intact", best_weights.parent)
+    from app.storage.checkpoints import Checkpoints
+
+    save = Checkpoints.save
+
+    def save_then_lose_the_best(self, state):
+        saved = save(self, state)
+        shutil.rmtree(best_weights.parent, ignore_errors=True)
+        return saved
+
+    monkeypatch.setattr(Checkpoints, "save", save_then_lose_the_best)
+    assert run_app(resume) == 0, capfd.readouterr().err[-2000:]
+    said = capfd.readouterr().out
+    assert (
+        f"warning: the best checkpoint, step {best}, cannot be loaded ({best_weights.parent} is missing): the model "
+        "saved is the last step's, step 16"
+    ) in said, said
+    assert_same_weights(last / "model.safetensors", run / "model.safetensors")
+    assert "| weights saved from | the last step; stored in float32 |" in (run / "README.md").read_text()

@@ -152,6 +152,7 @@ class Checkpoints:
         self.save_total_limit = save_total_limit
         self.record, self.position, self.trainable = record, position, trainable
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
+        self.loaded: Path | None = None  # the checkpoint last loaded: the resumed one, or a fallback's
         self.last_bytes: int | None = None  # its size: what the next one will need (main process)
 
     def switch_precision(self, mode: str, fallback: dict) -> None:
@@ -201,6 +202,13 @@ class Checkpoints:
     def path(self, step: int) -> Path:
         """Where the checkpoint of optimizer step `step` is (or would be)."""
         return self.root / f"step-{step}"
+
+    def of_step(self, step: int) -> Path:
+        """Where the checkpoint of optimizer step `step` is: this run's, or, for a step before a resume, beside the
+        checkpoint resumed from (a resume into another output folder leaves the earlier steps in the run it branched
+        from)."""
+        own = self.path(step)
+        return own if own.is_dir() or self.loaded is None else earlier_checkpoint(self.loaded, step)
 
     def save(self, state: TrainState) -> Path:
         """Write a checkpoint of this step on every rank, publish it atomically, then prune. Collective."""
@@ -262,7 +270,7 @@ class Checkpoints:
         """
         self._check_weights(path)
         self.accelerator.load_state(str(path), strict=self.record.adapters is None)
-        self.last_saved = path
+        self.last_saved = self.loaded = path
         self.last_bytes = integrity.recorded_bytes(path)
 
     def load_model_weights(self, model: torch.nn.Module, path: Path) -> None:
@@ -319,6 +327,18 @@ def _step_folders(root: Path) -> list[Path]:
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
     return [path for _, path in sorted(found)]
+
+
+def earlier_checkpoint(resumed: Path, step: int) -> Path:
+    """The checkpoint of `step`, at or before checkpoint `resumed`, of the same run: beside it, or, for a resume from
+    a set-aside line (Checkpoints.set_aside_later), in the run's checkpoints folder."""
+    beside, in_run = resumed.parent / f"step-{step}", output_dir_of(resumed) / "checkpoints" / f"step-{step}"
+    return beside if beside.is_dir() or not in_run.is_dir() else in_run
+
+
+def unusable(path: Path) -> str | None:
+    """Why checkpoint `path` cannot be loaded (gone, or damaged: its file record says how); None if it can."""
+    return f"{path} is missing" if not path.is_dir() else _checked(path)[1]
 
 
 def checkpoint_around(path: Path) -> Path | None:

@@ -32,6 +32,7 @@ def write_model_card(
     commands: list[str | None],
     adapters: str | None = None,
     base_dtype: str = "float32",
+    best_step: int | None = None,
 ) -> None:
     """README.md in `output_dir`. Main process.
 
@@ -42,14 +43,16 @@ def write_model_card(
         adapters: what the LoRA adapters are (adapters/lora.AdapterPlan.describe), None for a full fine-tune;
             `base_dtype` the dtype their frozen base was stored in.
         commands: the command line that started the run, then each resume's (None: one not recorded).
+        best_step: with --load_best_model_at_end, the step of the best evaluation, whose weights were saved; None when
+            they are the last step's.
     """
     if ended_in != policy.mode:
         precision_line = f"{ended_in} (fell back from {policy.label}; started as: {policy.describe()})"
     else:
         precision_line = policy.describe().removeprefix("precision: ")
     saved_from = (
-        f"step {state.best_step}, the best {cfg.metric_for_best_model or 'eval/loss'}"
-        if cfg.load_best_model_at_end and state.best_step is not None
+        f"step {best_step}, the best {cfg.metric_for_best_model or 'eval/loss'}"
+        if best_step is not None
         else "the last step"
     )
     stopped = state.opt_step < total_steps
