@@ -65,6 +65,14 @@ OTHER_NAMES = {
     "load_in_4bit": _QUANTIZED,
     "load_in_8bit": _QUANTIZED,
     "push_to_hub": "drop it: the model is saved to --output_dir; upload that folder with `hf upload`",
+    # trl's ModelConfig and peft's LoraConfig, beside the names taken as they are (--use_peft, --lora_r, ...)
+    "use_dora": "drop it: DoRA is not supported here; --use_peft trains LoRA adapters (--use_rslora: rank-stabilized)",
+    "lora_bias": "drop it: adapters train no biases here; --lora_modules_to_save trains whole modules in full",
+    "lora_task_type": "drop it: the adapters' task type follows the model's task (--task)",
+    "model_revision": "drop it: a hub model loads at its main revision; download another with `hf download` and "
+    "pass its folder",
+    "trust_remote_code": "drop it: models that need their own code from the hub do not load here",
+    "attn_implementation": "drop it: models load with transformers' default attention (sdpa where the model has it)",
     "lr": "use --learning_rate",
     "epochs": "use --num_train_epochs",
     "batch_size": "use --per_device_train_batch_size",

@@ -104,6 +104,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ),
         ("HF Trainer's --fp16", ["--fp16"], {}, "unknown flag '--fp16'; use --mixed_precision fp16, or --amp"),
         (
+            "trl's --use_dora",  # it was "did you mean --use_rslora?", another method
+            ["--use_peft", "--use_dora"],
+            {},
+            "unknown flag '--use_dora'; drop it: DoRA is not supported here",
+        ),
+        (
             "HF Trainer's bf16 in a yaml",
             ["--config", write(csv_dir / "hf.yaml", "bf16: true\n")],
             {},

@@ -572,6 +572,11 @@ def test_a_target_name_that_the_head_shares_adapts_the_base_layers_and_leaves_th
     with pytest.raises(UsageError, match="matches no layer") as refused:
         plan("nothing")
     assert "classifier" not in str(refused.value) and "out_proj" not in str(refused.value), "advice that is refused"
+    # Every layer trained in full by --lora_modules_to_save: the error blamed --lora_target_modules, never given.
+    cfg = TrainConfig(use_peft=True, lora_target_modules=["all-linear"], lora_modules_to_save=["roberta"])
+    with pytest.raises(UsageError) as refused:
+        plan_adapters(cfg, model, [], True)
+    assert str(refused.value).startswith("--lora_modules_to_save roberta trains every layer that LoRA could adapt in")
 
 
 def test_adapters_on_a_tied_embedding_are_refused_and_on_an_untied_one_planned(tiny_llama_dir):

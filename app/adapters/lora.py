@@ -155,6 +155,11 @@ def plan_adapters(cfg: TrainConfig, model: torch.nn.Module, new: list[str], clas
                     "classification head, or --lora_modules_to_save): drop it from the targets"
                 )
             targets += [name for name in outside if name not in targets]
+    if not targets and cfg.lora_modules_to_save and any(in_full(name) for name in adaptable):
+        raise UsageError(
+            f"--lora_modules_to_save {' '.join(cfg.lora_modules_to_save)} trains every layer that LoRA could adapt in "
+            "full, so no adapter is left; name smaller modules, or drop --use_peft for a full fine-tune"
+        )
     if not targets:
         raise UsageError("--lora_target_modules: the model has no linear layer to adapt; name its layers instead")
     tied = tied_embeddings(model)
