@@ -62,7 +62,7 @@ from app.inputs.sampling import DataPosition
 from app.optim import build_optimizer, build_schedule, check_resume_length, total_optimizer_steps
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands, unusable
-from app.storage.final_model import save_final_model
+from app.storage.final_model import AdaptersBase, save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
 from app.tasks.classification import class_names
@@ -281,9 +281,12 @@ class Training:
     def save_model(self, output_dir: Path) -> None:
         """The model as it is now (or its adapters), and the tokenizer, into `output_dir`, atomically
         (storage/final_model.py). Adapters name their base as another machine would find it."""
-        base_name = portable_name(self.cfg) if self.inputs.plan.adapters else None
+        plan = self.inputs.plan
+        base = (
+            AdaptersBase(portable_name(self.cfg), plan.base, self.inputs.model_config.dtype) if plan.adapters else None
+        )
         last = self.checkpoints.last_saved
-        save_final_model(self.accelerator, self.model, self.inputs.tokenizer, output_dir, last, base_name)
+        save_final_model(self.accelerator, self.model, self.inputs.tokenizer, output_dir, last, base)
 
     def write_model_card(self, run_name: str, output_dir: Path, final: dict[str, float]) -> None:
         write_model_card(

@@ -665,3 +665,62 @@ def test_adapters_on_roberta_train_keep_its_new_head_whole_and_predict(review_fi
     assert predict([text, "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 0
     probability = float(capsys.readouterr().out.strip().splitlines()[-1].rsplit(",", 1)[-1])
     assert probability == pytest.approx(float(expected.max()), abs=1e-5)
+
+
+def test_predict_refuses_adapters_whose_base_changed_moved_or_whose_weights_are_gone(
+    tiny_model_dir, review_files, tmp_path, capsys
+):
+    # Adapters on a base that was saved over since gave other probabilities with exit 0; a moved base was HF's
+    # "Repo id must be in the form ..."; a folder without adapter_model.safetensors, or with adapters of other
+    # shapes, was a traceback. And config.json said bfloat16, the dtype the base was frozen in, not its own.
+    from app.predict import main as predict
+
+    base = tmp_path / "base"
+    shutil.copytree(tiny_model_dir, base)
+    bf16 = ["--mixed_precision", "bf16", "--dtype", "bfloat16"]  # a half-precision base, on any CPU
+    assert run_app([*lora_args(tmp_path, base, review_files), *RUN, *bf16]) == 0
+    out = tmp_path / "out"
+    assert json.loads((out / "config.json").read_text()).get("dtype") == json.loads(
+        (base / "config.json").read_text()
+    ).get("dtype"), "the base's own dtype"
+
+    def predicted(folder) -> tuple[int, str]:
+        capsys.readouterr()
+        code = predict(["Fresh coffee.", "--model_name_or_path", str(folder), "--mixed_precision", "no"])
+        said = capsys.readouterr()
+        return code, (said.err if code else said.out).strip().splitlines()[-1]  # the error, or the prediction
+
+    assert predicted(out)[0] == 0
+    missing = tmp_path / "missing"
+    shutil.copytree(out, missing)
+    (missing / "adapter_model.safetensors").unlink()
+    assert predicted(missing) == (
+        2,
+        f"error: {missing} holds adapter_config.json but not the adapters' weights (adapter_model.safetensors): copy "
+        "the whole output folder again",
+    )
+    reshaped = tmp_path / "reshaped"
+    shutil.copytree(out, reshaped)
+    weights = load_file(reshaped / "adapter_model.safetensors")
+    weights = {name: (t[:2] if "lora_A" in name else t) for name, t in weights.items()}
+    save_file(weights, reshaped / "adapter_model.safetensors")
+    code, err = predicted(reshaped)
+    assert code == 2 and err.startswith(
+        f"error: the adapters in {reshaped} do not fit adapter_config.json and their"
+    ), err
+    assert "size mismatch" in err and err.count("\n") == 0
+
+    weights = load_file(base / "model.safetensors")  # the base saved over: one weight changed
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1
+    save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
+    code, err = predicted(out)
+    assert code == 2 and err.startswith(f"error: {out} holds adapters trained on another version of their base "), err
+    assert "put back the base they were trained on" in err
+
+    base.rename(tmp_path / "moved")
+    assert predicted(out) == (
+        2,
+        f"error: {out} holds adapters whose base folder {base} does not exist (moved or deleted): put the base back "
+        "there, or predict with the merged model (--save_merged_model writes it)",
+    )

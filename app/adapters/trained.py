@@ -9,19 +9,22 @@ embedded models stand under their hub names.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig
 
+from app.adapters.base import fingerprint
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs import gguf, hub
 from app.inputs.model import MISSING_WEIGHTS, adapters_base_name, embedded_source, load_weights, resolve_model_path
-from app.storage.folders import CONFIG_FILE, recorded_config
+from app.storage.folders import ADAPTER_BASE_FILE, CONFIG_FILE, recorded_config
 
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")  # peft's names, new and old
 
 
 def holds_adapters(folder: str) -> bool:
@@ -45,6 +48,11 @@ def base_folder(folder: str, say) -> str:
             )
         cfg = embedded_source(name) or TrainConfig(model_name_or_path=name)
     path, gguf_file = resolve_model_path(cfg)
+    if Path(path).is_absolute() and not Path(path).exists():  # else it would be looked up on the hub, by a path
+        raise UsageError(
+            f"{folder} holds adapters whose base folder {path} does not exist (moved or deleted): put the base back "
+            "there, or predict with the merged model (--save_merged_model writes it)"
+        )
     hub.before_looking_up(path)
     if gguf_file:
         path = str(gguf.convert(path, gguf_file, gguf.converted_folder(path, gguf_file), say))
@@ -67,11 +75,42 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
         return load_weights(model_class, folder, say, MISSING_WEIGHTS, dtype=dtype)
     from peft import PeftModel
 
+    if not any((Path(folder) / name).is_file() for name in ADAPTER_WEIGHTS):
+        raise UsageError(
+            f"{folder} holds {ADAPTER_CONFIG} but not the adapters' weights ({ADAPTER_WEIGHTS[0]}): copy the whole "
+            "output folder again"
+        )
     base = base_folder(folder, say)
+    check_same_base(folder, base)
     try:
         model = model_class.from_pretrained(base, config=AutoConfig.from_pretrained(folder), dtype=dtype)
     except (OSError, ValueError) as e:
         raise UsageError(
             f"{folder} holds adapters whose base {base} cannot be loaded: {first_line(e)}; make the base available"
         ) from None
-    return PeftModel.from_pretrained(model, folder).merge_and_unload()
+    try:
+        return PeftModel.from_pretrained(model, folder).merge_and_unload()
+    except RuntimeError as e:  # torch's load_state_dict: adapters of other shapes than adapter_config.json gives
+        said = str(e).splitlines()
+        why = next((line.strip() for line in said if "size mismatch" in line), said[0] if said else type(e).__name__)
+        raise UsageError(
+            f"the adapters in {folder} do not fit {ADAPTER_CONFIG} and their base ({why}): the folder is damaged or "
+            "mixed with another run's; copy the whole output folder again"
+        ) from None
+
+
+def check_same_base(folder: str, base: str) -> None:
+    """Adapters are a difference to the weights they were trained on: on another base (a folder retrained or saved
+    over since) their predictions are not the trained model's. Compared by the fingerprint the run recorded
+    (ADAPTER_BASE_FILE, in folders saved since it exists), for a base that is a local folder."""
+    try:
+        recorded = json.loads((Path(folder) / ADAPTER_BASE_FILE).read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return
+    if not isinstance(recorded, str) or not Path(base).is_dir() or (now := fingerprint(base)) == recorded:
+        return
+    raise UsageError(
+        f"{folder} holds adapters trained on another version of their base {base}: the fingerprint of its weight "
+        f"files was {recorded}, is {now} now, so the predictions would not be the trained model's; put back the base "
+        "they were trained on, or predict with the merged model (--save_merged_model writes it)"
+    )

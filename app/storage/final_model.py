@@ -4,15 +4,27 @@ and, if asked, the base with the adapters merged into it in a subfolder."""
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 
 from app.storage import disk
-from app.storage.folders import CONFIG_FILE, MERGED_FOLDER, remove_earlier_model
+from app.storage.folders import ADAPTER_BASE_FILE, CONFIG_FILE, MERGED_FOLDER, remove_earlier_model
+
+
+@dataclass(frozen=True)
+class AdaptersBase:
+    """What an output folder of adapters says of their base."""
+
+    name: str  # as another machine finds it: a hub id or the user's folder, never a site-packages or cache path
+    fingerprint: str | None = None  # adapters/base.fingerprint of its weight files: predict.py refuses another base
+    dtype: object = None  # as the base's own config gives it (None: not given), not the dtype it was frozen in
 
 
 def save_final_model(
@@ -21,7 +33,7 @@ def save_final_model(
     tokenizer,
     output_dir: Path,
     last_checkpoint: Path | None = None,
-    base_name: str | None = None,
+    base: AdaptersBase | None = None,
 ) -> None:
     """`save_pretrained` of the full model (gathered from shards where there are any) and the tokenizer. Collective.
 
@@ -30,13 +42,13 @@ def save_final_model(
     disk stops every rank with exit code 4 and names `last_checkpoint`, which is intact.
 
     Args:
-        base_name: for a model with adapters (a peft model), the name its adapter_config.json gives the base: a hub
-            id or the user's folder, never this machine's site-packages or cache path. Its config (with a
-            classifier's labels) is written beside the adapters, so that predict.py can load the base the same way.
+        base: for a model with adapters (a peft model), its base: the name adapter_config.json gives it, and its
+            fingerprint, in ADAPTER_BASE_FILE. Its config (with a classifier's labels, and the dtype of the base's own
+            files) is written beside the adapters, so that predict.py can load the base the same way.
     """
     raw = accelerator.unwrap_model(model)
-    for adapter in getattr(raw, "peft_config", {}).values() if base_name else ():
-        adapter.base_model_name_or_path = base_name
+    for adapter in getattr(raw, "peft_config", {}).values() if base else ():
+        adapter.base_model_name_or_path = base.name
     state_dict = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
     staging = output_dir / ".staging-model"
     if accelerator.is_main_process:
@@ -46,10 +58,10 @@ def save_final_model(
     def write() -> None:
         # peft's save_pretrained picks the adapters out of the state dict before it asks which rank it runs on, and
         # other ranks hold no gathered state dict under FSDP: the main process alone writes adapters.
-        if accelerator.is_main_process or not base_name:
+        if accelerator.is_main_process or not base:
             # The app never resizes the vocabulary, so adapters never carry the embeddings: said here, since peft
             # would otherwise ask the hub for the base's config to find out (a lookup that fails offline).
-            embeddings = {"save_embedding_layers": False} if base_name else {}
+            embeddings = {"save_embedding_layers": False} if base else {}
             raw.save_pretrained(
                 staging,
                 state_dict=state_dict,
@@ -58,10 +70,8 @@ def save_final_model(
                 **embeddings,
             )
         if accelerator.is_main_process:
-            if base_name:  # the class the adapters sit on, with its head's labels: how predict.py rebuilds it
-                base = raw.get_base_model()
-                base.config.architectures = [type(base).__name__]
-                base.config.save_pretrained(staging)
+            if base:
+                write_base_of_adapters(raw.get_base_model(), base, staging)
             tokenizer.save_pretrained(staging)
             disk.share_as_umask_allows(staging)  # safetensors writes model.safetensors 0600, whoever calls it
 
@@ -82,6 +92,18 @@ def save_final_model(
         shutil.rmtree(staging)
         remove_earlier_model(output_dir, keep=written)
     accelerator.wait_for_everyone()
+
+
+def write_base_of_adapters(model: torch.nn.Module, base: AdaptersBase, folder: Path) -> None:
+    """The config the adapters' base is built with (its class, its head's labels), with the dtype that the base's own
+    config gives, not the half precision it was frozen in: transformers would load the base in that. And the base's
+    name and fingerprint, which predict.py checks."""
+    config = copy.deepcopy(model.config)
+    config.architectures = [type(model).__name__]
+    config.dtype = base.dtype
+    config.save_pretrained(folder)
+    record = {"base_model_name_or_path": base.name, "fingerprint": base.fingerprint}
+    (folder / ADAPTER_BASE_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
 def save_merged_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: Path) -> Path:

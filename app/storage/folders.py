@@ -34,6 +34,7 @@ from app.telemetry.writer import holds_only_a_start
 CONFIG_FILE = "training_args.yaml"
 MERGED_FOLDER = "merged"  # the adapters merged into their base (--save_merged_model; storage/final_model.py)
 MODEL_CARD = "README.md"
+ADAPTER_BASE_FILE = "adapter_base.json"  # the base adapters were trained on: its name and fingerprint
 CARD_TAG = "amp-trainer"  # among the model card's tags (storage/model_card.py): a README.md that this app wrote
 
 # What save_pretrained writes at the top of a folder for a model, peft's adapters and a tokenizer, and the merged model.
@@ -42,7 +43,13 @@ CARD_TAG = "amp-trainer"  # among the model card's tags (storage/model_card.py):
 # adapters in place of a new full fine-tune.
 MODEL_FILES = (
     *("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json"),
-    *("pytorch_model*.bin", "pytorch_model.bin.index.json", "adapter_config.json", "adapter_model.*"),
+    *(
+        "pytorch_model*.bin",
+        "pytorch_model.bin.index.json",
+        "adapter_config.json",
+        "adapter_model.*",
+        ADAPTER_BASE_FILE,
+    ),
     *("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "spiece.model"),
     *("sentencepiece.bpe.model", "chat_template.*", "additional_chat_templates", MERGED_FOLDER),
 )

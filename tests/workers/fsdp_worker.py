@@ -35,7 +35,7 @@ from app.amp.policy import resolve_precision  # noqa: E402
 from app.amp.scaler import OverflowFlag, make_scaler  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.host.runtime import build_accelerator  # noqa: E402
-from app.storage.final_model import save_final_model  # noqa: E402
+from app.storage.final_model import AdaptersBase, save_final_model  # noqa: E402
 from app.tasks.causal_lm import token_mean_loss  # noqa: E402
 from app.tasks.lm_data import IGNORE, CausalLMCollator  # noqa: E402
 
@@ -128,7 +128,7 @@ for name, version, scaler_kind in (
     if name == "fsdp2_lora":
         results[name]["dtypes"] = sorted({f"{p.requires_grad}:{p.dtype}" for p in model.parameters()})
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        save_final_model(accelerator, model, tokenizer, out / "fsdp2_lora", base_name="tiny")
+        save_final_model(accelerator, model, tokenizer, out / "fsdp2_lora", base=AdaptersBase("tiny"))
     if name == "fsdp2":
         save_final_model(accelerator, model, AutoTokenizer.from_pretrained(tokenizer_dir), out / "fsdp2_model")
         results[name]["first_param_sum"] = sum(
