@@ -81,6 +81,26 @@ def check_resume_best(cfg: TrainConfig, state: TrainState, checkpoint) -> None:
     )
 
 
+def untracked_by_a_resume(cfg: TrainConfig, recorded: dict) -> list[str]:
+    """A note for a resume whose command leaves out the run's --load_best_model_at_end or --early_stopping_patience
+    (its training_args.yaml: `recorded`): they are flags of each command, as in HF Trainer, and the model the run
+    saves changes with them."""
+    dropped, effects = [], []
+    if recorded.get("load_best_model_at_end") is True and not cfg.load_best_model_at_end:
+        dropped.append("--load_best_model_at_end")
+        effects.append("the model saved is the last step's, not the best")
+    patience = recorded.get("early_stopping_patience")
+    if isinstance(patience, int) and not isinstance(patience, bool) and cfg.early_stopping_patience is None:
+        dropped.append(f"--early_stopping_patience {patience}")
+        effects.append("it does not stop early")
+    if not dropped:
+        return []
+    return [
+        f"note: the run was started with {' and '.join(dropped)}, this resume without: {', and '.join(effects)}; "
+        "pass them again to keep them"
+    ]
+
+
 def check_best_checkpoint(cfg: TrainConfig, state: TrainState, resumed: Path) -> None:
     """With --load_best_model_at_end, the run's best checkpoint so far is loaded at the end: checked now, as the one
     resumed from is, and not found gone or damaged after the training. UsageError if it cannot be loaded."""

@@ -30,6 +30,7 @@ from accelerate import Accelerator
 from app.adapters.base import base_dtype, refuse_mixed_dtypes_under_fsdp1
 from app.amp import fallback
 from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
+from app.best import untracked_by_a_resume
 from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
@@ -104,8 +105,9 @@ def fine_tune(
     if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
         resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
         cfg, resume_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
-        cfg, kept_notes = resumed_settings(cfg, folders.recorded_config(resume.output_dir))
-        resume_notes += kept_notes
+        recorded = folders.recorded_config(resume.output_dir)
+        cfg, kept_notes = resumed_settings(cfg, recorded)
+        resume_notes += kept_notes + untracked_by_a_resume(cfg, recorded)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------

@@ -309,3 +309,21 @@ def test_the_best_checkpoint_is_checked_at_a_resume_found_beside_a_branch_and_ne
     ) in said, said
     assert_same_weights(last / "model.safetensors", run / "model.safetensors")
     assert "| weights saved from | the last step; stored in float32 |" in (run / "README.md").read_text()
+
+
+def test_a_resume_that_leaves_out_the_best_model_flags_says_what_changes(tmp_path, tiny_model_dir, review_files, capfd):
+    # The run early-stopped and kept its best; a resume without the flags trained on and saved the last step's
+    # weights, without a word (a new learning rate gets a note).
+    args = [*common_args(tiny_model_dir, review_files), "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]
+    tracking = ["--load_best_model_at_end", "--early_stopping_patience", "5"]
+    assert run_app([*args, *tracking, "--max_steps", "4"]) == 0
+    note = (
+        "note: the run was started with --load_best_model_at_end and --early_stopping_patience 5, this resume "
+        "without: the model saved is the last step's, not the best, and it does not stop early; pass them again to "
+        "keep them"
+    )
+    capfd.readouterr()
+    assert run_app([*args, *tracking, "--max_steps", "6", "--resume_from_checkpoint", "latest"]) == 0
+    assert "note: the run was started with" not in capfd.readouterr().out
+    assert run_app([*args, "--max_steps", "8", "--resume_from_checkpoint", "latest"]) == 0
+    assert note in capfd.readouterr().out.splitlines()
