@@ -118,6 +118,10 @@ def test_latest_with_every_checkpoint_damaged_is_refused_naming_the_newest(run_c
     err = capfd.readouterr().err
     assert err.startswith(f"error: --resume_from_checkpoint latest: no intact checkpoint in {out / 'checkpoints'}")
     assert f"{out / 'checkpoints' / 'step-4' / 'model.safetensors'} is missing" in err
+    # Each checkpoint was tried: it said "the newest is damaged" as if the others had not been.
+    count = len(completed_checkpoints(out / "checkpoints"))
+    assert count > 1 and f", all {count} are damaged, the newest: " in err, err
+    assert err.rstrip().endswith("restore one, or start fresh with --overwrite_output_dir, which deletes them"), err
 
 
 @pytest.mark.parametrize("missing", ["random state", "record"])

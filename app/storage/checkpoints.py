@@ -377,9 +377,10 @@ def find_resume_point(spec: str | None, output_dir: str | None, num_processes: i
     bad, why = skipped[0]
     if spec != "latest":
         raise UsageError(f"--resume_from_checkpoint {spec} is damaged: {why}; resume from another checkpoint")
+    every = f"all {len(skipped)} are damaged, the newest: " if len(skipped) > 1 else "its one checkpoint is damaged: "
     raise UsageError(
-        f"--resume_from_checkpoint latest: no intact checkpoint in {bad.parent}, the newest is damaged: {why}; "
-        "start fresh with --overwrite_output_dir"
+        f"--resume_from_checkpoint latest: no intact checkpoint in {bad.parent}, {every}{why}; restore one, or start "
+        "fresh with --overwrite_output_dir, which deletes them"
     )
 
 
