@@ -102,12 +102,17 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
 def check_same_base(folder: str, base: str) -> None:
     """Adapters are a difference to the weights they were trained on: on another base (a folder retrained or saved
     over since) their predictions are not the trained model's. Compared by the fingerprint the run recorded
-    (ADAPTER_BASE_FILE, in folders saved since it exists), for a base that is a local folder."""
+    (ADAPTER_BASE_FILE, in folders saved since it exists), where the base is the user's folder that the run named:
+    an embedded model, a hub id or a GGUF file's conversion is loaded from a package or cache, whose bytes another
+    machine's libraries may write otherwise for the same weights."""
     try:
-        recorded = json.loads((Path(folder) / ADAPTER_BASE_FILE).read_text()).get("fingerprint")
-    except (OSError, ValueError, AttributeError):
+        record = json.loads((Path(folder) / ADAPTER_BASE_FILE).read_text())
+        named, recorded = Path(record["base_model_name_or_path"]), record["fingerprint"]
+    except (OSError, ValueError, TypeError, KeyError):
         return
-    if not isinstance(recorded, str) or not Path(base).is_dir() or (now := fingerprint(base)) == recorded:
+    if not isinstance(recorded, str) or not named.is_dir() or named.resolve() != Path(base).resolve():
+        return
+    if (now := fingerprint(base)) == recorded:
         return
     raise UsageError(
         f"{folder} holds adapters trained on another version of their base {base}: the fingerprint of its weight "
