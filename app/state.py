@@ -18,6 +18,9 @@ class TrainState:
     consecutive_skips: int = 0
     best_step: int | None = None  # the step of the best evaluation so far (app/best.py), when one is tracked
     best_metric: float | None = None
+    # Where best_step's checkpoint was saved, absolute: resumes and branches of branches find it there. None in
+    # checkpoints written before it was recorded.
+    best_checkpoint: str | None = None
     # What best_metric measures: its tag and direction. None in checkpoints written before they were recorded.
     best_metric_tag: str | None = None
     best_greater_is_better: bool | None = None

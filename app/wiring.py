@@ -149,9 +149,8 @@ class Training:
     scaler_state: ScalerCheckpoint  # what Accelerate checkpoints; it holds `scaler`
     masks: DropoutMasks  # how this run draws its CPU dropout masks (host/dropout.py)
     evaluated: tuple[int, dict[str, float]] | None = None  # the last evaluation: its optimizer step and metrics
-    saved_best: int | None = (
-        None  # with --load_best_model_at_end, the best step, whose weights the model has at the end
-    )
+    # With --load_best_model_at_end, the best step, whose weights the model has at the end (a lost checkpoint: None).
+    saved_best: int | None = None
 
     def dropout_masks(self) -> contextlib.AbstractContextManager:
         """What a training forward runs under: faster CPU dropout masks where torch draws them serially."""
@@ -262,7 +261,7 @@ class Training:
         self.saved_best = self.state.best_step if self.cfg.load_best_model_at_end else None
         if step is None:
             return final, False
-        path = self.checkpoints.of_step(step)
+        path = self.checkpoints.best(self.state)
         # Checked at a resume; gone or damaged since (by hand, during the training): the trained model stays.
         if problem := on_main_process(self.accelerator, lambda: unusable(path)):
             self.saved_best = None
@@ -412,6 +411,7 @@ def build_training(
     state = TrainState()
     if resume:
         checkpoints.load(resume.path)
+        checkpoints.resumed = resume.path
         state = TrainState(**vars(resume.record.state))
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)

@@ -272,6 +272,11 @@ def test_the_best_checkpoint_is_checked_at_a_resume_found_beside_a_branch_and_ne
     assert run_app([*args, *branch, "--resume_from_checkpoint", last]) == 0, capfd.readouterr().err[-2000:]
     assert f"loaded the best model, step {best} " in capfd.readouterr().out
     assert_same_weights(best_weights, tmp_path / "branch" / "model.safetensors")
+    # The branch resumed in turn (a preemption): the best is still in the run it branched from.
+    assert (tmp_path / "branch" / "checkpoints" / "step-16").is_dir()
+    more = [*branch, "--max_steps", "18", "--resume_from_checkpoint", "latest"]
+    assert run_app([*args, *more]) == 0, capfd.readouterr().err[-2000:]
+    assert "cannot be loaded" not in capfd.readouterr().out
 
     # Damaged before a resume: one line, before anything loads; nothing changed.
     shutil.copytree(best_weights.parent, tmp_path / "intact")

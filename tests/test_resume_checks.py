@@ -121,7 +121,7 @@ def test_latest_with_every_checkpoint_damaged_is_refused_naming_the_newest(run_c
     # Each checkpoint was tried: it said "the newest is damaged" as if the others had not been.
     count = len(completed_checkpoints(out / "checkpoints"))
     assert count > 1 and f", all {count} are damaged, the newest: " in err, err
-    assert err.rstrip().endswith("restore one, or start fresh with --overwrite_output_dir, which deletes them"), err
+    assert err.rstrip().endswith("start fresh with --overwrite_output_dir, which deletes them and the run's model"), err
 
 
 @pytest.mark.parametrize("missing", ["random state", "record"])

@@ -152,7 +152,7 @@ class Checkpoints:
         self.save_total_limit = save_total_limit
         self.record, self.position, self.trainable = record, position, trainable
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
-        self.loaded: Path | None = None  # the checkpoint last loaded: the resumed one, or a fallback's
+        self.resumed: Path | None = None  # the checkpoint this run resumed from
         self.last_bytes: int | None = None  # its size: what the next one will need (main process)
 
     def switch_precision(self, mode: str, fallback: dict) -> None:
@@ -203,12 +203,9 @@ class Checkpoints:
         """Where the checkpoint of optimizer step `step` is (or would be)."""
         return self.root / f"step-{step}"
 
-    def of_step(self, step: int) -> Path:
-        """Where the checkpoint of optimizer step `step` is: this run's, or, for a step before a resume, beside the
-        checkpoint resumed from (a resume into another output folder leaves the earlier steps in the run it branched
-        from)."""
-        own = self.path(step)
-        return own if own.is_dir() or self.loaded is None else earlier_checkpoint(self.loaded, step)
+    def best(self, state: TrainState) -> Path:
+        """Where the checkpoint of the best step is (best_checkpoint)."""
+        return best_checkpoint(state, self.resumed, self.root)
 
     def save(self, state: TrainState) -> Path:
         """Write a checkpoint of this step on every rank, publish it atomically, then prune. Collective."""
@@ -220,6 +217,8 @@ class Checkpoints:
         if acc.is_main_process and (warning := disk.short_of_space(self.root, self.last_bytes, "checkpoint")):
             acc.print(warning)
         state.samples_in_epoch = self.position.samples(state)
+        if state.best_step == state.opt_step:  # evaluated just before: this checkpoint is the best's
+            state.best_checkpoint = str(final.resolve())
         record = dataclasses.replace(self.record, state=state, data=self.position.record())
         acc.wait_for_everyone()
 
@@ -270,7 +269,7 @@ class Checkpoints:
         """
         self._check_weights(path)
         self.accelerator.load_state(str(path), strict=self.record.adapters is None)
-        self.last_saved = self.loaded = path
+        self.last_saved = path
         self.last_bytes = integrity.recorded_bytes(path)
 
     def load_model_weights(self, model: torch.nn.Module, path: Path) -> None:
@@ -329,11 +328,16 @@ def _step_folders(root: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def earlier_checkpoint(resumed: Path, step: int) -> Path:
-    """The checkpoint of `step`, at or before checkpoint `resumed`, of the same run: beside it, or, for a resume from
-    a set-aside line (Checkpoints.set_aside_later), in the run's checkpoints folder."""
-    beside, in_run = resumed.parent / f"step-{step}", output_dir_of(resumed) / "checkpoints" / f"step-{step}"
-    return beside if beside.is_dir() or not in_run.is_dir() else in_run
+def best_checkpoint(state: TrainState, resumed: Path | None, root: Path | None = None) -> Path:
+    """The checkpoint of `state.best_step`: where the run saved it, as the state records it through resumes and
+    branches; else (the run's folder moved, or a state that does not record it) in this run's checkpoints folder
+    `root`, beside the checkpoint `resumed` from, or in that one's run (a resume from a set-aside line). The first
+    place if it is in none, for the message."""
+    name = f"step-{state.best_step}"
+    places = [Path(state.best_checkpoint)] if state.best_checkpoint else []
+    places += [root / name] if root else []
+    places += [resumed.parent / name, output_dir_of(resumed) / "checkpoints" / name] if resumed else []
+    return next((path for path in places if path.is_dir()), places[0])
 
 
 def unusable(path: Path) -> str | None:
@@ -380,7 +384,7 @@ def find_resume_point(spec: str | None, output_dir: str | None, num_processes: i
     every = f"all {len(skipped)} are damaged, the newest: " if len(skipped) > 1 else "its one checkpoint is damaged: "
     raise UsageError(
         f"--resume_from_checkpoint latest: no intact checkpoint in {bad.parent}, {every}{why}; restore one, or start "
-        "fresh with --overwrite_output_dir, which deletes them"
+        "fresh with --overwrite_output_dir, which deletes them and the run's model"
     )
 
 
