@@ -239,8 +239,8 @@ class TrainConfig:
         "Where the final model and checkpoints go. Default: outputs/<run_name>.", default=None
     )
     overwrite_output_dir: bool = flag(
-        "Allow a non-empty --output_dir; its old checkpoints are deleted, and so are the files of its old model that "
-        "the new model does not replace (adapters, a merged model, tokenizer files).",
+        "Allow a non-empty --output_dir; the earlier run's checkpoints and model (weights, adapters, a merged model, "
+        "tokenizer files, its model card) are deleted when the new run starts, after every input check.",
         default=False,
     )
     run_name: Optional[str] = flag(

@@ -230,3 +230,24 @@ def test_an_output_dir_in_a_runs_checkpoints_is_refused_with_or_without_overwrit
     assert "pass an --output_dir outside it" in err and "--overwrite_output_dir" not in err
     # Files as they were, no entry added or left behind (a folder's own time changes with the claim it let go).
     assert folder_state(tmp_path, files_only=True) == before and sorted(tmp_path.rglob("*")) == entries
+
+
+def test_overwrite_output_dir_follows_no_link_to_a_model_and_empties_linked_checkpoints(
+    tmp_path, quick_args, monkeypatch
+):
+    # A `merged` link (to another disk) was rmtree'd: OSError, a traceback after every input check. A `checkpoints`
+    # link was left as it was (rmtree's errors ignored): the new run's checkpoints mixed with the earlier run's.
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    (elsewhere / "merged").mkdir(parents=True)
+    (elsewhere / "merged" / "config.json").write_text("{}")
+    (elsewhere / "checkpoints" / "step-7").mkdir(parents=True)
+    (elsewhere / "checkpoints" / "step-7" / "trainer_state.json").write_text("{}")
+    out.mkdir()
+    (out / "merged").symlink_to(elsewhere / "merged")
+    (out / "checkpoints").symlink_to(elsewhere / "checkpoints")
+    with monkeypatch.context() as patch:
+        crashing_at_step(patch, 1)
+        with pytest.raises(RuntimeError, match="the run crashed"):
+            run_app([*quick_args, "--max_steps", "1", "--max_eval_samples", "8", "--overwrite_output_dir"])
+    assert not (out / "merged").exists() and (elsewhere / "merged" / "config.json").is_file(), "the link alone goes"
+    assert (out / "checkpoints").is_symlink() and list((elsewhere / "checkpoints").iterdir()) == []

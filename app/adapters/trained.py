@@ -92,7 +92,9 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
         return PeftModel.from_pretrained(model, folder).merge_and_unload()
     except RuntimeError as e:  # torch's load_state_dict: adapters of other shapes than adapter_config.json gives
         said = str(e).splitlines()
-        why = next((line.strip() for line in said if "size mismatch" in line), said[0] if said else type(e).__name__)
+        why = next((line.strip() for line in said if "size mismatch" in line), None)
+        if why is None:  # out of memory, or a bug: not the folder's
+            raise
         raise UsageError(
             f"the adapters in {folder} do not fit {ADAPTER_CONFIG} and their base ({why}): the folder is damaged or "
             "mixed with another run's; copy the whole output folder again"

@@ -340,7 +340,17 @@ def _remove_earlier_run(output_dir: Path) -> None:
     trained with this run's flags."""
     checkpoints = output_dir / "checkpoints"
     removed = ["checkpoints"] if completed_checkpoints(checkpoints) else []
-    shutil.rmtree(checkpoints, ignore_errors=True)
+    try:
+        if checkpoints.is_symlink():  # where the user keeps checkpoints (another disk): the link stays, emptied
+            for entry in checkpoints.iterdir() if checkpoints.is_dir() else ():
+                _remove(entry)
+        elif checkpoints.exists():
+            shutil.rmtree(checkpoints)
+    except OSError as e:  # left in place, the new run's checkpoints would mix with the earlier run's
+        raise UsageError(
+            f"--overwrite_output_dir: {checkpoints} cannot be deleted ({e.strerror}); delete it, or choose another "
+            "--output_dir"
+        ) from None
     removed = (["model"] if remove_earlier_model(output_dir, keep=set(), card=True) else []) + removed
     if removed:
         print(f"note: --overwrite_output_dir: the earlier {' and '.join(removed)} in {output_dir} are removed")
@@ -354,12 +364,17 @@ def remove_earlier_model(output_dir: Path, keep: set[str], card: bool = False) -
         if path.name in keep:
             continue
         if any(fnmatch(path.name, pattern) for pattern in MODEL_FILES) or (card and _is_model_card(path)):
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            _remove(path)
             removed.append(path.name)
     return removed
+
+
+def _remove(path: Path) -> None:
+    """A file, a folder with all in it, or a link alone (not what it points to)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _is_model_card(path: Path) -> bool:
