@@ -218,6 +218,7 @@ def train(training: Training, budget: int | None = None) -> None:
             telemetry.add_micro_batch(loss, count, batch)
 
         # ---- the optimizer step --------------------------------------------------------------------------------------
+        lr = training.schedule.get_last_lr()[0]  # the LR this update uses, logged as HF does (not the next step's)
         grad_norm = optimizer_step(training, ledger)
         state.opt_step += 1
         step = state.opt_step
@@ -236,7 +237,7 @@ def train(training: Training, budget: int | None = None) -> None:
                 training.report_overflow(batch, step)
                 raise
         if due.log or ledger.alarm:
-            lr, epoch = training.schedule.get_last_lr()[0], state.epoch + state.batches_in_epoch / batches_per_epoch
+            epoch = state.epoch + state.batches_in_epoch / batches_per_epoch
             telemetry.log(step, state, lr, loss_scale(training.scaler), epoch)
         if ledger.alarm and on_alarm(training, ledger, batch, step):
             ledger, loss_watch = StepLedger(training), LossWatch(accelerator)  # for the new scaler
