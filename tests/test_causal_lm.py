@@ -239,14 +239,17 @@ def test_conversations_whose_answers_lie_past_max_length_are_left_out_or_refused
     )
 
 
-def test_token_mean_loss_is_the_same_with_accumulation(tiny_llama_dir, uneven_responses, one_thread):
+@pytest.mark.parametrize("strategy", ["random", "group_by_length"])
+def test_token_mean_loss_is_the_same_with_accumulation(tiny_llama_dir, uneven_responses, one_thread, strategy):
     """Batch 8 in one micro-batch and batch 4 x 2 micro-batches train on the same examples; their label-token counts
-    differ between micro-batches, so only a mean over the step's tokens (not a mean of means) gives the same step."""
+    differ between micro-batches, so only a mean over the step's tokens (not a mean of means) gives the same step.
+    Length-grouped (the default), an optimizer step's examples are grouped, as HF does: grouped by micro-batch, 4 x 2
+    trained on other examples per step than 8."""
     review_files = uneven_responses
     common = dict(
         mixed_precision="no",
         max_steps=3,
-        train_sampling_strategy="random",
+        train_sampling_strategy=strategy,
         task="causal_lm",
         prompt_column="text",
         response_column="label",

@@ -69,12 +69,15 @@ class ShuffledSampler(EpochOrder):
 
 
 class LengthGroupedSampler(EpochOrder):
-    """Example indices in length-grouped order, for steps of `step_size` examples (a batch on each process).
+    """Example indices in length-grouped order, for optimizer steps of `step_size` examples (a batch on each process,
+    times the accumulation).
 
     One epoch: shuffle every index with a generator seeded by (seed + epoch); cut that order into mega-batches of
-    about 50 steps; sort each by length, longest first; cut it into steps (one batch per rank, neighbours in length
-    order, so no rank waits on another's long batch); shuffle the order of the steps. An incomplete last step stays
-    last: Accelerate pads it out (even_batches) only there.
+    about 50 steps; sort each by length, longest first; cut it into steps (their micro-batches, one batch per rank
+    each, neighbours in length order, so no rank waits on another's long batch); shuffle the order of the steps. An
+    optimizer step trains on the same examples however it is cut into micro-batches and ranks, as with HF Trainer,
+    which groups by batch x accumulation. An incomplete last step stays last: Accelerate pads it out (even_batches)
+    only there.
 
     The step size is the one the run started with, and stays with the run: checkpoints record it (spec()), and a
     resume with another process count follows it (follow()), only cutting the same order into other batches.
@@ -115,7 +118,8 @@ def train_sampler(cfg, lengths: Sequence[int], num_processes: int) -> EpochOrder
     """The training order that --train_sampling_strategy asks for, over examples of these token counts, for a run
     that starts with `num_processes` (a resumed run then follows the order its checkpoint records)."""
     if cfg.train_sampling_strategy == "group_by_length":
-        return LengthGroupedSampler(lengths, cfg.per_device_train_batch_size * num_processes, cfg.seed)
+        step_size = cfg.per_device_train_batch_size * num_processes * cfg.gradient_accumulation_steps
+        return LengthGroupedSampler(lengths, step_size, cfg.seed)
     return ShuffledSampler(len(lengths), cfg.seed)
 
 
