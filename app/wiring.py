@@ -48,6 +48,7 @@ from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recomput
 from app.host.preemption import StopRequest
 from app.host.runtime import HostCollective, backend_name, on_main_process
 from app.inputs import data, gguf
+from app.inputs.batch_shape import uneven_epoch_note
 from app.inputs.model import (
     check_max_length,
     check_weight_files,
@@ -359,6 +360,9 @@ def build_training(
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
+    examples = len(inputs.tokenized["train"])
+    for note in uneven_epoch_note(examples, cfg.per_device_train_batch_size, accelerator.num_processes):
+        accelerator.print(note)
     started_with = resume.record.dropout_masks if resume else None
     masks = masks_of_run(cfg, accelerator.device, started_with)
     plan = inputs.plan

@@ -42,3 +42,34 @@ def test_a_resume_as_saved_keeps_the_flags_and_says_nothing():
     cfg = replace(TrainConfig(), per_device_train_batch_size=4, gradient_accumulation_steps=2)
     record = CheckpointRecord("r", "no", 2, TrainState(samples_in_epoch=32), data={"global_batch_size": 16})
     assert keep_global_batch(cfg, record, 2) == (cfg, [])
+
+
+@pytest.mark.parametrize("examples, per_device, processes", [(30, 4, 2), (31, 2, 3), (8, 4, 2)])
+def test_the_repeats_that_fill_an_uneven_epoch_are_named_as_accelerate_makes_them(examples, per_device, processes):
+    # 2 processes x 4 on 30 examples trained 0 and 1 twice per epoch (rank 1's last batch [28, 29, 0, 1]) without a
+    # word, and did not match 1 process x 8. The count is Accelerate's own, from its batch sampler shards.
+    from accelerate.data_loader import BatchSamplerShard
+    from torch.utils.data import BatchSampler
+
+    from app.inputs.batch_shape import uneven_epoch_note
+
+    shards = [
+        list(BatchSamplerShard(BatchSampler(range(examples), per_device, False), processes, rank, even_batches=True))
+        for rank in range(processes)
+    ]
+    trained = [i for shard in shards for batch in shard for i in batch]
+    repeated = len(trained) - examples
+    note = uneven_epoch_note(examples, per_device, processes)
+    if repeated == 0:
+        assert note == []
+    else:
+        assert note == [
+            f"note: {examples} training examples leave each epoch's last micro-step {repeated} short on {processes} "
+            f"processes x {per_device}: Accelerate fills it with {repeated} of the epoch's first examples, which "
+            f"train twice in that epoch (as under HF Trainer); a multiple of {per_device * processes} examples would "
+            "not"
+        ]
+        assert sorted(set(trained)) == list(range(examples)) and sorted(trained)[: 2 * repeated : 2] == list(
+            range(repeated)
+        ), "the first examples are the ones repeated"
+    assert uneven_epoch_note(30, 8, 1) == [], "one process is not sharded: its last batch is short, not filled"

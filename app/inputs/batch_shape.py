@@ -57,3 +57,18 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
             "per step; a new run can change them)"
         )
     return kept, [note]
+
+
+def uneven_epoch_note(examples: int, per_device: int, num_processes: int) -> list[str]:
+    """Several processes take a batch each per micro-step; where the epoch's examples leave its last micro-step short,
+    Accelerate fills it from the epoch's first examples (even_batches, as under HF Trainer), so those train twice
+    in that epoch and a run on one process would not match: said once, at the start."""
+    per_micro_step = per_device * num_processes
+    repeated = -examples % per_micro_step
+    if num_processes == 1 or repeated == 0:
+        return []
+    return [
+        f"note: {examples} training examples leave each epoch's last micro-step {repeated} short on {num_processes} "
+        f"processes x {per_device}: Accelerate fills it with {repeated} of the epoch's first examples, which train "
+        f"twice in that epoch (as under HF Trainer); a multiple of {per_micro_step} examples would not"
+    ]
