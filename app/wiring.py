@@ -368,7 +368,10 @@ def build_training(
     plan = inputs.plan
     accelerator.print(plan.footprint.line())
     as_begun = resume.record.first_token_alone if resume else True  # a resume continues as its run began
-    model = model or load_model(inputs.task, inputs.model_path, plan, accelerator.print, as_begun)
+    say = accelerator.print  # what the model's files lack, made at random: a resume then loads it from its checkpoint
+    if resume:
+        say = lambda line: accelerator.print(f"{line}, then loaded from {resume.path}")  # noqa: E731
+    model = model or load_model(inputs.task, inputs.model_path, plan, say, as_begun)
     first_token_alone = cut_layer(model) is not None  # where it applies (tasks/first_token.py)
     for line in describe_trainable(model, plan):
         accelerator.print(line)

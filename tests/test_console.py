@@ -12,6 +12,7 @@ propagate them.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file, save_file
@@ -48,6 +49,13 @@ def test_a_new_classification_head_is_said_in_one_line_and_the_load_report_only_
     console = console_of(capfd, caplog, args)
     assert "new classification head: classifier.weight, classifier.bias (initialised at random)\n" in console
     assert (LOAD_REPORT in console) == verbose, console
+    if not verbose:  # a resume loads the head from its checkpoint: the line said only "initialised at random"
+        resumed = console_of(capfd, caplog, [*args, "--max_steps", "2", "--resume_from_checkpoint", "latest"])
+        checkpoint = Path(quick_args[quick_args.index("--output_dir") + 1]) / "checkpoints" / "step-1"
+        assert (
+            "new classification head: classifier.weight, classifier.bias (initialised at random), then loaded from "
+            f"{checkpoint}\n"
+        ) in resumed, resumed
 
 
 @pytest.mark.parametrize("verbose", [False, True])
