@@ -105,8 +105,9 @@ def step_weights(items: list[int], host: HostCollective, num_processes: int) -> 
     return [count * num_processes / max(total, 1) for count in items]
 
 
-def optimizer_step(training: Training, ledger: StepLedger) -> torch.Tensor:
-    """Unscale, clip, step, update, zero the gradients. Returns the unscaled gradient norm (inf/NaN on overflow)."""
+def optimizer_step(training: Training, ledger: StepLedger) -> tuple[torch.Tensor, float]:
+    """Unscale, clip, step, update, zero the gradients. Returns the unscaled gradient norm (inf/NaN on overflow) and
+    the learning rate of the update (logged as HF does, not the next step's)."""
     # The raw optimizer: the scaler hands a fused one the overflow flag, which Accelerate's wrapper would not pass on.
     optimizer = training.optimizer.optimizer
     training.scaler.unscale_(optimizer)
@@ -115,11 +116,12 @@ def optimizer_step(training: Training, ledger: StepLedger) -> torch.Tensor:
         training.model.parameters(), training.cfg.max_grad_norm or float("inf")
     )
     ledger.settle()  # the previous step, whose flag landed long ago: sets the LR this update uses
+    lr = training.schedule.get_last_lr()[0]
     ledger.overflow.capture(optimizer)
     training.scaler.step(optimizer)
     training.scaler.update()
     training.optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    return grad_norm, lr
 
 
 @dataclass(frozen=True)
@@ -218,8 +220,7 @@ def train(training: Training, budget: int | None = None) -> None:
             telemetry.add_micro_batch(loss, count, batch)
 
         # ---- the optimizer step --------------------------------------------------------------------------------------
-        lr = training.schedule.get_last_lr()[0]  # the LR this update uses, logged as HF does (not the next step's)
-        grad_norm = optimizer_step(training, ledger)
+        grad_norm, lr = optimizer_step(training, ledger)
         state.opt_step += 1
         step = state.opt_step
         loss_watch.after_step(telemetry.step_loss, ledger.overflow.on_device)

@@ -265,3 +265,14 @@ def test_gpu_memory_tags_from_the_allocators_stats():
         tags.MEMORY_ALLOC_RETRIES: 3,
         tags.MEMORY_OOMS: 1,
     }
+
+
+def test_train_lr_is_the_rate_each_logged_step_updated_with(tmp_path, quick_args):
+    # It was the next step's rate, and then, where the step before a log step was not one, the rate of the step
+    # before (the schedule moves when a step's outcome is settled, at the next update): 0, 3.3e-5, 3.3e-5 here.
+    args = [*quick_args, "--mixed_precision", "no", "--max_steps", "6", "--warmup_ratio", "0.5", "--logging_steps", "2"]
+    assert run_app([*args, "--learning_rate", "6e-5", "--eval_steps", "0"]) == 0
+    logged = tb.scalars(tmp_path / "runs" / "test")[tags.TRAIN_LR]
+    # HF's linear schedule, 3 warmup steps of 6: step k updates at the rate after k - 1 updates.
+    used = {k: 6e-5 * ((k - 1) / 3 if k - 1 < 3 else (6 - (k - 1)) / 3) for k in range(1, 7)}
+    assert logged == {step: pytest.approx(used[step], rel=1e-6) for step in (2, 4, 6)}, logged
