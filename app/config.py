@@ -248,7 +248,10 @@ class TrainConfig:
     )
     logdir: str = flag("TensorBoard root; each run writes to <logdir>/<run_name>/.", default="runs")
     save_steps: int = flag("Checkpoint every N optimizer steps (0: only on preemption or alarm).", default=500)
-    save_total_limit: Optional[int] = flag("Keep only the newest N checkpoints.", default=2)
+    save_total_limit: Optional[int] = flag(
+        "Keep only the newest N checkpoints; with --load_best_model_at_end the best stays too, counted among the N.",
+        default=2,
+    )
     resume_from_checkpoint: Optional[str] = flag('"latest" (in --output_dir) or a checkpoint folder.', default=None)
     disable_tqdm: bool = flag("Hide the progress bar.", default=False)
     verbose: bool = flag(

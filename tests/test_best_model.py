@@ -18,6 +18,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from app.storage.checkpoints import completed_checkpoints
 from tests import forked, tb
 from tests.conftest import ROOT, clean_env, data_flags, folder_state, run_app
 
@@ -332,3 +333,13 @@ def test_a_resume_that_leaves_out_the_best_model_flags_says_what_changes(tmp_pat
     assert "note: the run was started with" not in capfd.readouterr().out
     assert run_app([*args, "--max_steps", "8", "--resume_from_checkpoint", "latest"]) == 0
     assert note in capfd.readouterr().out.splitlines()
+
+
+def test_save_total_limit_counts_the_best_and_the_newest_as_hf_does(tmp_path, tiny_model_dir, review_files, capfd):
+    # A limit of 2 kept three checkpoints: the best and the newest were spared outside the count.
+    args = [*common_args(tiny_model_dir, review_files), "--load_best_model_at_end", "--save_total_limit", "2"]
+    assert run_app([*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]) == 0
+    loaded = re.search(r"loaded the best model, step (\d+) ", capfd.readouterr().out)
+    assert loaded, "the setup should make the eval loss peak before the last step"
+    kept = [p.name for p in completed_checkpoints(tmp_path / "out" / "checkpoints")]
+    assert kept == [f"step-{loaded.group(1)}", "step-16"], kept

@@ -257,9 +257,12 @@ class Checkpoints:
     def _prune(self, keep: Path, best: int | None) -> None:
         if self.save_total_limit is None:
             return
-        spared = {keep, self.path(best)}  # the best is loaded at the end (--load_best_model_at_end)
+        # The newest, and the best (loaded at the end with --load_best_model_at_end), count towards the limit and stay,
+        # as in HF Trainer: a limit of 2 keeps them alone, a limit of 1 keeps both all the same.
+        spared = {keep, self.path(best)}
         old = [p for p in completed_checkpoints(self.root) if p not in spared]
-        for path in old[: max(0, len(old) + 1 - self.save_total_limit)]:
+        staying = sum(path.is_dir() for path in spared)
+        for path in old[: max(0, len(old) + staying - self.save_total_limit)]:
             shutil.rmtree(path, ignore_errors=True)
 
     def load(self, path: Path) -> None:
