@@ -122,6 +122,31 @@ def test_csv_cells_that_pandas_calls_missing_are_texts_and_labels_as_written(tmp
         assert raw[split]["label"][:] == ["NA", "great", "NA", "great", "great"]
 
 
+def test_a_dataset_folders_csv_files_of_one_split_are_read_as_written_in_any_column_order(tmp_path):
+    # Two train files with their columns in another order were read with pandas' type guessing: label 01 merged into
+    # 1, silently. Files of other columns are one line.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "train.csv").write_text("text,label\nfirst,0\nsecond,01\n")
+    (tmp_path / "b" / "train.csv").write_text("label,text\n1,third\n01,fourth\n")
+    raw = data.load_raw(TrainConfig(dataset_name=str(tmp_path), validation_split_percentage=50))
+    rows = sorted(
+        zip(
+            raw["train"]["text"][:] + raw["validation"]["text"][:],
+            raw["train"]["label"][:] + raw["validation"]["label"][:],
+        )
+    )
+    assert rows == [("first", "0"), ("fourth", "01"), ("second", "01"), ("third", "1")], rows
+
+    (tmp_path / "b" / "train.csv").write_text("label,text,extra\n1,third,x\n")
+    with pytest.raises(UsageError) as refused:
+        data.load_raw(TrainConfig(dataset_name=str(tmp_path), validation_split_percentage=50))
+    assert str(refused.value) == (
+        f"the train split's csv files have different columns: {tmp_path / 'a' / 'train.csv'} (text, label) and "
+        f"{tmp_path / 'b' / 'train.csv'} (label, text, extra); give every file of a split the same columns"
+    )
+
+
 def test_a_dataset_folder_of_json_files_is_read_without_csv_options(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"text": "NA", "label": "null"}\n{"text": "fine", "label": "great"}\n')
     (tmp_path / "validation.jsonl").write_text('{"text": "None", "label": "NA"}\n')

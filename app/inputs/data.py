@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import datasets
 import torch
-from datasets import Dataset, DatasetDict, Features, Value, load_dataset, load_dataset_builder
+from datasets import Dataset, DatasetDict, Features, Value, concatenate_datasets, load_dataset, load_dataset_builder
 from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 
@@ -175,20 +175,38 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
 
 
 def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
-    """A split's csv files (of one header) with every column a string, the cells as written; None if that read fails:
-    the files are then read as datasets reads them, for its error or for their row labels (check_no_row_labels)."""
+    """A split's csv files with every column a string, the cells as written, each file by its own header (a folder's
+    files may order their columns otherwise); None if that read fails: the files are then read as datasets reads
+    them, for its error or for their row labels (check_no_row_labels). UsageError for files of other columns."""
     import pandas as pd
 
     try:
         # pandas takes row labels from a first row longer than the header; datasets' own read keeps them to be found
         firsts = [pd.read_csv(file, nrows=1, **CSV_MISSING) for file in files]
-        headers = {tuple(first.columns) for first in firsts}
-        if len(headers) != 1 or not all(isinstance(first.index, pd.RangeIndex) for first in firsts):
-            return None
-        strings = Features({str(name): Value("string") for name in headers.pop()})
-        return load_dataset("csv", data_files={split: files}, features=strings, **CSV_MISSING)[split]
     except Exception:
         return None
+    if not all(isinstance(first.index, pd.RangeIndex) for first in firsts):
+        return None
+    other = next((i for i, first in enumerate(firsts) if set(first.columns) != set(firsts[0].columns)), None)
+    if other is not None:  # read together, datasets would cast one file to the other's columns, or guess their types
+        shown = lambda i: f"{files[i]} ({', '.join(map(str, firsts[i].columns))})"  # noqa: E731
+        raise UsageError(
+            f"the {split} split's csv files have different columns: {shown(0)} and {shown(other)}; give every file of "
+            "a split the same columns"
+        )
+    try:
+        parts = [
+            load_dataset(
+                "csv",
+                data_files={split: [file]},
+                features=Features({str(name): Value("string") for name in first.columns}),
+                **CSV_MISSING,
+            )[split]
+            for file, first in zip(files, firsts)
+        ]
+    except Exception:
+        return None
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
 
 
 def _row_count(path: str, kind: str) -> int | None:
@@ -215,6 +233,8 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
             loaded = DatasetDict(read)
         else:
             loaded = load_dataset(name, config_name, **(CSV_MISSING if csv_splits else {}))
+    except UsageError:
+        raise
     except Exception as e:  # not found, offline, wrong config: all are input errors here
         raise UsageError(
             f"--dataset_name {name!r} cannot be loaded: {first_line(e)} "
