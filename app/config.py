@@ -112,11 +112,18 @@ class TrainConfig:
         default=None,
     )
     validation_split_percentage: int = flag(
-        "Percent of the training data held out when there is no validation split.", default=10
+        "Percent of the training data held out when there is no validation split, drawn at random with --seed.",
+        default=10,
     )
     max_length: int = flag("Tokens per example; longer texts are truncated.", default=128)
-    max_train_samples: Optional[int] = flag("Keep only the first N training examples (quick runs).", default=None)
-    max_eval_samples: Optional[int] = flag("Keep only the first N validation examples (quick runs).", default=None)
+    max_train_samples: Optional[int] = flag(
+        "Keep only the first N training examples (quick runs): rows of the file, or of what a held-out validation "
+        "split left, in its drawn order; a causal LM's texts before packing (HF's run_clm counts packed blocks).",
+        default=None,
+    )
+    max_eval_samples: Optional[int] = flag(
+        "Keep only the first N validation examples (quick runs), counted as --max_train_samples.", default=None
+    )
 
     # ---- precision ------------------------------------------------------------------------------------------------
     amp: bool = flag(

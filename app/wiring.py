@@ -109,6 +109,8 @@ def load_inputs(
     tokenizer = load_tokenizer(model_path, model_config, gguf_file)
     check_max_length(cfg.max_length, model_config, tokenizer)
     raw = data.load_raw(cfg)
+    for note in data.held_out_note(raw, cfg):
+        accelerator.print(note)
     task = build_task(task_name, cfg, raw, tokenizer, model_config)
     if gguf_file:  # every input is checked: now the heavy conversion, by the main process first
         with accelerator.main_process_first():

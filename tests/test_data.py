@@ -506,3 +506,33 @@ def test_a_json_line_with_a_lone_surrogate_escape_is_named_by_its_line(tmp_path)
         f"cannot read {path}: line 11 holds an escaped lone surrogate (such as \\ud800), which is no character; fix "
         "that line"
     )
+
+
+def test_a_held_out_validation_split_is_said_and_named_when_it_takes_a_whole_class(tmp_path):
+    # The draw follows --seed and was not said: with one seed the run trained, with another it was refused with
+    # "drop its validation rows", though the user gave no validation rows.
+    from app.tasks.classification import infer_labels
+
+    train = tmp_path / "train.csv"
+    rows = [f"review {i},{['pos', 'neg'][i % 2]}" for i in range(24)] + ["the odd one,rare"]
+    train.write_text("text,label\n" + "\n".join(rows) + "\n")
+    seed = next(
+        s
+        for s in range(50)
+        if "rare" in data.load_raw(TrainConfig(train_file=str(train), seed=s))["validation"]["label"]
+    )
+    cfg = TrainConfig(train_file=str(train), seed=seed)
+    raw = data.load_raw(cfg)
+    assert data.held_out_note(raw, cfg) == [
+        f"note: no validation data given: 3 rows (10%) held out from the training data at random with --seed {seed}; "
+        "a --validation_file keeps the evaluation the same across seeds"
+    ]
+    with pytest.raises(UsageError) as refused:
+        infer_labels(raw, "label", None)
+    assert str(refused.value) == (
+        "validation label 'rare' does not occur in the training labels (neg, pos): the validation rows held out from "
+        "the training data (--validation_split_percentage, drawn with --seed) took every row of it; add examples of "
+        "it, or give a --validation_file"
+    )
+    given = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(train)))
+    assert data.held_out_note(given, cfg) == []

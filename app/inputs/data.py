@@ -91,6 +91,18 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
     return raw
 
 
+def held_out_note(raw: DatasetDict, cfg: TrainConfig) -> list[str]:
+    """Where the validation rows were drawn from the training data, said: the draw follows --seed, so evaluations of
+    runs with other seeds are on other rows."""
+    if not getattr(raw, "held_out", False):
+        return []
+    return [
+        f"note: no validation data given: {len(raw['validation'])} rows ({cfg.validation_split_percentage}%) held out "
+        f"from the training data at random with --seed {cfg.seed}; a --validation_file keeps the evaluation the same "
+        "across seeds"
+    ]
+
+
 class Splits(DatasetDict):
     """The train and validation splits; `held_out`: the validation split was drawn from the training data (what a
     row's place in the files is: inputs/reading.row_of)."""

@@ -200,6 +200,12 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             f"the training labels are {kinds[0]} and the validation labels {kinds[1]} (such as {unknown[0]!r}): write "
             "them the same way in both files"
         )
+    if unknown and getattr(raw, "held_out", False):  # no validation data was given: the split drew it there
+        raise UsageError(
+            f"validation label {unknown[0]!r} does not occur in the training labels ({_listed(space.names)}): the "
+            "validation rows held out from the training data (--validation_split_percentage, drawn with --seed) took "
+            "every row of it; add examples of it, or give a --validation_file"
+        )
     if unknown:
         raise UsageError(
             f"validation label {unknown[0]!r} does not occur in the training labels ({_listed(space.names)}); the "
