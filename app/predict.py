@@ -99,6 +99,7 @@ class PredictConfig:
         "classifier) or generated_text (a causal LM). Default: CSV on stdout.",
         default=None,
     )
+    overwrite_output_file: bool = flag("Replace an --output_file that exists (else it is refused).", default=False)
     mixed_precision: Optional[Literal["auto", "no", "fp16", "bf16"]] = flag(
         "Precision, as in training: unset means `accelerate launch`'s choice, or auto under plain python.", default=None
     )
@@ -248,10 +249,13 @@ def is_empty_cell(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def check_output_file(path: str | None) -> None:
-    """Look, create nothing: the folder of --output_file must exist and be writable."""
+def check_output_file(path: str | None, overwrite: bool) -> None:
+    """Look, create nothing: the folder of --output_file must exist and be writable, and the file not exist (as
+    train.py keeps an output folder) unless --overwrite_output_file."""
     if path is None:
         return
+    if Path(path).is_file() and not overwrite:
+        raise UsageError(f"--output_file {path} exists; pass --overwrite_output_file to replace it, or name another")
     folder = Path(path).resolve().parent
     if not folder.is_dir():
         raise UsageError(f"--output_file {path}: no folder {folder}; create it first")
@@ -331,7 +335,7 @@ def predict_and_write(
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":
         TextGenerator.check_inputs(tokenizer, model_config, max_length, max_new_tokens, inputs[0], chat)
-    check_output_file(cfg.output_file)
+    check_output_file(cfg.output_file, cfg.overwrite_output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------
     for line in (policy.describe(), *notes, *describe_backend(accelerator)):

@@ -360,6 +360,7 @@ def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, re
     code = predict(
         ["--model_name_or_path", str(tmp_path / "out"), "--input_file", str(source), "--prompt_column", "prompt"]
         + ["--output_file", str(out), "--max_new_tokens", "4", "--disable_tqdm", "--mixed_precision", "no"]
+        + ["--overwrite_output_file"]
     )
     assert code == 0
     fp32 = pd.read_json(out, lines=True)["generated_text"].fillna("")
@@ -376,7 +377,9 @@ def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, re
     recorded = tmp_path / "out" / "training_args.yaml"
     recorded.write_text(recorded.read_text().replace("max_new_tokens: null", "max_new_tokens: 4"))
     again = ["--model_name_or_path", str(tmp_path / "out"), "--input_file", str(source), "--prompt_column", "prompt"]
-    code = predict(again + ["--output_file", str(out), "--disable_tqdm", "--mixed_precision", "no"])
+    code = predict(
+        again + ["--output_file", str(out), "--overwrite_output_file", "--disable_tqdm", "--mixed_precision", "no"]
+    )
     assert code == 0
     assert pd.read_json(out, lines=True)["generated_text"].fillna("").tolist() == fp32.tolist()
 

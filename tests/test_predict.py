@@ -193,6 +193,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "weights cut short",
         "conversations",
         "numbers as texts",
+        "an output file that exists",
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
@@ -228,6 +229,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         conversations = tmp_path / "conversations.jsonl"
         pd.DataFrame({"text": ["Fine.", turns]}).to_json(conversations, orient="records", lines=True)
         source = ["--input_file", conversations]
+    elif case == "an output file that exists":
+        pass  # a good input, a good model
     elif case == "numbers as texts":  # numpy's int was called "a list", with the advice on conversations
         numbers = tmp_path / "numbers.jsonl"
         numbers.write_text('{"text": 0}\n{"text": 1}\n')
@@ -263,6 +266,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "conversations": "column 'text' holds a list in row 2 of the input ([{'role': 'user', 'content': 'Review 0: "
         "fresh coffee.'}, {'role': 'user', [...]); texts must be strings, one prompt each, not conversations",
         "numbers as texts": "column 'text' holds int in row 1 of the input (0); texts must be strings\n",
+        # it was replaced without a word
+        "an output file that exists": f"--output_file {out} exists; pass --overwrite_output_file to replace it, or "
+        "name another\n",
         "weights cut short": "model.safetensors cannot be read (Error while deserializing header: incomplete "
         "metadata, file not fully covered): the file is damaged or cut short; copy or save it again",
         "no tokenizer files": "its tokenizer has 5 tokens for the model's 30522 token embeddings: the tokenizer's "
