@@ -44,6 +44,7 @@ class BestModel:
             self.state.evals_without_improvement += 1
         if better:
             self.state.best_metric, self.state.best_step = value, step
+            self.state.best_checkpoint = None  # until a checkpoint of this step is saved (Checkpoints.save)
             self.state.best_metric_tag, self.state.best_greater_is_better = self.tag, self.greater_is_better
         if not self.out_of_patience():
             return None

@@ -343,3 +343,22 @@ def test_save_total_limit_counts_the_best_and_the_newest_as_hf_does(tmp_path, ti
     assert loaded, "the setup should make the eval loss peak before the last step"
     kept = [p.name for p in completed_checkpoints(tmp_path / "out" / "checkpoints")]
     assert kept == [f"step-{loaded.group(1)}", "step-16"], kept
+
+
+def test_a_new_best_without_a_checkpoint_of_its_own_is_never_taken_for_the_older_bests(tmp_path):
+    # Early stopping alone evaluates without saving: the recorded place of the older best stayed, and a resume with
+    # --load_best_model_at_end loaded step 8's weights as "the best model, step 10".
+    from app.best import BestModel
+    from app.config import TrainConfig
+    from app.state import TrainState
+    from app.storage.checkpoints import best_checkpoint
+
+    root = tmp_path / "run" / "checkpoints"
+    for step in (8, 10, 12):
+        (root / f"step-{step}").mkdir(parents=True)
+    state = TrainState(opt_step=10, best_step=8, best_metric=0.7, best_checkpoint=str(root / "step-8"))
+    BestModel(TrainConfig(early_stopping_patience=100, eval_steps=2), state).after_eval(10, {"eval/loss": 0.6})
+    assert (state.best_step, state.best_checkpoint) == (10, None)
+    assert best_checkpoint(state, root / "step-12") == root / "step-10"
+    state.best_checkpoint = str(root / "step-8")  # as a checkpoint written before it was cleared records it
+    assert best_checkpoint(state, root / "step-12") == root / "step-10"

@@ -337,7 +337,8 @@ def best_checkpoint(state: TrainState, resumed: Path | None, root: Path | None =
     `root`, beside the checkpoint `resumed` from, or in that one's run (a resume from a set-aside line). The first
     place if it is in none, for the message."""
     name = f"step-{state.best_step}"
-    places = [Path(state.best_checkpoint)] if state.best_checkpoint else []
+    recorded = Path(state.best_checkpoint) if state.best_checkpoint else None
+    places = [recorded] if recorded and recorded.name == name else []
     places += [root / name] if root else []
     places += [resumed.parent / name, output_dir_of(resumed) / "checkpoints" / name] if resumed else []
     return next((path for path in places if path.is_dir()), places[0])
