@@ -130,8 +130,7 @@ def fine_tune(
 
     # ---- every input check, before any weights load; then the folders -------------------------------------------
     inputs = load_inputs(cfg, accelerator, policy, resume)
-    if accelerator.is_main_process:
-        folders.prepare(paths, cfg)
+    on_main_process(accelerator, lambda: folders.prepare(paths, cfg))  # its bad input stops every rank
     purge_step = resume.record.state.opt_step + 1 if resume else None
     writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)
     report.write_start_texts(writer, cfg, accelerator, policy, notes)

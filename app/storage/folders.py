@@ -346,12 +346,12 @@ def _remove_earlier_run(output_dir: Path) -> None:
                 _remove(entry)
         elif checkpoints.exists():
             shutil.rmtree(checkpoints)
-    except OSError as e:  # left in place, the new run's checkpoints would mix with the earlier run's
+        removed = (["model"] if remove_earlier_model(output_dir, keep=set(), card=True) else []) + removed
+    except OSError as e:  # left in place, the new run's files would mix with the earlier run's
         raise UsageError(
-            f"--overwrite_output_dir: {checkpoints} cannot be deleted ({e.strerror}); delete it, or choose another "
-            "--output_dir"
+            f"--overwrite_output_dir: the earlier run's {e.filename or checkpoints} cannot be deleted ({e.strerror}); "
+            "delete it, or choose another --output_dir"
         ) from None
-    removed = (["model"] if remove_earlier_model(output_dir, keep=set(), card=True) else []) + removed
     if removed:
         print(f"note: --overwrite_output_dir: the earlier {' and '.join(removed)} in {output_dir} are removed")
 
