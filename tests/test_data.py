@@ -129,6 +129,8 @@ def test_a_dataset_folders_csv_files_of_one_split_are_read_as_written_in_any_col
     (tmp_path / "b").mkdir()
     (tmp_path / "a" / "train.csv").write_text("text,label\nfirst,0\nsecond,01\n")
     (tmp_path / "b" / "train.csv").write_text("label,text\n1,third\n01,fourth\n")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "train.csv").write_text("text,label\n")  # a header alone: read, it failed the others' read
     raw = data.load_raw(TrainConfig(dataset_name=str(tmp_path), validation_split_percentage=50))
     rows = sorted(
         zip(
@@ -536,3 +538,23 @@ def test_a_held_out_validation_split_is_said_and_named_when_it_takes_a_whole_cla
     )
     given = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(train)))
     assert data.held_out_note(given, cfg) == []
+
+
+def test_a_cut_by_max_samples_is_named_as_the_cause_not_the_held_out_draw(tmp_path):
+    from app.tasks.classification import infer_labels
+
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "\n".join(f"review {i},{['pos', 'neg', 'mid'][i % 3]}" for i in range(60)) + "\n")
+    cfg = TrainConfig(train_file=str(train), max_train_samples=2, max_eval_samples=2)
+    raw = data.load_raw(cfg)
+    assert data.held_out_note(raw, cfg) == [
+        "note: no validation data given: 6 rows (10%), of which --max_eval_samples keeps 2, held out from the training "
+        "data at random with --seed 42; a --validation_file keeps the evaluation the same across seeds"
+    ]
+    trained = sorted(set(raw["train"]["label"]))
+    if set(raw["validation"]["label"]) <= set(trained):  # the draw of seed 42 leaves one out: the setup's point
+        pytest.fail(f"the setup should leave a validation label out of the 2 training rows: {trained}")
+    with pytest.raises(UsageError) as refused:
+        infer_labels(raw, "label", None)
+    assert "training rows that --max_train_samples keeps" in str(refused.value), refused.value
+    assert "raise --max_train_samples" in str(refused.value) and "held out" not in str(refused.value)

@@ -46,9 +46,11 @@ def load_raw(cfg: TrainConfig) -> DatasetDict:
     # Loading bars and logs would bury the one-line error of a bad file; tokenizing keeps its bar.
     with _quiet_loading():
         raw = _load_splits(cfg)
+    raw.held_out_rows = len(raw["validation"]) if raw.held_out else 0
     for split, limit in (("train", cfg.max_train_samples), ("validation", cfg.max_eval_samples)):
-        if limit is not None:
-            raw[split] = raw[split].select(range(min(limit, len(raw[split]))))
+        if limit is not None and limit < len(raw[split]):
+            raw[split] = raw[split].select(range(limit))
+            raw.cut.add(split)
     if len(raw["train"]) == 0:
         raise UsageError("the training split is empty; check --train_file, --dataset_name or --max_train_samples")
     if len(raw["validation"]) == 0:
@@ -96,8 +98,9 @@ def held_out_note(raw: DatasetDict, cfg: TrainConfig) -> list[str]:
     runs with other seeds are on other rows."""
     if not getattr(raw, "held_out", False):
         return []
+    kept = f", of which --max_eval_samples keeps {len(raw['validation'])}," if "validation" in raw.cut else ""
     return [
-        f"note: no validation data given: {len(raw['validation'])} rows ({cfg.validation_split_percentage}%) held out "
+        f"note: no validation data given: {raw.held_out_rows} rows ({cfg.validation_split_percentage}%){kept} held out "
         f"from the training data at random with --seed {cfg.seed}; a --validation_file keeps the evaluation the same "
         "across seeds"
     ]
@@ -105,9 +108,15 @@ def held_out_note(raw: DatasetDict, cfg: TrainConfig) -> list[str]:
 
 class Splits(DatasetDict):
     """The train and validation splits; `held_out`: the validation split was drawn from the training data (what a
-    row's place in the files is: inputs/reading.row_of)."""
+    row's place in the files is: inputs/reading.row_of), `held_out_rows` of them; `cut`: the splits that
+    --max_train_samples / --max_eval_samples cut short."""
 
     held_out = False
+    held_out_rows = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.cut: set[str] = set()
 
 
 def _load_embedded_reviews() -> DatasetDict:
@@ -206,6 +215,9 @@ def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
             f"the {split} split's csv files have different columns: {shown(0)} and {shown(other)}; give every file of "
             "a split the same columns"
         )
+    with_rows = [(file, first) for file, first in zip(files, firsts) if len(first)]  # datasets refuses a header alone
+    if not with_rows:
+        return None
     try:
         parts = [
             load_dataset(
@@ -214,7 +226,7 @@ def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
                 features=Features({str(name): Value("string") for name in first.columns}),
                 **CSV_MISSING,
             )[split]
-            for file, first in zip(files, firsts)
+            for file, first in with_rows
         ]
     except Exception:
         return None

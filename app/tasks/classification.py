@@ -200,6 +200,12 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             f"the training labels are {kinds[0]} and the validation labels {kinds[1]} (such as {unknown[0]!r}): write "
             "them the same way in both files"
         )
+    if unknown and "train" in getattr(raw, "cut", ()):
+        raise UsageError(
+            f"validation label {unknown[0]!r} does not occur in the {len(values)} training rows that "
+            f"--max_train_samples keeps ({_listed(space.names)}); the head learns only those: raise "
+            "--max_train_samples, or add examples of it"
+        )
     if unknown and getattr(raw, "held_out", False):  # no validation data was given: the split drew it there
         raise UsageError(
             f"validation label {unknown[0]!r} does not occur in the training labels ({_listed(space.names)}): the "
