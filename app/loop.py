@@ -124,6 +124,13 @@ def optimizer_step(training: Training, ledger: StepLedger) -> tuple[torch.Tensor
     return grad_norm, lr
 
 
+def log_step(training: Training, step: int, lr: float, batches_per_epoch: int) -> None:
+    """The step's curves (train/*, amp/*, perf/*, memory/*): what the telemetry gathered since the last log step."""
+    state = training.state
+    epoch = state.epoch + state.batches_in_epoch / batches_per_epoch
+    training.telemetry.log(step, state, lr, loss_scale(training.scaler), epoch)
+
+
 @dataclass(frozen=True)
 class StepDue:
     """What an optimizer step must do besides its update. Every rank decides the same."""
@@ -238,8 +245,7 @@ def train(training: Training, budget: int | None = None) -> None:
                 training.report_overflow(batch, step)
                 raise
         if due.log or ledger.alarm:
-            epoch = state.epoch + state.batches_in_epoch / batches_per_epoch
-            telemetry.log(step, state, lr, loss_scale(training.scaler), epoch)
+            log_step(training, step, lr, batches_per_epoch)
         if ledger.alarm and on_alarm(training, ledger, batch, step):
             ledger, loss_watch = StepLedger(training), LossWatch(accelerator)  # for the new scaler
             first_step = state.opt_step + 1
@@ -251,6 +257,8 @@ def train(training: Training, budget: int | None = None) -> None:
             stopped_early = best.after_eval(step, metrics)
             if stopped_early:
                 ledger.settle()  # the run ends here: this step's outcome is its last
+                if not due.log:  # a run's last step is always logged: its curves end where it ended
+                    log_step(training, step, lr, batches_per_epoch)
                 telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
                 accelerator.print(stopped_early)
                 last_step = step

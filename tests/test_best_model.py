@@ -362,3 +362,15 @@ def test_a_new_best_without_a_checkpoint_of_its_own_is_never_taken_for_the_older
     assert best_checkpoint(state, root / "step-12") == root / "step-10"
     state.best_checkpoint = str(root / "step-8")  # as a checkpoint written before it was cleared records it
     assert best_checkpoint(state, root / "step-12") == root / "step-10"
+
+
+def test_a_run_that_stops_early_logs_its_last_step(tmp_path, tiny_model_dir, review_files):
+    # The step that stopped the run was no log step (--logging_steps 10): a run stopped at step 6 had no train/*,
+    # perf/* or memory curve at all, and its summary said "no step was logged".
+    args = [*common_args(tiny_model_dir, review_files), "--early_stopping_patience", "2"]
+    assert run_app([*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]) == 0
+    curves = tb.scalars(tmp_path / "runs" / "r")
+    (stopped,) = curves["train/stopped_early"]
+    assert stopped < 16 and stopped % 10, f"the setup should stop early, at no log step: {stopped}"
+    for tag in ("train/loss", "train/lr", "perf/samples_per_sec", "memory/rss_gib"):
+        assert stopped in curves[tag], (tag, curves[tag])
