@@ -47,7 +47,7 @@ from app.host.runtime import (
     requested_backend,
 )
 from app.inputs.batch_shape import keep_global_batch
-from app.inputs.sampling import recorded_in_examples
+from app.inputs.sampling import keep_the_runs_seed, recorded_in_examples
 from app.loop import train
 from app.optim import nothing_left_note, resumed_settings
 from app.storage import folders
@@ -105,6 +105,8 @@ def fine_tune(
     if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
         resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
         cfg, resume_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
+        cfg, seed_notes = keep_the_runs_seed(cfg, resume.record)
+        resume_notes += seed_notes
         recorded = folders.recorded_config(resume.output_dir)
         cfg, kept_notes = resumed_settings(cfg, recorded)
         resume_notes += kept_notes + untracked_by_a_resume(cfg, recorded)

@@ -477,3 +477,25 @@ def test_a_resume_with_nothing_left_to_train_says_so(run_copy, capfd, length, sa
     lines = capfd.readouterr().out.splitlines()
     assert said in lines
     assert f"evaluating the final model (step 4's, saved in {out})" in lines
+
+
+def test_a_resume_with_another_seed_keeps_the_runs_held_out_rows_and_records_its_seed(
+    tmp_path, tiny_model_dir, review_files, capfd
+):
+    # The held-out validation split was drawn with the resume's --seed: other rows held out, so some of the run's
+    # validation rows were trained on and some training rows never seen again, without a note (the same row count).
+    flags = [
+        *("--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"]),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "r", "--save_steps", 2),
+        *("--per_device_train_batch_size", 8, "--max_length", 32, "--mixed_precision", "no", "--disable_tqdm"),
+    ]
+    assert run_app([*flags, "--max_steps", 2]) == 0
+    capfd.readouterr()
+    assert run_app([*flags, "--max_steps", 4, "--seed", 7, "--resume_from_checkpoint", "latest"]) == 0
+    out = capfd.readouterr().out
+    assert (
+        "note: a resume keeps its run's seed (42): the same held-out validation rows and order of the examples, so "
+        "that it continues exactly; --seed 7 applies to new runs"
+    ) in out.splitlines()
+    assert "held out from the training data at random with --seed 42;" in out
+    assert yaml.safe_load((tmp_path / "out" / "training_args.yaml").read_text())["seed"] == 42

@@ -163,7 +163,7 @@ class DataPosition:
         self.sampler.resumed_at = (state.epoch, rest)
         notes = []
         seed, examples = record.data.get("seed"), record.data.get("examples")  # absent in older checkpoints
-        if seed is not None and seed != self.sampler.seed:  # the only thing --seed still draws on a resume
+        if seed is not None and seed != self.sampler.seed:  # train.py keeps the run's seed; a sampler built otherwise
             notes.append(
                 f"note: the examples come in the order of the run's seed ({seed}), so that it continues exactly; "
                 f"--seed {self.sampler.seed} applies to new runs"
@@ -180,6 +180,20 @@ class DataPosition:
                 "examples the run would have seen"
             )
         return notes
+
+
+def keep_the_runs_seed(cfg, record):
+    """A resume's config with the seed its run recorded, and a note if --seed asked for another: the seed draws the
+    held-out validation rows and the examples' order, so another one would train some examples twice, skip others,
+    and evaluate on training rows. (The weights, the dropout's and the adapters' draws come from the checkpoint.)"""
+    seed = (record.data or {}).get("seed")  # absent in older checkpoints
+    if seed is None or seed == cfg.seed:
+        return cfg, []
+    note = (
+        f"note: a resume keeps its run's seed ({seed}): the same held-out validation rows and order of the examples, "
+        f"so that it continues exactly; --seed {cfg.seed} applies to new runs"
+    )
+    return replace(cfg, seed=seed), [note]
 
 
 def recorded_in_examples(record, cfg):
