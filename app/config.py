@@ -155,8 +155,9 @@ class TrainConfig:
         default=False,
     )
     pad_to_multiple_of: Optional[int] = flag(
-        "Pad each batch's length to a multiple of this. Default: 8 with fp16/bf16 autocast (tensor cores), none in "
-        "fp32; 1 turns it off. compare_amp.py sets it once for all its runs, so they see the same batch shapes.",
+        "Pad each batch's length to a multiple of this. Default: 8 under fp16/bf16 autocast on a GPU (tensor cores), "
+        "none otherwise; 1 turns it off. compare_amp.py sets it once for all its runs, so they see the same batch "
+        "shapes.",
         default=None,
     )
 

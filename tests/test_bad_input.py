@@ -508,6 +508,18 @@ def test_every_spelling_of_the_deepspeed_flag_refuses_amp(tmp_path, quick_args, 
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
+def test_bf16_under_deepspeed_is_refused_for_what_deepspeed_owns_there(tmp_path, quick_args, monkeypatch, capfd):
+    # It gave fp16's reason (the loss scaled twice) and advice ("set fp16 in DeepSpeed's own config") for bf16.
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    assert run_app([*quick_args, "--mixed_precision", "bf16"]) == 2
+    said = capfd.readouterr().err
+    assert said.startswith(
+        "error: bf16 under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine "
+        "owns the model's precision"
+    ), said
+    assert "set bf16 in DeepSpeed's own config and pass --mixed_precision no" in said and "twice" not in said
+
+
 @pytest.mark.parametrize(
     "extra, line",
     [

@@ -141,14 +141,20 @@ def _pick_mode(requested: str, device_type: str) -> tuple[str, str]:
 
 
 def refuse_amp_under_deepspeed(policy: PrecisionPolicy, requested_backend: str | None) -> None:
-    """DeepSpeed's engine scales the loss itself, so this app's scaler would scale it twice: refuse, don't delegate.
+    """DeepSpeed's engine owns precision: it scales the loss itself (this app's scaler would scale it twice) and casts
+    the model for bf16 (this app's autocast would run on top of it). Refuse, don't delegate.
 
     Args:
         requested_backend: what the launch config asked for, as runtime.requested_backend reads it.
     """
     if requested_backend == "DeepSpeed" and policy.autocast_enabled:
+        owns = (
+            "loss scaling and this app's would scale twice"
+            if policy.scaler_enabled
+            else "the model's precision (its bf16 setting casts the model)"
+        )
         raise UsageError(
-            f"{policy.mode} under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine owns loss "
-            "scaling and this app's would scale twice; launch with accelerate_configs/fsdp.yaml (or multi_gpu.yaml) "
-            "instead, or set fp16 in DeepSpeed's own config and pass --mixed_precision no"
+            f"{policy.mode} under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine owns {owns}; "
+            "launch with accelerate_configs/fsdp.yaml (or multi_gpu.yaml) instead, or set "
+            f"{policy.mode} in DeepSpeed's own config and pass --mixed_precision no"
         )
