@@ -237,14 +237,15 @@ def train(training: Training, budget: int | None = None) -> None:
 
         # ---- what the step must do besides the update ------------------------------------------------------------
         due = StepDue.after(training, step, last_step)
-        if due.log or due.save or due.signum or due.last or ledger.alarm:
+        if due.log or due.evaluate or due.save or due.signum or due.last or ledger.alarm:
             ledger.settle()  # this step's outcome is needed now: a host sync, at these steps only
             try:
-                loss_watch.check(step, training.checkpoints.last_saved)  # never log or save past a non-finite loss
+                loss_watch.check(step, training.checkpoints.last_saved)  # no log, eval or save past a non-finite loss
             except TrainingHalted:
                 training.report_overflow(batch, step)
                 raise
-        if due.log or ledger.alarm:
+        logged = due.log or ledger.alarm  # on_alarm may clear the alarm below
+        if logged:
             log_step(training, step, lr, batches_per_epoch)
         if ledger.alarm and on_alarm(training, ledger, batch, step):
             ledger, loss_watch = StepLedger(training), LossWatch(accelerator)  # for the new scaler
@@ -257,7 +258,7 @@ def train(training: Training, budget: int | None = None) -> None:
             stopped_early = best.after_eval(step, metrics)
             if stopped_early:
                 ledger.settle()  # the run ends here: this step's outcome is its last
-                if not due.log:  # a run's last step is always logged: its curves end where it ended
+                if not logged:  # a run's last step is always logged: its curves end where it ended
                     log_step(training, step, lr, batches_per_epoch)
                 telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
                 accelerator.print(stopped_early)

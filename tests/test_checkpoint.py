@@ -309,3 +309,13 @@ def test_a_numeric_fault_after_a_resume_names_the_checkpoint_resumed_from(tmp_pa
     err = capfd.readouterr().err
     assert code == 3
     assert f"the last good checkpoint is kept: {tmp_path / 'out' / 'checkpoints' / 'step-1'}" in err
+
+
+def test_a_non_finite_loss_is_a_numeric_fault_at_an_evaluation_too(tmp_path, quick_args, capfd):
+    # Evaluations on no log or save step came before the loss was checked: early stopping alone stopped on the NaN
+    # model's evaluation, logged train/loss nan, saved the NaN weights as the final model and exited 0.
+    flags = ["--mixed_precision", "no", "--learning_rate", "1e30", "--warmup_ratio", "0", "--max_steps", "10"]
+    flags += ["--logging_steps", "10", "--save_steps", "0", "--eval_steps", "1", "--early_stopping_patience", "1"]
+    assert run_app([*quick_args, *flags]) == 3
+    assert "numeric fault: a NaN/inf loss was applied to the weights" in capfd.readouterr().err
+    assert not (tmp_path / "out" / "model.safetensors").exists()
