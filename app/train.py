@@ -105,9 +105,9 @@ def fine_tune(
     if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
         resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
         cfg, resume_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
-        cfg, seed_notes = keep_the_runs_seed(cfg, resume.record)
-        resume_notes += seed_notes
         recorded = folders.recorded_config(resume.output_dir)
+        cfg, seed_notes = keep_the_runs_seed(cfg, resume.record, recorded)
+        resume_notes += seed_notes
         cfg, kept_notes = resumed_settings(cfg, recorded)
         resume_notes += kept_notes + untracked_by_a_resume(cfg, recorded)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision

@@ -558,3 +558,15 @@ def test_a_cut_by_max_samples_is_named_as_the_cause_not_the_held_out_draw(tmp_pa
         infer_labels(raw, "label", None)
     assert "training rows that --max_train_samples keeps" in str(refused.value), refused.value
     assert "raise --max_train_samples" in str(refused.value) and "held out" not in str(refused.value)
+
+
+def test_a_validation_label_absent_from_the_whole_training_file_is_not_blamed_on_the_cut(tmp_path):
+    from app.tasks.classification import infer_labels
+
+    train, validation = tmp_path / "train.csv", tmp_path / "validation.csv"
+    train.write_text("text,label\n" + "\n".join(f"review {i},{['pos', 'neg'][i % 2]}" for i in range(20)) + "\n")
+    validation.write_text("text,label\nfine,pos\nso-so,mid\n")
+    raw = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(validation), max_train_samples=10))
+    with pytest.raises(UsageError) as refused:
+        infer_labels(raw, "label", None)
+    assert str(refused.value).endswith("add examples of it to the training data or drop its validation rows")

@@ -228,3 +228,16 @@ def test_a_resume_with_another_seed_keeps_the_runs_order_and_says_so(tokenizer, 
         f"note: the training data has {len(lengths) - 16} examples, the checkpoint's run had {len(lengths)}: the rest "
         "of the epoch is not the examples the run would have seen"
     ]
+
+
+def test_a_resume_keeps_the_runs_seed_from_its_training_args_where_the_checkpoint_has_none():
+    # Checkpoints written before they recorded the seed: --seed drew other held-out rows and another order silently.
+    from app.config import TrainConfig
+    from app.inputs.sampling import keep_the_runs_seed
+
+    older = CheckpointRecord("r", "no", 1, TrainState(), data=None)
+    cfg, notes = keep_the_runs_seed(TrainConfig(seed=7), older, {"seed": 42})
+    assert cfg.seed == 42 and notes and notes[0].startswith("note: a resume keeps its run's seed (42)")
+    # --seed left at its default on a run started with another: the run's, without a note (not asked for)
+    cfg, notes = keep_the_runs_seed(TrainConfig(), older, {"seed": 7})
+    assert (cfg.seed, notes) == (7, [])

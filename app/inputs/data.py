@@ -47,6 +47,7 @@ def load_raw(cfg: TrainConfig) -> DatasetDict:
     with _quiet_loading():
         raw = _load_splits(cfg)
     raw.held_out_rows = len(raw["validation"]) if raw.held_out else 0
+    raw.uncut_train = raw["train"]
     for split, limit in (("train", cfg.max_train_samples), ("validation", cfg.max_eval_samples)):
         if limit is not None and limit < len(raw[split]):
             raw[split] = raw[split].select(range(limit))
@@ -113,6 +114,7 @@ class Splits(DatasetDict):
 
     held_out = False
     held_out_rows = 0
+    uncut_train: Dataset | None = None  # the training split before --max_train_samples
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -19,6 +19,8 @@ from dataclasses import replace
 import torch
 from torch.utils.data import Sampler
 
+from app.config import TrainConfig
+
 # As HF Trainer's LengthGroupedSampler: sort within ~50 steps, enough to pad little, few enough to stay shuffled.
 MEGA_BATCH_BATCHES = 50
 
@@ -182,13 +184,16 @@ class DataPosition:
         return notes
 
 
-def keep_the_runs_seed(cfg, record):
-    """A resume's config with the seed its run recorded, and a note if --seed asked for another: the seed draws the
-    held-out validation rows and the examples' order, so another one would train some examples twice, skip others,
-    and evaluate on training rows. (The weights, the dropout's and the adapters' draws come from the checkpoint.)"""
-    seed = (record.data or {}).get("seed")  # absent in older checkpoints
-    if seed is None or seed == cfg.seed:
+def keep_the_runs_seed(cfg, record, recorded: dict):
+    """A resume's config with the seed its run recorded (its checkpoint, else its training_args.yaml: `recorded`),
+    and a note if --seed asked for another: the seed draws the held-out validation rows and the examples' order, so
+    another one would train some examples twice, skip others, and evaluate on training rows. (The weights, the
+    dropout's and the adapters' draws come from the checkpoint.)"""
+    seed = (record.data or {}).get("seed", recorded.get("seed"))  # the checkpoint's is absent in older ones
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed == cfg.seed:
         return cfg, []
+    if cfg.seed == TrainConfig().seed:  # most likely not asked for (the run's command without the flag)
+        return replace(cfg, seed=seed), []
     note = (
         f"note: a resume keeps its run's seed ({seed}): the same held-out validation rows and order of the examples, "
         f"so that it continues exactly; --seed {cfg.seed} applies to new runs"

@@ -200,7 +200,7 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             f"the training labels are {kinds[0]} and the validation labels {kinds[1]} (such as {unknown[0]!r}): write "
             "them the same way in both files"
         )
-    if unknown and "train" in getattr(raw, "cut", ()):
+    if unknown and "train" in getattr(raw, "cut", ()) and _among(unknown[0], raw.uncut_train[label_column]):
         raise UsageError(
             f"validation label {unknown[0]!r} does not occur in the {len(values)} training rows that "
             f"--max_train_samples keeps ({_listed(space.names)}); the head learns only those: raise "
@@ -218,6 +218,11 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             "head learns only those: add examples of it to the training data or drop its validation rows"
         )
     return space
+
+
+def _among(label, column) -> bool:
+    """Whether `label` (a name, or a class id read from text) is written in `column`."""
+    return str(label) in {str(value) for value in column}
 
 
 def _refuse_floats(label_column: str, floats: list[float]) -> None:
