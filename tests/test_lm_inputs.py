@@ -353,3 +353,18 @@ def test_a_chat_template_that_cannot_be_masked_says_what_to_do(tmp_path, tiny_ll
         "so the response's tokens cannot be told apart; train a model whose template does, or remove chat_template "
         "from its tokenizer_config.json to train on the plain prompt and response"
     )
+
+
+@pytest.mark.parametrize("prompt", ["a", "s", "user", "assistant", "im_start", "Hello there"])
+def test_a_prompt_whose_text_also_stands_in_the_template_is_split_where_the_template_puts_it(tiny_llama_dir, prompt):
+    # The first match of the text was taken for the prompt: `a` inside `<|im_start|>`, so the special token was
+    # spelled out in characters, in training and in predict.py; a system prompt holding the text did the same.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    system = "You are a helpful AI assistant; a user says hello there."
+    tokenizer.chat_template = "<|im_start|>system\n" + system + "<|im_end|>\n" + tokenizer.chat_template
+    turn = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    assert (
+        Renderer(tokenizer, max_length=64).prompt_ids(prompt) == tokenizer(turn, add_special_tokens=False)["input_ids"]
+    )

@@ -16,6 +16,7 @@ never straddles the prompt and the response.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -105,6 +106,10 @@ def _conversation_problem(value) -> str | None:
     return None
 
 
+# A user turn's content that no real prompt holds: where the template puts the text, and what follows it.
+PROMPT_MARKER = "\x00amp-trainer prompt\x00"
+
+
 class Renderer:
     """Turns one example into token ids and labels, within --max_length.
 
@@ -131,10 +136,8 @@ class Renderer:
         An empty prompt renders as an empty user turn, or else as BOS alone; with neither, as no token at all, which
         `first_empty_prompt` finds before any weights load."""
         if self.chat_template:
-            rendered = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-            )
-            at = rendered.find(prompt) if prompt else -1
+            rendered = self._render_prompt(prompt)
+            at = self._prompt_at(rendered, prompt) if prompt else -1
             if at < 0:  # a template that rewrites the text: no parts to tell apart
                 return [], self._ids(rendered), []
             return self._ids(rendered[:at]), self._ids(prompt), self._ids(rendered[at + len(prompt) :])
@@ -144,6 +147,27 @@ class Renderer:
         if whole[-len(text) :] == text or not text:
             return whole[: len(whole) - len(text)], text, []  # e.g. [BOS], text
         return [], whole, []
+
+    def _render_prompt(self, prompt: str) -> str:
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+
+    def _prompt_at(self, rendered: str, prompt: str) -> int:
+        """Where the prompt's text starts in its rendering: right before what the template puts after any prompt (the
+        turn's end, the assistant's header), found by rendering a marker. The first match of the text was a wrong
+        split where the text also stands earlier: `a` inside `<|im_start|>`, `AI` in a default system prompt."""
+        after = self._after_prompt
+        at = len(rendered) - len(after or "") - len(prompt)
+        if after is not None and at >= 0 and rendered[at:] == prompt + after:
+            return at
+        return rendered.find(prompt)  # a template that changes around the text: its first match, as ever
+
+    @functools.cached_property
+    def _after_prompt(self) -> str | None:
+        """What the template puts after a prompt's text; None if it does not render a marker as written."""
+        marked = self._render_prompt(PROMPT_MARKER)
+        return marked[marked.find(PROMPT_MARKER) + len(PROMPT_MARKER) :] if PROMPT_MARKER in marked else None
 
     def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
         """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next
