@@ -368,3 +368,16 @@ def test_a_prompt_whose_text_also_stands_in_the_template_is_split_where_the_temp
     assert (
         Renderer(tokenizer, max_length=64).prompt_ids(prompt) == tokenizer(turn, add_special_tokens=False)["input_ids"]
     )
+
+
+def test_a_response_that_fills_max_length_keeps_the_template_and_the_prompts_end(tiny_llama_dir):
+    # The response took every place but one: the prompt and the whole template went, and the answer was learned from
+    # a lone newline token.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    renderer = Renderer(tokenizer, max_length=20)
+    prompt, response = "tell me a long story about coffee beans please", "a rather long answer " * 10
+    ids, labels, prompt_cut, response_cut = renderer.pair(prompt, response)
+    head, text, tail = renderer.prompt_parts(prompt)
+    assert len(ids) == 20 and prompt_cut and response_cut
+    assert ids[: len(head)] == head and ids[len(head) : len(head) + len(tail) + 1] == text[-1:] + tail
+    assert labels[: len(head) + len(tail) + 1] == [IGNORE] * (len(head) + len(tail) + 1)

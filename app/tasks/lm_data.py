@@ -201,10 +201,15 @@ class Renderer:
             response_ids = self._ids(whole[len(head) :])
         else:
             response_ids = self._ids(response) + [self.tokenizer.eos_token_id]
-        response_cut = len(response_ids) > self.max_length - 1  # at least one prompt token stays to predict from
-        response_ids = response_ids[: self.max_length - 1]
+        head, text, tail = self.prompt_parts(prompt)
+        # The response is cut at its end so that the template around the prompt and the prompt's last token stay, as
+        # the model will be prompted; where even they do not fit, one prompt token stays to predict from.
+        around = len(head) + len(tail) + min(len(text), 1)
+        most = self.max_length - around if around < self.max_length else self.max_length - 1
+        response_cut = len(response_ids) > most
+        response_ids = response_ids[:most]
         room = self.max_length - len(response_ids)
-        prompt_ids, prompt_cut = self._fit(*self.prompt_parts(prompt), room)
+        prompt_ids, prompt_cut = self._fit(head, text, tail, room)
         return prompt_ids + response_ids, [IGNORE] * len(prompt_ids) + response_ids, prompt_cut, response_cut
 
     def template_refusal(self, messages: list[dict]) -> str | None:
