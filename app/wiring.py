@@ -283,10 +283,12 @@ class Training:
     def save_model(self, output_dir: Path) -> None:
         """The model as it is now (or its adapters), and the tokenizer, into `output_dir`, atomically
         (storage/final_model.py). Adapters name their base as another machine would find it."""
-        plan = self.inputs.plan
-        base = (
-            AdaptersBase(portable_name(self.cfg), plan.base, self.inputs.model_config.dtype) if plan.adapters else None
-        )
+        plan, raw = self.inputs.plan, self.accelerator.unwrap_model(self.model)
+        frozen = next(
+            (dtype_name(p.dtype) for p in raw.parameters() if not p.requires_grad), None
+        )  # after a fallback too
+        base = AdaptersBase(portable_name(self.cfg), plan.base, self.inputs.model_config.dtype, frozen)
+        base = base if plan.adapters else None
         last = self.checkpoints.last_saved
         save_final_model(self.accelerator, self.model, self.inputs.tokenizer, output_dir, last, base)
 

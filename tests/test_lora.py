@@ -724,3 +724,21 @@ def test_predict_refuses_adapters_whose_base_changed_moved_or_whose_weights_are_
         f"error: {out} holds adapters whose base folder {base} does not exist (moved or deleted): put the base back "
         "there, or predict with the merged model (--save_merged_model writes it)",
     )
+
+
+def test_predict_merges_adapters_into_the_base_as_it_was_trained_the_same_model_as_merged(
+    tiny_model_dir, review_files, tmp_path
+):
+    # The adapters went into the base loaded in float32 from its files, while the run trained on it rounded to
+    # bfloat16, which merged/ holds: two models, and under bf16 10 of 24 of SmolLM2's generations differed.
+    from app.adapters.trained import load_trained
+
+    bf16 = ["--mixed_precision", "bf16", "--dtype", "bfloat16", "--save_merged_model"]
+    assert run_app([*lora_args(tmp_path, tiny_model_dir, review_files), *RUN, *bf16]) == 0
+    out = tmp_path / "out"
+    assert json.loads((out / "adapter_base.json").read_text())["frozen_in"] == "bfloat16"
+    predicted = load_trained(str(out), AutoModelForSequenceClassification, print).state_dict()
+    merged = AutoModelForSequenceClassification.from_pretrained(out / "merged").state_dict()
+    assert predicted.keys() == merged.keys()
+    differ = [name for name in merged if not torch.equal(predicted[name], merged[name])]
+    assert not differ, differ[:5]

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from app.adapters.base import fingerprint
+from app.adapters.base import DTYPES, fingerprint
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs import gguf, hub
@@ -82,14 +82,16 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
         )
     base = base_folder(folder, say)
     check_same_base(folder, base)
+    frozen = DTYPES.get(_base_record(folder).get("frozen_in"), dtype)
     try:
-        model = model_class.from_pretrained(base, config=AutoConfig.from_pretrained(folder), dtype=dtype)
+        # The base rounded to the dtype it was frozen in, as it trained, then merged in float32, as merged/ is.
+        model = model_class.from_pretrained(base, config=AutoConfig.from_pretrained(folder), dtype=frozen).float()
     except (OSError, ValueError) as e:
         raise UsageError(
             f"{folder} holds adapters whose base {base} cannot be loaded: {first_line(e)}; make the base available"
         ) from None
     try:
-        return PeftModel.from_pretrained(model, folder).merge_and_unload()
+        return PeftModel.from_pretrained(model, folder).merge_and_unload().to(dtype)
     except RuntimeError as e:  # torch's load_state_dict: adapters of other shapes than adapter_config.json gives
         said = str(e).splitlines()
         why = next((line.strip() for line in said if "size mismatch" in line), None)
@@ -101,16 +103,25 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
         ) from None
 
 
+def _base_record(folder: str) -> dict:
+    """ADAPTER_BASE_FILE of an output folder, or {} (folders saved before it was written)."""
+    try:
+        record = json.loads((Path(folder) / ADAPTER_BASE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
 def check_same_base(folder: str, base: str) -> None:
     """Adapters are a difference to the weights they were trained on: on another base (a folder retrained or saved
     over since) their predictions are not the trained model's. Compared by the fingerprint the run recorded
     (ADAPTER_BASE_FILE, in folders saved since it exists), where the base is the user's folder that the run named:
     an embedded model, a hub id or a GGUF file's conversion is loaded from a package or cache, whose bytes another
     machine's libraries may write otherwise for the same weights."""
+    record = _base_record(folder)
     try:
-        record = json.loads((Path(folder) / ADAPTER_BASE_FILE).read_text())
         named, recorded = Path(record["base_model_name_or_path"]), record["fingerprint"]
-    except (OSError, ValueError, TypeError, KeyError):
+    except (TypeError, KeyError):
         return
     if not isinstance(recorded, str) or not named.is_dir() or named.resolve() != Path(base).resolve():
         return

@@ -25,6 +25,7 @@ class AdaptersBase:
     name: str  # as another machine finds it: a hub id or the user's folder, never a site-packages or cache path
     fingerprint: str | None = None  # adapters/base.fingerprint of its weight files: predict.py refuses another base
     dtype: object = None  # as the base's own config gives it (None: not given), not the dtype it was frozen in
+    frozen_in: str | None = None  # the dtype it was frozen in: predict.py rounds the base to it, as it was trained
 
 
 def save_final_model(
@@ -102,7 +103,7 @@ def write_base_of_adapters(model: torch.nn.Module, base: AdaptersBase, folder: P
     config.architectures = [type(model).__name__]
     config.dtype = base.dtype
     config.save_pretrained(folder)
-    record = {"base_model_name_or_path": base.name, "fingerprint": base.fingerprint}
+    record = {"base_model_name_or_path": base.name, "fingerprint": base.fingerprint, "frozen_in": base.frozen_in}
     (folder / ADAPTER_BASE_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
