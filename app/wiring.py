@@ -287,7 +287,9 @@ class Training:
         frozen = next(
             (dtype_name(p.dtype) for p in raw.parameters() if not p.requires_grad), None
         )  # after a fallback too
-        base = AdaptersBase(portable_name(self.cfg), plan.base, self.inputs.model_config.dtype, frozen)
+        path = Path(self.inputs.model_path)
+        conversion = path.name if path.resolve().parent == gguf.cache_root().resolve() else None
+        base = AdaptersBase(portable_name(self.cfg), plan.base, self.inputs.model_config.dtype, frozen, conversion)
         base = base if plan.adapters else None
         last = self.checkpoints.last_saved
         save_final_model(self.accelerator, self.model, self.inputs.tokenizer, output_dir, last, base)

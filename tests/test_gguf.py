@@ -134,3 +134,30 @@ def test_a_cache_that_cannot_be_written_is_one_line_and_exit_2_before_the_conver
         "set XDG_CACHE_HOME to a folder you can write"
     ], err
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def test_predict_refuses_adapters_whose_gguf_file_changed_since_training(tiny_gguf, tmp_path, review_files, capsys):
+    # A user's GGUF file replaced after training: predict.py converted the new file, merged the adapters into it and
+    # generated garbage with exit 0 (the fingerprint is of the cache's conversion, compared for user folders only).
+    from app.predict import main as predict
+
+    folder = tiny_gguf.parent
+    args = [
+        *("--model_name_or_path", folder, "--gguf_file", tiny_gguf.name, "--train_file", review_files["train"]),
+        *("--validation_file", review_files["validation"], "--prompt_column", "text", "--response_column", "label"),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--max_length", 48, "--max_steps", 2),
+        *("--use_peft", "--mixed_precision", "no", "--disable_tqdm", "--eval_steps", 0),
+    ]
+    assert run_app(args) == 0
+    record = json.loads((tmp_path / "out" / "adapter_base.json").read_text())
+    assert record["gguf_conversion"] == gguf.converted_folder(str(folder), tiny_gguf.name).name
+    flags = ["Fresh coffee.", "--model_name_or_path", str(tmp_path / "out"), "--mixed_precision", "no"]
+    assert predict([*flags, "--max_new_tokens", "2"]) == 0
+    tiny_gguf.write_bytes(tiny_gguf.read_bytes() + b"\0")
+    capsys.readouterr()
+    assert predict([*flags, "--max_new_tokens", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(
+        f"error: {tmp_path / 'out'} holds adapters trained on another version of their base's GGUF "
+    ), err
+    assert not gguf.converted_folder(str(folder), tiny_gguf.name).exists(), "refused before converting the new file"

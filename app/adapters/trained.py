@@ -55,7 +55,9 @@ def base_folder(folder: str, say) -> str:
         )
     hub.before_looking_up(path)
     if gguf_file:
-        path = str(gguf.convert(path, gguf_file, gguf.converted_folder(path, gguf_file), say))
+        target = gguf.converted_folder(path, gguf_file)
+        check_same_gguf(folder, target.name)  # before minutes of converting another file
+        path = str(gguf.convert(path, gguf_file, target, say))
     return path
 
 
@@ -110,6 +112,17 @@ def _base_record(folder: str) -> dict:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def check_same_gguf(folder: str, conversion: str) -> None:
+    """A GGUF base is named in the cache by its file's digest: another name is another file than the one trained on."""
+    trained = _base_record(folder).get("gguf_conversion")
+    if isinstance(trained, str) and trained != conversion:
+        raise UsageError(
+            f"{folder} holds adapters trained on another version of their base's GGUF file: its conversion was "
+            f"{trained}, would be {conversion} now (the file changed), so the predictions would not be the trained "
+            "model's; put back the file they were trained on, or predict with the merged model (--save_merged_model)"
+        )
 
 
 def check_same_base(folder: str, base: str) -> None:
