@@ -381,3 +381,20 @@ def test_a_response_that_fills_max_length_keeps_the_template_and_the_prompts_end
     assert len(ids) == 20 and prompt_cut and response_cut
     assert ids[: len(head)] == head and ids[len(head) : len(head) + len(tail) + 1] == text[-1:] + tail
     assert labels[: len(head) + len(tail) + 1] == [IGNORE] * (len(head) + len(tail) + 1)
+
+
+@pytest.mark.parametrize("prompt", ["", "hello\n", "Great coffee, would buy again. "])
+def test_a_long_response_keeps_the_template_of_an_empty_or_trimmed_prompt(tiny_llama_dir, prompt):
+    # An empty prompt, or one that a template trims (Llama 3's and Gemma's `content|trim`), was no match in its
+    # rendering: the whole rendering was taken for the text, and a long response left a lone newline of it.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    tokenizer.chat_template = tokenizer.chat_template.replace("message['content']", "message['content'] | trim")
+    renderer = Renderer(tokenizer, max_length=30)
+    head, text, tail = renderer.prompt_parts(prompt)
+    turn = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
+    assert head + text + tail == tokenizer(turn, add_special_tokens=False)["input_ids"]
+    assert head and tail and text == tokenizer(prompt.strip(), add_special_tokens=False)["input_ids"]
+    ids, labels, _, response_cut = renderer.pair(prompt, "a rather long answer " * 10)
+    assert response_cut and ids[: len(head)] == head and ids[len(head) + min(len(text), 1) :][: len(tail)] == tail

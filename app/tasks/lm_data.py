@@ -137,10 +137,8 @@ class Renderer:
         `first_empty_prompt` finds before any weights load."""
         if self.chat_template:
             rendered = self._render_prompt(prompt)
-            at = self._prompt_at(rendered, prompt) if prompt else -1
-            if at < 0:  # a template that rewrites the text: no parts to tell apart
-                return [], self._ids(rendered), []
-            return self._ids(rendered[:at]), self._ids(prompt), self._ids(rendered[at + len(prompt) :])
+            before, text, after = self._split_prompt(rendered, prompt)
+            return self._ids(before), self._ids(text), self._ids(after)
         text, whole = self._ids(prompt), self.tokenizer(prompt, verbose=False)["input_ids"]
         if not whole:  # an empty prompt, and a tokenizer that adds no BOS of its own
             return [self.bos] if self.bos is not None else [], [], []
@@ -153,21 +151,27 @@ class Renderer:
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
 
-    def _prompt_at(self, rendered: str, prompt: str) -> int:
-        """Where the prompt's text starts in its rendering: right before what the template puts after any prompt (the
-        turn's end, the assistant's header), found by rendering a marker. The first match of the text was a wrong
-        split where the text also stands earlier: `a` inside `<|im_start|>`, `AI` in a default system prompt."""
-        after = self._after_prompt
-        at = len(rendered) - len(after or "") - len(prompt)
-        if after is not None and at >= 0 and rendered[at:] == prompt + after:
-            return at
-        return rendered.find(prompt)  # a template that changes around the text: its first match, as ever
+    def _split_prompt(self, rendered: str, prompt: str) -> tuple[str, str, str]:
+        """A prompt's rendering in three: what the template puts before any prompt's text (system turn, user header),
+        the text as the template wrote it (trimmed, by some), and what it puts after (the turn's end, the assistant's
+        header), found by rendering a marker. The first match of the text was a wrong split where the text also
+        stands earlier: `a` inside `<|im_start|>`, `AI` in a default system prompt."""
+        around = self._around_prompt
+        if around is not None:
+            before, after = around
+            if rendered.startswith(before) and rendered.endswith(after) and len(before) + len(after) <= len(rendered):
+                return before, rendered[len(before) : len(rendered) - len(after)], after
+        at = rendered.find(prompt) if prompt else -1  # a template that changes around the text: its first match
+        if at < 0:  # a template that rewrites the text: no parts to tell apart
+            return "", rendered, ""
+        return rendered[:at], prompt, rendered[at + len(prompt) :]
 
     @functools.cached_property
-    def _after_prompt(self) -> str | None:
-        """What the template puts after a prompt's text; None if it does not render a marker as written."""
+    def _around_prompt(self) -> tuple[str, str] | None:
+        """What the template puts before and after a prompt's text; None if it does not render a marker as written."""
         marked = self._render_prompt(PROMPT_MARKER)
-        return marked[marked.find(PROMPT_MARKER) + len(PROMPT_MARKER) :] if PROMPT_MARKER in marked else None
+        at = marked.find(PROMPT_MARKER)
+        return (marked[:at], marked[at + len(PROMPT_MARKER) :]) if at >= 0 else None
 
     def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
         """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next
