@@ -31,8 +31,9 @@ def holds_adapters(folder: str) -> bool:
     return (Path(folder) / ADAPTER_CONFIG).is_file()
 
 
-def base_folder(folder: str, say) -> str:
-    """The local folder of the base the adapters in `folder` were trained on. `say` reports a GGUF conversion."""
+def base_folder(folder: str, say, record: dict | None = None) -> str:
+    """The local folder of the base the adapters in `folder` were trained on. `say` reports a GGUF conversion;
+    `record`: the folder's ADAPTER_BASE_FILE, if already read."""
     saved = recorded_config(Path(folder))  # empty if missing or damaged: then adapter_config.json's name
     if saved:
         keys = ("model_name_or_path", "gguf_file", "task")
@@ -56,7 +57,8 @@ def base_folder(folder: str, say) -> str:
     hub.before_looking_up(path)
     if gguf_file:
         target = gguf.converted_folder(path, gguf_file)
-        check_same_gguf(folder, target.name)  # before minutes of converting another file
+        record = _base_record(folder) if record is None else record
+        check_same_gguf(folder, target.name, record)  # before minutes of converting another file
         path = str(gguf.convert(path, gguf_file, target, say))
     return path
 
@@ -82,9 +84,10 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
             f"{folder} holds {ADAPTER_CONFIG} but not the adapters' weights ({ADAPTER_WEIGHTS[0]}): copy the whole "
             "output folder again"
         )
-    base = base_folder(folder, say)
-    check_same_base(folder, base)
-    frozen = DTYPES.get(_base_record(folder).get("frozen_in"), dtype)
+    record = _base_record(folder)
+    base = base_folder(folder, say, record)
+    check_same_base(folder, base, record)
+    frozen = DTYPES.get(record.get("frozen_in"), dtype)
     try:
         # The base rounded to the dtype it was frozen in, as it trained, then merged in float32, as merged/ is.
         model = model_class.from_pretrained(base, config=AutoConfig.from_pretrained(folder), dtype=frozen).float()
@@ -114,9 +117,10 @@ def _base_record(folder: str) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def check_same_gguf(folder: str, conversion: str) -> None:
-    """A GGUF base is named in the cache by its file's digest: another name is another file than the one trained on."""
-    trained = _base_record(folder).get("gguf_conversion")
+def check_same_gguf(folder: str, conversion: str, record: dict) -> None:
+    """A GGUF base is named in the cache by its file's digest: another name is another file than the one trained on.
+    `record`: the folder's ADAPTER_BASE_FILE."""
+    trained = record.get("gguf_conversion")
     if isinstance(trained, str) and trained != conversion:
         raise UsageError(
             f"{folder} holds adapters trained on another version of their base's GGUF file: its conversion was "
@@ -125,13 +129,12 @@ def check_same_gguf(folder: str, conversion: str) -> None:
         )
 
 
-def check_same_base(folder: str, base: str) -> None:
+def check_same_base(folder: str, base: str, record: dict) -> None:
     """Adapters are a difference to the weights they were trained on: on another base (a folder retrained or saved
     over since) their predictions are not the trained model's. Compared by the fingerprint the run recorded
     (ADAPTER_BASE_FILE, in folders saved since it exists), where the base is the user's folder that the run named:
     an embedded model, a hub id or a GGUF file's conversion is loaded from a package or cache, whose bytes another
-    machine's libraries may write otherwise for the same weights."""
-    record = _base_record(folder)
+    machine's libraries may write otherwise for the same weights. `record`: the folder's ADAPTER_BASE_FILE."""
     try:
         named, recorded = Path(record["base_model_name_or_path"]), record["fingerprint"]
     except (TypeError, KeyError):
