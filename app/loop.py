@@ -256,8 +256,7 @@ def train(training: Training, budget: int | None = None) -> None:
             with telemetry.paused():
                 metrics = training.evaluate_and_log()
             stopped_early = best.after_eval(step, metrics)
-            if stopped_early:
-                ledger.settle()  # the run ends here: this step's outcome is its last
+            if stopped_early:  # settled above, as every evaluating step is
                 if not logged:  # a run's last step is always logged: its curves end where it ended
                     log_step(training, step, lr, batches_per_epoch)
                 telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
