@@ -172,9 +172,7 @@ def claim_run_folders(
     # of a new run's folders (the folder may hold another run).
     continues = resume is not None and output_dir.resolve() == resume.output_dir.resolve()
     if output_dir is not None:  # given (and claimed), or the resumed run's: no run name can make it free
-        check_outside_checkpoints(output_dir)
-        check_apart_from_model(output_dir, cfg.model_name_or_path)
-        check_output_dir(output_dir, resuming=continues, overwrite=cfg.overwrite_output_dir)
+        check_output_folder(output_dir, cfg, resuming=continues)
     continued_name = resume.record.run_name if continues else None
     if name := cfg.run_name or continued_name:
         return _claim(cfg, name, output_dir, continues, continued_name, claims)
@@ -198,9 +196,7 @@ def _claim(
         if output_dir is None:  # a new run's default output folder, named after it; else claimed and checked already
             claims.claim(paths.output_dir, "--output_dir", "pass another --run_name or an --output_dir")
             claimed.append(paths.output_dir)
-            check_outside_checkpoints(paths.output_dir)
-            check_apart_from_model(paths.output_dir, cfg.model_name_or_path)
-            check_output_dir(paths.output_dir, resuming=False, overwrite=cfg.overwrite_output_dir)
+            check_output_folder(paths.output_dir, cfg, resuming=False)
         claims.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
         claimed.append(paths.log_dir)
         check_log_dir(paths, resuming=name == continued_name)
@@ -213,6 +209,14 @@ def _claim(
 
 def default_output_dir(run_name: str) -> Path:
     return Path("outputs") / run_name
+
+
+def check_output_folder(output_dir: Path, cfg: TrainConfig, resuming: bool) -> None:
+    """Every check of an output folder: outside any checkpoint, apart from the model being fine-tuned, and free for
+    this run (empty, resumed or overwritten)."""
+    check_outside_checkpoints(output_dir)
+    check_apart_from_model(output_dir, cfg.model_name_or_path)
+    check_output_dir(output_dir, resuming=resuming, overwrite=cfg.overwrite_output_dir)
 
 
 def check_output_dir(output_dir: Path, resuming: bool, overwrite: bool) -> None:
