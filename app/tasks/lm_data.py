@@ -129,14 +129,14 @@ class Renderer:
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # cut later, not here
 
-    def prompt_parts(self, prompt: str) -> tuple[list[int], list[int], list[int]]:
+    def prompt_parts(self, prompt: str, rendered: str | None = None) -> tuple[list[int], list[int], list[int]]:
         """The tokens a response follows, in three parts: what comes before the prompt's text (the template's system
         turn and user header, or the tokenizer's BOS), the text, and what comes after it (the assistant's header).
 
         An empty prompt renders as an empty user turn, or else as BOS alone; with neither, as no token at all, which
         `first_empty_prompt` finds before any weights load."""
         if self.chat_template:
-            rendered = self._render_prompt(prompt)
+            rendered = self._render_prompt(prompt) if rendered is None else rendered
             before, text, after = self._split_prompt(rendered, prompt)
             return self._ids(before), self._ids(text), self._ids(after)
         text, whole = self._ids(prompt), self.tokenizer(prompt, verbose=False)["input_ids"]
@@ -192,20 +192,21 @@ class Renderer:
 
     def pair(self, prompt: str, response: str) -> tuple[list[int], list[int], bool, bool]:
         """ids, labels, whether the prompt was cut from the left, whether the response was cut."""
+        rendered = None  # the prompt's rendering, with a chat template: split below, not rendered again
         if self.chat_template:
             turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-            head = self.tokenizer.apply_chat_template(turns[:1], tokenize=False, add_generation_prompt=True)
+            rendered = self._render_prompt(prompt)
             whole = self.tokenizer.apply_chat_template(turns, tokenize=False)
-            if not whole.startswith(head):
+            if not whole.startswith(rendered):
                 raise UsageError(
                     "the tokenizer's chat template does not render a prompt as the start of its dialogue, so the "
                     "response's tokens cannot be told apart; train a model whose template does, or remove "
                     "chat_template from its tokenizer_config.json to train on the plain prompt and response"
                 )
-            response_ids = self._ids(whole[len(head) :])
+            response_ids = self._ids(whole[len(rendered) :])
         else:
             response_ids = self._ids(response) + [self.tokenizer.eos_token_id]
-        head, text, tail = self.prompt_parts(prompt)
+        head, text, tail = self.prompt_parts(prompt, rendered)
         # The response is cut at its end so that the template around the prompt and the prompt's last token stay, as
         # the model will be prompted; where even they do not fit, one prompt token stays to predict from.
         around = len(head) + len(tail) + min(len(text), 1)
