@@ -281,7 +281,7 @@ def test_predict_finds_a_relative_base_from_another_working_directory(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
-    assert base_folder(str(out), print) == str(tiny_model_dir.resolve())
+    assert base_folder(str(out), print, {}) == str(tiny_model_dir.resolve())
     from app.predict import main as predict
 
     capsys.readouterr()

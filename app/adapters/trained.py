@@ -31,9 +31,9 @@ def holds_adapters(folder: str) -> bool:
     return (Path(folder) / ADAPTER_CONFIG).is_file()
 
 
-def base_folder(folder: str, say, record: dict | None = None) -> str:
+def base_folder(folder: str, say, record: dict) -> str:
     """The local folder of the base the adapters in `folder` were trained on. `say` reports a GGUF conversion;
-    `record`: the folder's ADAPTER_BASE_FILE, if already read."""
+    `record`: the folder's ADAPTER_BASE_FILE ({} where it has none)."""
     saved = recorded_config(Path(folder))  # empty if missing or damaged: then adapter_config.json's name
     if saved:
         keys = ("model_name_or_path", "gguf_file", "task")
@@ -57,7 +57,6 @@ def base_folder(folder: str, say, record: dict | None = None) -> str:
     hub.before_looking_up(path)
     if gguf_file:
         target = gguf.converted_folder(path, gguf_file)
-        record = _base_record(folder) if record is None else record
         check_same_gguf(folder, target.name, record)  # before minutes of converting another file
         path = str(gguf.convert(path, gguf_file, target, say))
     return path
