@@ -62,7 +62,7 @@ from app.inputs.model import (
 from app.inputs.sampling import DataPosition
 from app.optim import build_optimizer, build_schedule, check_resume_length, total_optimizer_steps
 from app.state import TrainState
-from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands, unusable
+from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands, weights_unusable
 from app.storage.final_model import AdaptersBase, save_final_model
 from app.storage.folders import RunPaths
 from app.storage.model_card import write_model_card
@@ -266,7 +266,7 @@ class Training:
             return final, False
         path = self.checkpoints.best(self.state)
         # Checked at a resume; gone or damaged since (by hand, during the training): the trained model stays.
-        if problem := on_main_process(self.accelerator, lambda: unusable(path)):
+        if problem := on_main_process(self.accelerator, lambda: weights_unusable(path)):
             self.saved_best = None
             self.accelerator.print(
                 f"warning: the best checkpoint, step {step}, cannot be loaded ({problem}): the model saved is the "

@@ -344,9 +344,14 @@ def best_checkpoint(state: TrainState, resumed: Path | None, root: Path | None =
     return next((path for path in places if path.is_dir()), places[0])
 
 
-def unusable(path: Path) -> str | None:
-    """Why checkpoint `path` cannot be loaded (gone, or damaged: its file record says how); None if it can."""
-    return f"{path} is missing" if not path.is_dir() else _checked(path)[1]
+def weights_unusable(path: Path) -> str | None:
+    """Why the model weights of checkpoint `path` cannot be loaded (gone, or damaged: its file record says how); None
+    if they can. Its optimizer state is not read (load_model_weights), so not checked either."""
+    if not path.is_dir():
+        return f"{path} is missing"
+    if integrity.is_recorded(path):
+        return integrity.damage(path, only={MODEL_FILE})
+    return None if (path / MODEL_FILE).is_file() else f"{path / MODEL_FILE} is missing"  # an older, unrecorded one
 
 
 def checkpoint_around(path: Path) -> Path | None:

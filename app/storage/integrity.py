@@ -39,14 +39,15 @@ def is_recorded(folder: Path) -> bool:
     return (folder / RECORD).is_file()
 
 
-def damage(folder: Path) -> str | None:
-    """What is wrong with a recorded checkpoint, naming the file; None if every recorded file is as recorded.
+def damage(folder: Path, only: set[str] | None = None) -> str | None:
+    """What is wrong with a recorded checkpoint, naming the file; None if every recorded file (or each of `only`) is
+    as recorded.
 
     A missing random state is not damage (see missing_random_states): Accelerate resumes without it, not exactly.
     """
     try:
         files = json.loads((folder / RECORD).read_text())["files"]
-        entries = [(name, entry["bytes"], entry["sha256"]) for name, entry in files.items()]
+        entries = [(name, entry["bytes"], entry["sha256"]) for name, entry in files.items() if not only or name in only]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not the record's shape: edited or garbled
         return f"{folder / RECORD} cannot be read as the record of its files"
     for name, size, checksum in entries:
