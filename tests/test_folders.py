@@ -26,6 +26,16 @@ def without_root_powers() -> list[str]:
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
 
+def train_without_root_powers(tmp_path, args: list) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*without_root_powers(), sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
 def test_an_output_dir_below_a_folder_that_cannot_be_entered_is_one_line_and_exit_2(tmp_path, quick_args):
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -33,13 +43,7 @@ def test_an_output_dir_below_a_folder_that_cannot_be_entered_is_one_line_and_exi
     args = [*quick_args, "--output_dir", out]
     locked.chmod(0)
     try:
-        result = subprocess.run(
-            [*without_root_powers(), sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
-            env=clean_env(tmp_path),
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
+        result = train_without_root_powers(tmp_path, args)
     finally:
         locked.chmod(0o755)
     assert result.returncode == 2, result.stderr[-2000:]
@@ -202,6 +206,27 @@ def test_overwrite_output_dir_keeps_a_readme_this_app_did_not_write(tmp_path, qu
         with pytest.raises(RuntimeError, match="the run crashed"):
             run_app([*quick_args, "--max_steps", "1", "--max_eval_samples", "8", "--overwrite_output_dir"])
     assert (out / "README.md").read_text() == mine and not (out / "config.json").exists()
+
+
+def test_overwrite_output_dir_deletes_nothing_when_a_folder_of_the_earlier_run_cannot_be_emptied(tmp_path, quick_args):
+    # The checkpoints went one by one until the locked one stopped the deleting: exit 2 with the earlier run's newest
+    # checkpoint (or its model) lost, and nothing trained to replace it.
+    out = tmp_path / "out"
+    assert run_app([*quick_args, "--max_steps", "2", "--save_steps", "1", "--max_eval_samples", "8"]) == 0
+    locked = out / "checkpoints" / "step-2"
+    before = folder_state(out, files_only=True)
+    args = [*quick_args, "--run_name", "second", "--max_steps", "1", "--overwrite_output_dir"]
+    locked.chmod(0o555)
+    try:
+        result = train_without_root_powers(tmp_path, args)
+    finally:
+        locked.chmod(0o755)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.splitlines()[-1] == (  # after the tokenizing bars of datasets
+        f"error: --overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no write permission); "
+        "nothing was deleted: make it writable, or choose another --output_dir"
+    )
+    assert folder_state(out, files_only=True) == before
 
 
 @pytest.mark.parametrize(

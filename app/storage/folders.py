@@ -342,15 +342,20 @@ def _remove_earlier_run(output_dir: Path) -> None:
     """--overwrite_output_dir: the earlier run's checkpoints and model go as a whole, when this run starts. Its model
     left until this run's final save would sit beside this run's training_args.yaml, and predict.py would read it as
     trained with this run's flags."""
-    checkpoints = output_dir / "checkpoints"
-    removed = ["checkpoints"] if completed_checkpoints(checkpoints) else []
+    checkpoints, model = output_dir / "checkpoints", _earlier_model(output_dir, keep=set(), card=True)
+    removed = (["model"] if model else []) + (["checkpoints"] if completed_checkpoints(checkpoints) else [])
+    if checkpoints.is_symlink():  # where the user keeps checkpoints (another disk): the link stays, emptied
+        doomed = _entries(checkpoints) + model
+    else:
+        doomed = ([checkpoints] if checkpoints.exists() else []) + model
+    if locked := _first_locked_folder(doomed):  # all or nothing: half deleted, the earlier run would be lost
+        raise UsageError(
+            f"--overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no write permission); "
+            "nothing was deleted: make it writable, or choose another --output_dir"
+        )
     try:
-        if checkpoints.is_symlink():  # where the user keeps checkpoints (another disk): the link stays, emptied
-            for entry in checkpoints.iterdir() if checkpoints.is_dir() else ():
-                _remove(entry)
-        elif checkpoints.exists():
-            shutil.rmtree(checkpoints)
-        removed = (["model"] if remove_earlier_model(output_dir, keep=set(), card=True) else []) + removed
+        for path in doomed:
+            _remove(path)
     except OSError as e:  # left in place, the new run's files would mix with the earlier run's
         raise UsageError(
             f"--overwrite_output_dir: the earlier run's {e.filename or checkpoints} cannot be deleted ({e.strerror}); "
@@ -360,17 +365,40 @@ def _remove_earlier_run(output_dir: Path) -> None:
         print(f"note: --overwrite_output_dir: the earlier {' and '.join(removed)} in {output_dir} are removed")
 
 
+def _entries(folder: Path) -> list[Path]:
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+def _first_locked_folder(paths: list[Path]) -> Path | None:
+    """The first folder that forbids deleting `paths` and all in them (no permission, a read-only mount, an immutable
+    flag), or one that cannot be read; None if every one can be."""
+    unreadable = []
+    for path in paths:
+        folders = [path.parent]
+        if path.is_dir() and not path.is_symlink():
+            folders += [Path(root) for root, _, _ in os.walk(path, onerror=lambda e: unreadable.append(e.filename))]
+        for folder in [*folders, *map(Path, unreadable)]:
+            if not os.access(folder, os.R_OK | os.W_OK | os.X_OK):
+                return folder
+    return None
+
+
 def remove_earlier_model(output_dir: Path, keep: set[str], card: bool = False) -> list[str]:
     """Remove what an earlier model left in `output_dir` (MODEL_FILES, and with `card` this app's model card) but
     `keep`: the folder then loads as this run's model alone. Returns the names removed."""
-    removed = []
-    for path in sorted(output_dir.iterdir()):
-        if path.name in keep:
-            continue
-        if any(fnmatch(path.name, pattern) for pattern in MODEL_FILES) or (card and _is_model_card(path)):
-            _remove(path)
-            removed.append(path.name)
-    return removed
+    removed = _earlier_model(output_dir, keep, card)
+    for path in removed:
+        _remove(path)
+    return [path.name for path in removed]
+
+
+def _earlier_model(output_dir: Path, keep: set[str], card: bool) -> list[Path]:
+    return [
+        path
+        for path in sorted(output_dir.iterdir())
+        if path.name not in keep
+        and (any(fnmatch(path.name, pattern) for pattern in MODEL_FILES) or (card and _is_model_card(path)))
+    ]
 
 
 def _remove(path: Path) -> None:
