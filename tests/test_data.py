@@ -239,6 +239,19 @@ def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, capfd):
     assert err.startswith("error: --model_name_or_path 'nobody-here/no-such-model' cannot be loaded")
 
 
+def test_a_hub_dataset_out_of_reach_is_said_in_words(tmp_path, capfd):
+    # datasets' own line ended in its exception's class name: "Couldn't reach 'x' on the Hub (OfflineModeIsEnabled)".
+    args = ["--dataset_name", "nobody-here/no-such-data", "--output_dir", tmp_path / "out", "--logdir", tmp_path]
+    assert run_app(args) == 2
+    err = capfd.readouterr().err
+    assert err.startswith(
+        "error: --dataset_name 'nobody-here/no-such-data' is not a local folder, not in the datasets cache, and the "
+        "Hugging Face Hub is out of reach (offline mode: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set): give a folder "
+        "or a cached name, or use --train_file\n"
+    ), err
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
 def test_map_splits_gives_what_map_gives_and_names_each_result_by_split_transform_and_options(review_files):
     from datasets import DatasetDict, load_dataset
 

@@ -261,7 +261,14 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
             loaded = load_dataset(name, config_name, **(CSV_MISSING if csv_splits else {}))
     except UsageError:
         raise
-    except Exception as e:  # not found, offline, wrong config: all are input errors here
+    except ConnectionError as e:  # datasets' own line names its exception class: OfflineModeIsEnabled
+        if why := not Path(name).exists() and hub.out_of_reach():
+            raise UsageError(
+                f"--dataset_name {name!r} is not a local folder, not in the datasets cache, and the Hugging Face Hub "
+                f"is out of reach ({why}): give a folder or a cached name, or use --train_file"
+            ) from None
+        raise UsageError(f"--dataset_name {name!r} cannot be loaded: {first_line(e)}") from None
+    except Exception as e:  # not found, wrong config: input errors here
         raise UsageError(
             f"--dataset_name {name!r} cannot be loaded: {first_line(e)} "
             "(offline, a hub dataset must be cached; or use --train_file)"

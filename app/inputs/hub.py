@@ -25,13 +25,24 @@ def before_looking_up(name: str) -> None:
         _offline_unless_the_hub_answers()
 
 
+def out_of_reach() -> str | None:
+    """Why this process does not ask the hub (for an error about a name it did not find), or None if it does."""
+    import datasets.config
+    from huggingface_hub import constants
+
+    if not (constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE):
+        return None
+    return _offline_unless_the_hub_answers() or "offline mode: HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set"
+
+
 @functools.cache
-def _offline_unless_the_hub_answers() -> None:
+def _offline_unless_the_hub_answers() -> str | None:
+    """The hub's address if it did not answer, and the process was put in offline mode; else None."""
     import datasets.config
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE or any(os.environ.get(name) for name in PROXIES):
-        return
+        return None
     endpoint = urlparse(constants.ENDPOINT)
     port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
     try:
@@ -39,3 +50,5 @@ def _offline_unless_the_hub_answers() -> None:
     except OSError:
         constants.HF_HUB_OFFLINE = True  # what transformers and huggingface_hub ask at each lookup
         datasets.config.HF_HUB_OFFLINE = True
+        return f"{endpoint.hostname}:{port} did not answer"
+    return None
