@@ -159,14 +159,15 @@ class StepDue:
         )
 
 
-def on_alarm(training: Training, ledger: StepLedger, batch: dict, step: int) -> bool:
+def on_alarm(training: Training, ledger: StepLedger, batch: dict, weight: float, step: int) -> bool:
     """Report the loss-scale alarm, then stop, warn or fall back as --on_scale_collapse says.
 
     Returns:
         True when the run fell back to its last checkpoint in another precision: the loop carries on from there.
     """
     training.accelerator.print(ledger.alarm)
-    training.report_overflow(batch, step)  # `batch`: this step's last micro-batch, still on the device
+    # `batch`: this step's last micro-batch, still on the device, replayed as the step ran it
+    training.report_overflow(batch, step, ledger.overflow.scale_used() * weight)
     if training.cfg.on_scale_collapse == "stop":
         with training.telemetry.paused():
             path = training.save_checkpoint()
@@ -242,12 +243,12 @@ def train(training: Training, budget: int | None = None) -> None:
             try:
                 loss_watch.check(step, training.checkpoints.last_saved)  # no log, eval or save past a non-finite loss
             except TrainingHalted:
-                training.report_overflow(batch, step)
+                training.report_overflow(batch, step, ledger.overflow.scale_used() * weight)
                 raise
         logged = due.log or ledger.alarm  # on_alarm may clear the alarm below
         if logged:
             log_step(training, step, lr, batches_per_epoch)
-        if ledger.alarm and on_alarm(training, ledger, batch, step):
+        if ledger.alarm and on_alarm(training, ledger, batch, weight, step):
             ledger, loss_watch = StepLedger(training), LossWatch(accelerator)  # for the new scaler
             first_step = state.opt_step + 1
             steps = optimizer_steps(training)  # on from the checkpoint's data position

@@ -232,22 +232,22 @@ class Training:
             self.accelerator.print(line)
         self.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
 
-    def overflow_report(self, batch: dict | None) -> str:
-        """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast, dropout masks and
-        loss scale."""
+    def overflow_report(self, batch: dict | None, multiplier: float | None = None) -> str:
+        """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast and dropout masks,
+        its loss times `multiplier` (by default the loss scale the next step would use)."""
         return diagnose.overflow_report(
             self.policy,
             self.accelerator.unwrap_model(self.model),
             self.inputs.task.loss,
             batch,
-            self.scaler.get_scale(),
+            self.scaler.get_scale() if multiplier is None else multiplier,
             lambda: self.accelerator.no_sync(self.model),
             self.dropout_masks,
         )
 
-    def report_overflow(self, batch: dict | None, step: int) -> None:
+    def report_overflow(self, batch: dict | None, step: int, multiplier: float) -> None:
         """The overflow report, on stderr and as TensorBoard text. Each rank replays its batch; the main one says."""
-        line = self.overflow_report(batch)
+        line = self.overflow_report(batch, multiplier)
         if self.accelerator.is_main_process:
             print(line, file=sys.stderr, flush=True)
         self.telemetry.writer.text(tags.AMP_OVERFLOW_REPORT, line, step)

@@ -286,6 +286,24 @@ def test_overflow_report_names_the_first_gradient_to_overflow(tiny_model_dir, re
     assert line == "first overflow: classifier (gradient, max |x| = inf in float16)"
 
 
+def test_the_alarms_report_replays_the_failing_step_at_its_own_scale_and_checks_parameter_gradients(
+    quick_args, capfd, tmp_path
+):
+    # One batch, the same at every step: at a loss scale of 2**20 or 2**19 the sums over the batch that make the
+    # classifier's parameter gradients overflow, at 2**18 nothing does. Step 1 ran at 2**20, step 2 at 2**19: the
+    # alarm. The report replayed the batch at 2**18 (the scale after step 2's skip) and watched module outputs and
+    # their gradients alone: "the overflow came from another batch", in a run that never saw another batch.
+    args = [*quick_args, "--amp", "--init_loss_scale", str(2.0**20), "--max_consecutive_skips", "1"]
+    args += ["--max_train_samples", "16", "--per_device_train_batch_size", "16", "--max_steps", "4"]
+    assert run_app([*args, "--eval_steps", "0"]) == 3
+    err = capfd.readouterr().err
+    report = next(line for line in err.splitlines() if "overflow" in line and "alarm" not in line)
+    assert re.fullmatch(
+        r"first overflow: classifier\.(weight|bias) \(parameter gradient, max \|x\| = inf in float32\)", report
+    ), err
+    assert all_texts(tmp_path / "runs" / "test", tags.AMP_OVERFLOW_REPORT) == [report]
+
+
 def test_the_preflight_checks_the_loops_first_batch(tiny_model_dir, review_files):
     run = harness.build_training(tiny_model_dir, review_files, amp=True, max_steps=1)
     checked = diagnose.first_training_batch(run.train_loader, run.accelerator.device)

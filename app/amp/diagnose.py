@@ -63,17 +63,22 @@ def _maxima(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
 
 
 class ModuleWatch:
-    """Forward hooks on every named module: each output's max |x| (fp16 and other dtypes apart) in execution order,
-    and optionally its gradient's."""
+    """Forward hooks on every named module: each output's max |x| (fp16 and other dtypes apart) in execution order;
+    optionally, in the backward pass's order, the gradient of each module's output and of each trained parameter."""
 
     def __init__(self, model: torch.nn.Module, gradients: bool = False):
         self.forward: dict[str, torch.Tensor] = {}  # kept on the device until the pass ends: no sync per module
-        self.backward: dict[str, torch.Tensor] = {}
+        self.backward: dict[str, torch.Tensor] = {}  # modules' output gradients and parameters' gradients
+        self.parameters: set[str] = set()  # the names in `backward` that are parameters'
         self.other_dtypes: dict[str, torch.dtype] = {}  # the dtype of a module's non-fp16 output, for messages
         self._gradients = gradients
         self._handles = [
             module.register_forward_hook(self._hook(name)) for name, module in model.named_modules() if name
         ]
+        if gradients:  # a parameter's gradient is a sum over the batch: in fp16 it can overflow where no input did
+            trained = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+            self.parameters = {name for name, _ in trained}
+            self._handles += [param.register_hook(self._gradient_hook(name)) for name, param in trained]
 
     def _hook(self, name: str):
         def record(module, inputs, output):
@@ -201,15 +206,17 @@ def overflow_report(
     model: torch.nn.Module,
     loss: LossOf,
     batch: dict | None,
-    scale: float,
+    multiplier: float,
     no_sync: Callable[[], contextlib.AbstractContextManager],
     dropout_masks: Callable[[], contextlib.AbstractContextManager],
 ) -> str:
-    """Replay `batch` forward and backward under the run's autocast, dropout masks and loss `scale`; name the first
-    module whose output or gradient is not finite or beyond fp16's range. Weights, gradients and RNG streams are left
-    as they were.
+    """Replay `batch` forward and backward under the run's autocast and dropout masks, its loss times `multiplier`;
+    name the first module whose output or gradient, or the first parameter whose gradient, is not finite or beyond
+    fp16's range. Weights, gradients and RNG streams are left as they were.
 
     Args:
+        multiplier: what the failing step multiplied this batch's loss by: the loss scale it ran at, times the
+            batch's share of an accumulated step.
         model: the raw model; `no_sync` keeps the wrapper's gradient reduction out of this rank's replay.
         dropout_masks: what the training forward runs under besides autocast (host/dropout.py), so that the replay
             takes the training's own path through dropout.
@@ -225,15 +232,16 @@ def overflow_report(
         with rng_untouched(), eager(), no_sync():
             with policy.autocast(), dropout_masks():
                 replayed = loss(model, batch)
-            (replayed.float() * scale).backward()  # the scale the failing step used: same gradients
+            (replayed.float() * multiplier).backward()  # as the failing step did: the same gradients
     finally:
         watch.remove()
         for p, grad in zip(params, saved_grads):
             p.grad = grad
-    for kind, values in (("forward output", watch.forward), ("gradient", watch.backward)):
+    for forward, values in ((True, watch.forward), (False, watch.backward)):
         for name, half, other in watch.read(values):
             hit = overflow_in(half, other, limit=math.inf)  # fp16 cannot hold a finite value beyond its range
             if hit is not None:
+                kind = "forward output" if forward else "parameter gradient" if name in watch.parameters else "gradient"
                 dtype = "float16" if hit[1] else str(watch.other_dtypes.get(name)).removeprefix("torch.")
                 return f"first overflow: {name} ({kind}, max |x| = {_shown(hit[0])} in {dtype})"
     return "overflow report: the replayed batch stays within fp16's range (the overflow came from another batch)"

@@ -68,6 +68,7 @@ class OverflowFlag:
         self._host = torch.zeros((), dtype=torch.bool, pin_memory=on_gpu)
         self._landed = torch.cuda.Event() if on_gpu else None
         self.on_device = torch.zeros((), dtype=torch.bool, device=device)  # the latest step's flag, for device-side use
+        self._scale_used: torch.Tensor | None = None  # the latest step's loss scale, on the device
         self._pending = False
 
     def capture(self, optimizer: torch.optim.Optimizer) -> None:
@@ -77,10 +78,15 @@ class OverflowFlag:
             return
         # The scaler keeps its per-device flags privately; its public get_scale() would sync.
         flags = self._scaler._found_inf_per_device(optimizer).values()  # noqa: SLF001
+        self._scale_used = self._scaler._scale.clone()  # noqa: SLF001  (update() changes it in place)
         self.on_device = sum(flag.sum() for flag in flags) > 0  # ShardedGradScaler keeps shape [1], GradScaler []
         self._host.copy_(self.on_device, non_blocking=True)
         if self._landed is not None:
             self._landed.record()
+
+    def scale_used(self) -> float:
+        """The loss scale of the latest captured step, before update() moved it on (host sync: for reports only)."""
+        return float(self._scale_used) if self._scale_used is not None else self._scaler.get_scale()
 
     def read(self) -> bool | None:
         """The captured step's flag (None if none is pending). Waits for the copy only, never for later work."""
