@@ -185,6 +185,7 @@ def fine_tune(
         if cfg.save_merged_model:  # last: it merges the adapters into the model in place
             merged = save_merged_model(accelerator, training.model, inputs.tokenizer, paths.output_dir)
             accelerator.print(f"merged model, float32: {merged}")
+        training.telemetry.log_run_throughput(training.state.opt_step)  # HPARAMS' throughput cell
         writer.hparams(report.hparams(cfg, training.policy, accelerator), tags.HPARAM_METRICS)
         signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     finally:

@@ -6,9 +6,11 @@
     python scripts/compare_amp.py --model_name_or_path bert-base-uncased --train_file train.csv --max_steps 500
 
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
-order and steps. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them (default: what
-AMP runs pad to on this device, 8 on a GPU and none on a CPU), so every run sees the same batch shapes and, with them,
-the same dropout masks.
+order and steps. They are read first as app/train.py reads them (a --config YAML included), so a flag no run takes
+stops the script before any run, and so does one it sets itself (--amp, --mixed_precision, --run_name, --output_dir,
+--resume_from_checkpoint). The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them
+(default: what AMP runs pad to on this device, 8 on a GPU and none on a CPU), so every run sees the same batch shapes
+and, with them, the same dropout masks.
 The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and the comparison to <logdir>/<name>/<fp32|fp16|
 bf16>: in TensorBoard's Custom Scalars tab, its charts put the precisions' gradient norm, train loss, eval loss,
 samples/s and peak memory on one chart each, one line (and colour) per precision. A run without the scaler's tags
@@ -33,12 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
+from app.config import TrainConfig, parse_config  # noqa: E402
+from app.errors import UsageError  # noqa: E402
 from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_ENOUGH = "Not enough steps to judge"
-OWNED_FLAGS = ("--amp", "--mixed_precision", "--run_name", "--output_dir", "--resume_from_checkpoint")
+OWNED_FLAGS = ("amp", "mixed_precision", "run_name", "output_dir", "resume_from_checkpoint")  # TrainConfig's
 LABELS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
 
 
@@ -105,7 +109,7 @@ def read_run(run_dir: Path) -> dict:
         "device": device,
         "gpu": gpu_run,
         "timed_intervals": len(speeds),  # log intervals with a throughput: the first step is warm-up, not timed
-        "samples_per_sec": sum(speeds) / len(speeds) if speeds else float("nan"),
+        "samples_per_sec": last(tags.RUN_SAMPLES_PER_SEC),  # the run's, as its summary says: not a mean of intervals
         "padding_fraction": sum(padding) / len(padding) if padding else float("nan"),
         "preflight": preflight,
         "peak_memory_gib": max(curves.get(memory_tag, {0: float("nan")}).values()),
@@ -263,7 +267,8 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
                 "",
                 *table,
                 "",
-                "Throughput is the mean of perf/samples_per_sec (warm-up and evaluation excluded).",
+                "Throughput is each run's samples over its timed seconds, as its summary says (run/samples_per_sec: "
+                "warm-up and evaluation excluded).",
                 "",
                 f"fp16 pre-flight: {preflight}",
                 "",
@@ -277,16 +282,6 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
     return said
 
 
-def _flag_value(flags: list[str], name: str) -> str | None:
-    """The value of `name` among the training flags, given as `--name value` or `--name=value`."""
-    for i, flag in enumerate(flags):
-        if flag == name and i + 1 < len(flags):
-            return flags[i + 1]
-        if flag.startswith(f"{name}="):
-            return flag.partition("=")[2]
-    return None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--name", default=f"compare-{datetime.datetime.now():%Y%m%d-%H%M%S}", help="run name prefix")
@@ -294,11 +289,16 @@ def main() -> int:
     parser.add_argument("--with_bf16", action="store_true", help="also run bf16 autocast")
     parser.add_argument("--launcher", help='how to launch each run, e.g. "accelerate launch --config_file X.yaml"')
     args, train_flags = parser.parse_known_args()
-    clashing = [flag for flag in train_flags if flag.split("=")[0] in OWNED_FLAGS]
-    if clashing:
-        parser.error(f"{clashing[0]} is set by this script for each run; leave it out")
+    try:  # as each run will read them, YAML and spellings included: the folders and padding it will use
+        cfg = parse_config(train_flags)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    defaults = TrainConfig()
+    if clashing := [name for name in OWNED_FLAGS if getattr(cfg, name) != getattr(defaults, name)]:
+        parser.error(f"--{clashing[0]} is set by this script for each run; leave it out")
     report_dir = args.report_dir or Path("reports") / args.name
-    logdir = Path(_flag_value(train_flags, "--logdir") or "runs")
+    logdir = Path(cfg.logdir)
     modes = ("no", "fp16", *(("bf16",) if args.with_bf16 else ()))
     # Folders of an earlier comparison: its runs would be refused, and their old curves read and reported as this
     # call's. Checked before anything is launched.
@@ -310,9 +310,9 @@ def main() -> int:
         return 2
     report_dir.mkdir(parents=True, exist_ok=True)
     launcher = shlex.split(args.launcher) if args.launcher else default_launcher()
-    if "--pad_to_multiple_of" not in train_flags:  # once, for every run: same batches, same masks
-        train_flags += ["--pad_to_multiple_of", str(amp_padding())]
-    pad_to = train_flags[train_flags.index("--pad_to_multiple_of") + 1]
+    pad_to = cfg.pad_to_multiple_of or amp_padding()
+    if cfg.pad_to_multiple_of is None:  # once, for every run: same batches, same masks
+        train_flags += ["--pad_to_multiple_of", str(pad_to)]
     command = [*launcher, str(ROOT / "app" / "train.py"), *train_flags]
 
     runs, failed = {}, []

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from accelerate.state import AcceleratorState, GradientState
 
 from app.telemetry import tags
@@ -111,6 +112,9 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
 ):
     # The two runs in this process: what is tested is the comparison, not the launcher (compare_amp.py's default).
     monkeypatch.setattr(subprocess, "call", in_process)
+    # The runs' folder from a --config, and the padding spelt with dashes: the script looked for the runs in runs/
+    # ("error: no comparison: the runs failed: ", exit 1), and padded every run to a multiple of 1 after the user's 2.
+    (tmp_path / "logging.yaml").write_text(f"logdir: {tmp_path / 'runs'}\n")
     args = [
         "--name",
         "cmp",
@@ -119,8 +123,10 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
         "--launcher",
         sys.executable,  # plain python: the same launcher for both runs, and quicker to start
         *data_flags(tiny_model_dir, review_files),
-        "--logdir",
-        tmp_path / "runs",
+        "--config",
+        tmp_path / "logging.yaml",
+        "--pad-to-multiple-of",
+        "2",
         "--max_steps",
         "4",
         "--logging_steps",
@@ -149,9 +155,17 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     ):
         assert field in report, field
     assert "| final loss scale | off | 65536 |" in report and "| skipped steps | off | 0 |" in report
-    # A controlled comparison: one padding for both runs (on a CPU none: AMP pads only for a GPU's tensor cores),
-    # so the same batches and padding fraction.
-    assert "`--pad_to_multiple_of 1`" in report
+    # A controlled comparison: one padding for both runs, the user's, so the same batches and padding fraction.
+    assert "every run pads to a multiple of 2 (`--pad_to_multiple_of 2`)" in report
+    for mode in ("no", "fp16"):
+        assert (
+            yaml.safe_load((tmp_path / "runs" / f"cmp-{mode}" / "training_args.yaml").read_text())["pad_to_multiple_of"]
+            == 2
+        )
+    # Each run's throughput as its summary gives it: all its samples over all its timed seconds.
+    speeds = next(row for row in report.splitlines() if row.startswith("| samples/s |")).split("|")[2:4]
+    for speed, mode in zip(speeds, ("no", "fp16")):
+        assert float(speed) == round(tb.scalars(tmp_path / "runs" / f"cmp-{mode}")[tags.RUN_SAMPLES_PER_SEC][4], 2)
     padding = next(row for row in report.splitlines() if row.startswith("| padding fraction |")).split("|")[2:4]
     assert padding[0] == padding[1], padding
     assert "fp16 pre-flight: amp pre-flight: clean" in report and "Native low-precision matmuls on this CPU" in report
@@ -199,16 +213,28 @@ def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
-def test_compare_amp_refuses_flags_it_sets_itself(tmp_path):
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--amp"], "--amp is set by this script"),
+        (["--mixed-precision", "bf16"], "--mixed_precision is set by this script"),  # passed through, then overridden
+        (["--config", "owned.yaml"], "--output_dir is set by this script"),
+        (["--max_stepz", "3"], "error: unknown flag '--max_stepz'; did you mean --max_steps?"),  # before any run
+    ],
+    ids=["amp", "dashes", "yaml", "misspelt"],
+)
+def test_compare_amp_refuses_flags_it_sets_itself_and_flags_no_run_takes(tmp_path, flags, said):
+    (tmp_path / "owned.yaml").write_text("output_dir: mine\n")
     result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "compare_amp.py"), "--amp"],
+        [sys.executable, str(SCRIPTS / "compare_amp.py"), *flags],
         env=clean_env(tmp_path),
         capture_output=True,
         text=True,
         timeout=120,
         cwd=tmp_path,
     )
-    assert result.returncode == 2 and "--amp is set by this script" in result.stderr
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / "owned.yaml"], "nothing written"
 
 
 @pytest.mark.slow

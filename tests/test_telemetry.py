@@ -102,6 +102,24 @@ def test_run_info_texts_and_hparams(amp_run):
     assert len(list(amp_run.glob("events.out.tfevents.*"))) == 1, "one event file per run"
 
 
+def test_the_runs_throughput_pools_its_intervals_and_fills_the_hparams_cell(amp_run):
+    # HPARAMS' throughput cell showed the last interval's perf/samples_per_sec, and compare_amp.py averaged the
+    # intervals' values: an interval of one step weighed as much as a long one.
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    values = tb.scalars(amp_run)
+    assert list(values[tags.RUN_SAMPLES_PER_SEC]) == [6], "once, at the last step"
+    # Steps of 8 samples; the intervals end at steps 2, 4 and 6, and step 1 (warm-up) is not timed.
+    timed_steps = {2: 1, 4: 2, 6: 2}
+    rates = values[tags.PERF_SAMPLES_PER_SEC]
+    seconds = sum(8 * n / rates[step] for step, n in timed_steps.items())
+    assert values[tags.RUN_SAMPLES_PER_SEC][6] == pytest.approx(8 * 5 / seconds, rel=1e-5)
+    content = tb.load(amp_run).PluginTagToContent("hparams")["_hparams_/experiment"]
+    experiment = plugin_data_pb2.HParamsPluginData.FromString(content).experiment
+    columns = [info.name.tag for info in experiment.metric_infos]
+    assert tags.RUN_SAMPLES_PER_SEC in columns and tags.PERF_SAMPLES_PER_SEC not in columns, columns
+
+
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 def test_no_scaler_tags_without_a_scaler(tmp_path, quick_args, capfd, precision):
     """A constant loss scale of 1 and no skips tell nothing: without a scaler the tags are absent; the run says so."""

@@ -44,6 +44,7 @@ from app.telemetry.tags import (
     PERF_STEP_TIME_MS,
     PERF_TOKENS_PER_SEC,
     PERF_TOKENS_PER_SEC_PER_DEVICE,
+    RUN_SAMPLES_PER_SEC,
     TRAIN_EPOCH,
     TRAIN_GRAD_NORM,
     TRAIN_LOSS,
@@ -297,6 +298,15 @@ class Telemetry:
         self._loss_sum.fill_(loss)
         self._items = int(items)
         self._last_log = tuple(start.interval_start)
+
+    @property
+    def samples_per_sec(self) -> float | None:
+        """The run's throughput over all its timed intervals; None before two steps (the first is warm-up)."""
+        return self.run_samples / self.run_seconds if self.run_samples and self.run_seconds > 0 else None
+
+    def log_run_throughput(self, step: int) -> None:
+        if self.samples_per_sec is not None:
+            self.writer.log({RUN_SAMPLES_PER_SEC: self.samples_per_sec}, step)
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.writer.log(metrics, step)

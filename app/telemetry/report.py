@@ -67,8 +67,8 @@ def summary_table(
 ) -> str:
     # The first step of a run is warm-up, left out of throughput: a run of one step has nothing to measure.
     samples_per_sec = (
-        f"{telemetry.run_samples / telemetry.run_seconds:.1f} (all ranks, warm-up and evaluation excluded)"
-        if telemetry.run_samples and telemetry.run_seconds > 0
+        f"{telemetry.samples_per_sec:.1f} (all ranks, warm-up and evaluation excluded)"
+        if telemetry.samples_per_sec is not None
         else "n/a (fewer than 2 steps)"
     )
     peak_memory = (

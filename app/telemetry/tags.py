@@ -18,6 +18,9 @@ AMP_HEADROOM_BITS = "amp/headroom_bits"  # fp16 autocast: log2(65504 / max |x|) 
 PERF_SAMPLES_PER_SEC, PERF_TOKENS_PER_SEC = "perf/samples_per_sec", "perf/tokens_per_sec"  # tokens: padding excluded
 PERF_TOKENS_PER_SEC_PER_DEVICE = "perf/tokens_per_sec_per_device"  # the total over the number of processes
 PERF_PADDING_FRACTION, PERF_STEP_TIME_MS, PERF_MFU_PCT = "perf/padding_fraction", "perf/step_time_ms", "perf/mfu_pct"
+# Once, at the end: every timed interval's samples over their seconds, as the summary's samples/s (a mean of the
+# perf/samples_per_sec points would weigh an interval of one step as much as one of a hundred).
+RUN_SAMPLES_PER_SEC = "run/samples_per_sec"
 MEMORY_RSS_GIB = "memory/rss_gib"  # CPU: resident set of the process
 MEMORY_ALLOCATED_GIB, MEMORY_RESERVED_GIB = "memory/allocated_gib", "memory/reserved_gib"  # GPU
 MEMORY_PEAK_ALLOCATED_GIB = "memory/peak_allocated_gib"  # GPU, since the previous log
@@ -54,7 +57,7 @@ HPARAM_METRICS = [
     EVAL_LOSS,
     EVAL_PERPLEXITY,
     EVAL_EXACT_MATCH,
-    PERF_SAMPLES_PER_SEC,
+    RUN_SAMPLES_PER_SEC,
     AMP_SKIPPED_STEPS,
     AMP_LOSS_SCALE,
 ]
