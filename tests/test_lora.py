@@ -715,7 +715,9 @@ def test_predict_refuses_adapters_whose_base_changed_moved_or_whose_weights_are_
     weights[name] = weights[name] + 1
     save_file(weights, base / "model.safetensors", metadata={"format": "pt"})
     code, err = predicted(out)
-    assert code == 2 and err.startswith(f"error: {out} holds adapters trained on another version of their base "), err
+    assert code == 2 and err.startswith(
+        f"error: {out} holds adapters trained on another version of their base: the weight files of {base} had "
+    ), err
     assert "put back the base they were trained on" in err
 
     base.rename(tmp_path / "moved")
@@ -724,6 +726,39 @@ def test_predict_refuses_adapters_whose_base_changed_moved_or_whose_weights_are_
         f"error: {out} holds adapters whose base folder {base} does not exist (moved or deleted): put the base back "
         "there, or predict with the merged model (--save_merged_model writes it)",
     )
+
+
+def test_predict_checks_a_base_found_in_place_of_one_that_moved(
+    tiny_model_dir, review_files, tmp_path, monkeypatch, capsys
+):
+    # Trained on the relative folder `base`: once that folder moved, predict.py from another working directory took
+    # that directory's own `base`, another model, and merged the adapters into it: other labels, exit 0.
+    from transformers import BertModel
+
+    from app.predict import main as predict
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, "base")
+    assert run_app([*lora_args(tmp_path, Path("base"), review_files), *RUN, "--mixed_precision", "no"]) == 0
+    out = tmp_path / "out"
+    Path("base").rename("moved-away")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model_dir, elsewhere / "base")
+    torch.manual_seed(123)
+    BertModel(BertModel.from_pretrained(tiny_model_dir).config).save_pretrained(elsewhere / "base")  # another model
+    monkeypatch.chdir(elsewhere)
+    args = ["Fresh coffee.", "--model_name_or_path", str(out), "--mixed_precision", "no"]
+    capsys.readouterr()
+    assert predict(args) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith(
+        f"error: {out} holds adapters trained on another version of their base: the weight files of base (found in "
+        f"place of {tmp_path / 'base'}) had the fingerprint "
+    ), err
+    # The same weights in the new place (a project copied whole): they are the base it was trained on.
+    shutil.rmtree(elsewhere / "base")
+    shutil.copytree(tmp_path / "moved-away", elsewhere / "base")
+    assert predict(args) == 0
 
 
 def test_predict_merges_adapters_into_the_base_as_it_was_trained_the_same_model_as_merged(

@@ -130,20 +130,22 @@ def check_same_gguf(folder: str, conversion: str, record: dict) -> None:
 
 def check_same_base(folder: str, base: str, record: dict) -> None:
     """Adapters are a difference to the weights they were trained on: on another base (a folder retrained or saved
-    over since) their predictions are not the trained model's. Compared by the fingerprint the run recorded
-    (ADAPTER_BASE_FILE, in folders saved since it exists), where the base is the user's folder that the run named:
-    an embedded model, a hub id or a GGUF file's conversion is loaded from a package or cache, whose bytes another
-    machine's libraries may write otherwise for the same weights. `record`: the folder's ADAPTER_BASE_FILE."""
+    over since, or another folder found in place of one that moved) their predictions are not the trained model's.
+    Compared by the fingerprint the run recorded (ADAPTER_BASE_FILE, in folders saved since it exists), where the run
+    trained on a user's folder, wherever the base is found now: an embedded model, a hub id or a GGUF file's
+    conversion is loaded from a package or cache, whose bytes another machine's libraries may write otherwise for the
+    same weights. `record`: the folder's ADAPTER_BASE_FILE."""
     try:
         named, recorded = Path(record["base_model_name_or_path"]), record["fingerprint"]
     except (TypeError, KeyError):
         return
-    if not isinstance(recorded, str) or not named.is_dir() or named.resolve() != Path(base).resolve():
+    if not isinstance(recorded, str) or not named.is_absolute() or "gguf_conversion" in record:
+        return  # not a user's folder (an absolute path is how the record names one)
+    if not Path(base).is_dir() or (now := fingerprint(base)) == recorded:
         return
-    if (now := fingerprint(base)) == recorded:
-        return
+    moved = "" if named.is_dir() and named.resolve() == Path(base).resolve() else f" (found in place of {named})"
     raise UsageError(
-        f"{folder} holds adapters trained on another version of their base {base}: the fingerprint of its weight "
-        f"files was {recorded}, is {now} now, so the predictions would not be the trained model's; put back the base "
-        "they were trained on, or predict with the merged model (--save_merged_model writes it)"
+        f"{folder} holds adapters trained on another version of their base: the weight files of {base}{moved} had "
+        f"the fingerprint {recorded}, have {now} now, so the predictions would not be the trained model's; put back "
+        "the base they were trained on, or predict with the merged model (--save_merged_model writes it)"
     )
