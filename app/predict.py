@@ -55,7 +55,7 @@ from app.inputs.reading import header_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE, recorded_config
 from app.tasks import lm_data
 from app.tasks.causal_lm import TextGenerator, check_decoder
-from app.tasks.classification import LabelPredictor, has_trained_head
+from app.tasks.classification import LabelPredictor, check_head_stored, has_trained_head
 from app.tasks.task import resolve_task
 from app.telemetry.console import show_library_notices, show_progress_bars
 
@@ -321,6 +321,7 @@ def predict_and_write(
                 f"--model_name_or_path {cfg.model_name_or_path} has no trained classification head (architectures: "
                 f"{', '.join(model_config.architectures or ['none'])}); give the output folder of app/train.py"
             )
+        check_head_stored(cfg.model_name_or_path, model_config)
         if cfg.prompt_column:
             raise UsageError(
                 "--prompt_column is for causal LMs; this model is a sequence classifier: use --text_column"

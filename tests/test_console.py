@@ -11,6 +11,7 @@ propagate them.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -91,6 +92,22 @@ def test_predict_says_which_weights_the_checkpoint_lacked(
     out, err = capfd.readouterr()
     assert "weights missing from the checkpoint: model.norm.weight (initialised at random)\n" in err
     assert (LOAD_REPORT in caplog.text) == verbose, caplog.text
+
+
+def test_predict_refuses_a_model_whose_checkpoint_lacks_its_head(tmp_path, tiny_llama_dir, capfd, monkeypatch):
+    # An LM head of its own (not tied to the embeddings) that the weight files lack: made at random, it generated
+    # at random with exit 0, after the note above.
+    model_dir = tmp_path / "headless"
+    shutil.copytree(tiny_llama_dir, model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(config | {"tie_word_embeddings": False}))
+    assert "lm_head.weight" not in load_file(model_dir / "model.safetensors"), "saved tied: no head of its own"
+    capfd.readouterr()
+    assert predict_stdin(monkeypatch, model_dir, ["Fresh coffee."]) == 2
+    assert capfd.readouterr().err.endswith(
+        f"error: {model_dir} lacks the weights of its trained head (lm_head.weight): made at random, they would "
+        "predict at random; copy the whole output folder again, or give a model saved with its head\n"
+    )
 
 
 @pytest.mark.parametrize("verbose", [False, True])

@@ -183,6 +183,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "semicolons",
         "unreadable file",
         "no classification head",
+        "head weights missing",
         "empty file",
         "empty stdin",
         "output is the input",
@@ -212,6 +213,10 @@ def test_bad_input_one_line_exit_2_nothing_written(
         source = ["--input_file", tmp_path / "garbage.parquet"]
     elif case == "no classification head":
         model = tiny_model_dir  # a base BertModel, as the training starts from
+    elif case == "head weights missing":  # a base's weights copied over: a random head predicted, exit 0
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        shutil.copy(tiny_model_dir / "model.safetensors", model / "model.safetensors")
+        source += ["--overwrite_output_file"]  # found as the model loads, after the output file's check
     elif case == "empty file":
         source = ["--input_file", tmp_path / "empty.csv"]
     elif case == "output is the input":
@@ -255,6 +260,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "semicolons: a .csv file is read with commas between its columns; save it comma-separated, or as .jsonl)",
         "unreadable file": "cannot read",
         "no classification head": "has no trained classification head (architectures: BertModel)",
+        "head weights missing": f"{tmp_path / 'copied'} lacks the weights of its trained head (classifier.weight, "
+        "classifier.bias): made at random, they would predict at random; copy the whole output folder again",
         "empty file": "has no rows",
         "empty stdin": "the input has no texts to predict",
         "output is the input": "is the --input_file: the predictions would replace the file they are made from",

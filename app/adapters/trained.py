@@ -75,7 +75,7 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
     """`model_class.from_pretrained(folder)` for a full model (the weights it lacked said); for adapters, the base
     with them merged in. `say` also reports a GGUF base being converted."""
     if not holds_adapters(folder):
-        return load_weights(model_class, folder, say, MISSING_WEIGHTS, dtype=dtype)
+        return load_weights(model_class, folder, say, MISSING_WEIGHTS, head_required=True, dtype=dtype)
     from peft import PeftModel
 
     if not any((Path(folder) / name).is_file() for name in ADAPTER_WEIGHTS):

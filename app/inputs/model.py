@@ -67,20 +67,34 @@ def embedded_source(name: str) -> TrainConfig | None:
     return {EMBEDDED_MODEL_NAME: TrainConfig(), EMBEDDED_LM_NAME: TrainConfig(task="causal_lm")}.get(name)
 
 
-def load_weights(model_class, path: str, say: Callable[[str], None], new_weights_are: str, **options):
+def load_weights(
+    model_class, path: str, say: Callable[[str], None], new_weights_are: str, head_required: bool = False, **options
+):
     """`model_class.from_pretrained(path, **options)`, saying in one line which weights the checkpoint lacked and were
     made at random (in the model's order). transformers' own load report shows only with --verbose
     (app/telemetry/console.py).
 
     Args:
         new_weights_are: what the line calls them, e.g. "new classification head".
+        head_required: a trained model, to predict with: a head (the weights outside its base model) made at random
+            would predict at random, so missing ones are a UsageError.
     """
     model, info = model_class.from_pretrained(path, output_loading_info=True, **options)
     if info["missing_keys"]:
         order = {name: i for i, name in enumerate(model.state_dict())}
         names = sorted(info["missing_keys"], key=lambda name: (order.get(name, len(order)), name))
+        prefix = f"{model.base_model_prefix}."
+        if head_required and prefix != "." and (head := [name for name in names if not name.startswith(prefix)]):
+            raise headless(path, head)
         say(f"{new_weights_are}: {', '.join(names)} (initialised at random)")
     return model
+
+
+def headless(path: str, missing: list[str]) -> UsageError:
+    return UsageError(
+        f"{path} lacks the weights of its trained head ({', '.join(missing)}): made at random, they would predict at "
+        "random; copy the whole output folder again, or give a model saved with its head"
+    )
 
 
 def refuse_quantized(name: str, config: PretrainedConfig) -> None:

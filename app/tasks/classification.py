@@ -20,12 +20,13 @@ from accelerate.utils import gather_object
 from datasets import DatasetDict
 from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
 
-from app.adapters.trained import load_trained
+from app.adapters.base import stored_keys
+from app.adapters.trained import holds_adapters, load_trained
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
-from app.inputs.model import load_weights
+from app.inputs.model import headless, load_weights
 from app.inputs.reading import check_label_cells, check_text_cells, file_row, header_hint, row_of
 from app.tasks.first_token import compute_the_first_token_alone
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
@@ -102,6 +103,18 @@ def check_columns(raw: DatasetDict, columns: Columns) -> None:
 def has_trained_head(config: PretrainedConfig) -> bool:
     """A checkpoint saved as a sequence classifier has a trained head whose label count is fixed."""
     return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
+
+
+def check_head_stored(name: str, config: PretrainedConfig) -> None:
+    """A classifier folder whose weight files lack its head's (a base model's weights copied over a trained one's)
+    would predict with a head made at random: one line, before anything loads (from the safetensors headers)."""
+    if holds_adapters(name) or (stored := stored_keys(name)) is None:
+        return  # adapters bring their head along; PyTorch .bin files are checked as they load (load_weights)
+    with torch.device("meta"):  # the names alone, no memory
+        model = AutoModelForSequenceClassification.from_config(config)
+    prefix = f"{model.base_model_prefix}."
+    if missing := [key for key in model.state_dict() if not key.startswith(prefix) and key not in stored]:
+        raise headless(name, missing)
 
 
 # A csv's cells are read as written, as strings (inputs/data.py): its labels that are numbers are told apart here.
