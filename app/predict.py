@@ -23,6 +23,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python app/predict.py` from a checkout, without installing the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import csv
 import dataclasses
 import math
 import os
@@ -287,15 +288,22 @@ def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, i
 
 def write_table(table: pd.DataFrame, path: str | None) -> None:
     """CSV or JSON lines by extension, written to a temporary file and renamed: never a half-written file."""
+    # A lone carriage return in a cell ends a row for every CSV reader, but the csv module quotes only the characters
+    # of its line terminator ("\n"): such a table gets every text quoted, so each row reads back as one.
+    quoting = csv.QUOTE_NONNUMERIC if _any_cell_holds(table, "\r") else csv.QUOTE_MINIMAL
     if path is None:
-        table.to_csv(sys.stdout, index=False)
+        table.to_csv(sys.stdout, index=False, quoting=quoting)
         return
     tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp")
     if Path(path).suffix.lower() == ".jsonl":
         table.to_json(tmp, orient="records", lines=True, force_ascii=False)
     else:
-        table.to_csv(tmp, index=False)
+        table.to_csv(tmp, index=False, quoting=quoting)
     os.replace(tmp, path)
+
+
+def _any_cell_holds(table: pd.DataFrame, text: str) -> bool:
+    return any(table[name].map(lambda cell: isinstance(cell, str) and text in cell).any() for name in table.columns)
 
 
 def predict_and_write(

@@ -109,6 +109,19 @@ def test_the_inputs_own_columns_come_back_as_written(tmp_path, trained, capsys):
     ]
 
 
+def test_a_text_with_a_lone_carriage_return_stays_one_row(tmp_path, trained, capsys):
+    # Written unquoted, "awful\rthing" read back as two rows: "awful" without predictions, then "thing" with them.
+    source = tmp_path / "in.csv"
+    source.write_bytes(b'text,id\n"awful\rthing",1\nFresh coffee,2\n')
+    out = tmp_path / "out.csv"
+    assert predict("--model_name_or_path", trained, "--input_file", source, "--output_file", out) == 0
+    assert predict("--model_name_or_path", trained, "--input_file", source) == 0
+    for written in (out.read_bytes().decode(), capsys.readouterr().out):
+        table = pd.read_csv(io.StringIO(written), dtype=str, keep_default_na=False)
+        assert list(table["text"]) == ["awful\rthing", "Fresh coffee"] and list(table["id"]) == ["1", "2"], written
+        assert all(table["predicted_label"] != ""), written
+
+
 @pytest.mark.slow
 def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, review_files):
     source = pd.read_csv(review_files["validation"]).head(45)  # odd: the ranks get unequal shares
