@@ -7,6 +7,7 @@ put back in the wrong order or a wrong padding mask shows up as a mismatch.
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -107,6 +108,18 @@ def test_the_inputs_own_columns_come_back_as_written(tmp_path, trained, capsys):
         "42,,02134,",
         "Stale tea,3,10001,false",
     ]
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_whole_numbers_of_a_column_with_empty_cells_come_back_whole(tmp_path, trained, kind):
+    # An order_id 1001 came back as 1001.0 where another row's was null, from jsonl and parquet alike.
+    rows = pd.DataFrame({"text": ["Fresh coffee", "Stale tea"], "order_id": pd.array([1001, None], dtype="Int64")})
+    source = tmp_path / f"in.{kind}"
+    rows.to_json(source, orient="records", lines=True) if kind == "jsonl" else rows.to_parquet(source)
+    for out in (tmp_path / "out.jsonl", tmp_path / "out.csv"):
+        assert predict("--model_name_or_path", trained, "--input_file", source, "--output_file", out) == 0
+    assert [json.loads(line)["order_id"] for line in (tmp_path / "out.jsonl").read_text().splitlines()] == [1001, None]
+    assert [line.split(",")[1] for line in (tmp_path / "out.csv").read_text().splitlines()] == ["order_id", "1001", ""]
 
 
 def test_a_text_with_a_lone_carriage_return_stays_one_row(tmp_path, trained, capsys):

@@ -166,7 +166,8 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
         dataset = _read_files(kind, {"input": path})["input"]  # its checks and one-line errors
     if kind == "csv":
         return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False)
-    return dataset.to_pandas()
+    # Whole numbers stay whole where a cell is empty (pandas would make the column floats: an ID 1001 as 1001.0).
+    return dataset.with_format("arrow")[:].to_pandas(integer_object_nulls=True)
 
 
 def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
