@@ -166,8 +166,11 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
         dataset = _read_files(kind, {"input": path})["input"]  # its checks and one-line errors
     if kind == "csv":
         return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False)
-    # Whole numbers stay whole where a cell is empty (pandas would make the column floats: an ID 1001 as 1001.0).
-    return dataset.with_format("arrow")[:].to_pandas(integer_object_nulls=True)
+    table = dataset.to_pandas()
+    for name, feature in dataset.features.items():  # whole numbers stay whole where a cell is empty: pandas would
+        if isinstance(feature, Value) and "int" in feature.dtype and table[name].isna().any():  # make them floats
+            table[name] = pd.Series(dataset[name], dtype=object)  # an ID 1001 would come back 1001.0
+    return table
 
 
 def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
