@@ -262,3 +262,19 @@ def test_torch_compile_matches_eager(tmp_path, tiny_model_no_dropout, review_fil
         load_file(tmp_path / "compiled" / "model.safetensors").keys()
         == load_file(tmp_path / "eager" / "model.safetensors").keys()
     )
+
+
+def test_a_launchers_dynamo_backend_is_not_applied_and_the_saved_weights_keep_their_names(
+    tmp_path, quick_args, capfd, monkeypatch
+):
+    # `accelerate launch --dynamo_backend inductor` (or the wizard's default config) compiled the model in prepare():
+    # the saved model's weights were named `_orig_mod.bert...`, and loaded, every one of them was made at random.
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "INDUCTOR")
+    torch._dynamo.utils.counters.clear()
+    assert run_app([*quick_args, "--max_steps", "2", "--eval_steps", "0"]) == 0
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0, "compiled"
+    assert (
+        "note: the launcher's dynamo_backend INDUCTOR is not applied: pass --torch_compile to compile the model (so "
+        "that checkpoints and the saved model keep the weights' own names)"
+    ) in capfd.readouterr().out.splitlines()
+    assert not [key for key in load_file(tmp_path / "out" / "model.safetensors") if "_orig_mod" in key]

@@ -52,6 +52,9 @@ def connect_accelerator(**options) -> Accelerator:
             mixed_precision="no",
             # Without this, a multi-process launch on a machine with no GPU starts N unconnected copies.
             cpu=device_type() == "cpu",
+            # Compiling is --torch_compile's (app/wiring.py): a launcher's dynamo_backend would compile the model in
+            # prepare(), and save_pretrained would write its weights under the wrapper's `_orig_mod.` names.
+            dynamo_backend="no",
             **options,
         )
     except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
@@ -172,14 +175,22 @@ def requested_backend() -> str | None:
 
 
 def compile_notes(torch_compile: bool, device: torch.device) -> list[str]:
-    """What --torch_compile will cost where it does not pay: on a CPU it ran slower than eager in every measurement."""
-    if not (torch_compile and device.type == "cpu"):
-        return []
-    return [
-        "note: --torch_compile on a CPU trains slower than eager here: batch lengths change from step to step, so it "
-        "compiles again or runs dynamic-shape kernels, and padding to a few fixed lengths adds more work than it "
-        "saves (measured: docs/benchmarks.md). On a CPU, leave the flag out"
-    ]
+    """What --torch_compile will cost where it does not pay: on a CPU it ran slower than eager in every measurement.
+    And a launcher's dynamo_backend, which the app does not apply (connect_accelerator)."""
+    notes = []
+    if (launched := os.environ.get("ACCELERATE_DYNAMO_BACKEND", "no")).lower() not in ("no", ""):
+        how = "--torch_compile compiles the model" if torch_compile else "pass --torch_compile to compile the model"
+        notes.append(
+            f"note: the launcher's dynamo_backend {launched} is not applied: {how} (so that checkpoints and the saved "
+            "model keep the weights' own names)"
+        )
+    if torch_compile and device.type == "cpu":
+        notes.append(
+            "note: --torch_compile on a CPU trains slower than eager here: batch lengths change from step to step, so "
+            "it compiles again or runs dynamic-shape kernels, and padding to a few fixed lengths adds more work than "
+            "it saves (measured: docs/benchmarks.md). On a CPU, leave the flag out"
+        )
+    return notes
 
 
 def describe_backend(accelerator: Accelerator) -> list[str]:
