@@ -195,6 +195,34 @@ def test_overwrite_output_dir_removes_the_earlier_model_when_it_starts(tmp_path,
     assert predict(["A text.", "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 2
 
 
+def test_overwrite_output_dir_removes_a_models_files_by_their_names_and_a_runs_checkpoints_alone(
+    tmp_path, quick_args, capfd
+):
+    # Matched by patterns (tokenizer*, vocab.*), a user's tokenizer.py and vocab.md went, and checkpoints/ and merged/
+    # went whole, notes and all.
+    out = tmp_path / "out"
+    args = [*quick_args, "--max_steps", "1", "--save_steps", "1", "--max_eval_samples", "8"]
+    assert run_app(args) == 0
+    mine = {
+        "tokenizer.py": "import x",
+        "vocab.md": "# words",
+        "checkpoints/notes.txt": "lr 3e-3",
+        "merged/keep.txt": ".",
+    }
+    for name, text in mine.items():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(text)
+    capfd.readouterr()
+    assert run_app([*args, "--run_name", "second", "--max_steps", "2", "--overwrite_output_dir"]) == 0
+    assert (
+        f"note: --overwrite_output_dir: the earlier model and checkpoints in {out} are removed"
+        in capfd.readouterr().out
+    )
+    assert {name: (out / name).read_text() for name in mine} == mine
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["notes.txt", "step-1", "step-2"]
+    assert "second" in (out / "checkpoints" / "step-2" / "trainer_state.json").read_text()
+
+
 def test_overwrite_output_dir_keeps_a_readme_this_app_did_not_write(tmp_path, quick_args, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()

@@ -309,6 +309,13 @@ def shape_mismatch(weights: Path, model: torch.nn.Module) -> str | None:
     return None
 
 
+def is_checkpoint_folder(path: Path) -> bool:
+    """A folder that a run writes in checkpoints/: a `step-<N>` checkpoint, complete or not, one being written, or
+    later checkpoints set aside by a resume from an earlier one."""
+    name = path.name.removeprefix(_STAGING)
+    return bool(_STEP_DIR.match(name) or _SET_ASIDE.match(name)) and path.is_dir()
+
+
 def is_staging(path: Path) -> bool:
     """A checkpoint being written, or left half-written by a kill: never one to resume from."""
     return path.name.startswith(_STAGING)

@@ -25,6 +25,7 @@ from app.storage.checkpoints import (
     checkpoint_around,
     completed_checkpoints,
     find_checkpoint,
+    is_checkpoint_folder,
     is_staging,
     output_dir_of,
 )
@@ -41,17 +42,14 @@ CARD_TAG = "amp-trainer"  # among the model card's tags (storage/model_card.py):
 # An earlier model in the output folder (--overwrite_output_dir) leaves those that the new one does not write, and the
 # folder would load as a mix of two runs: a stale adapter_config.json makes transformers load the base with the old
 # adapters in place of a new full fine-tune.
+# The names alone that they write: a user's tokenizer.py or vocab.md in the folder is not a model's.
 MODEL_FILES = (
-    *("config.json", "generation_config.json", "model*.safetensors", "model.safetensors.index.json"),
-    *(
-        "pytorch_model*.bin",
-        "pytorch_model.bin.index.json",
-        "adapter_config.json",
-        "adapter_model.*",
-        ADAPTER_BASE_FILE,
-    ),
-    *("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "spiece.model"),
-    *("sentencepiece.bpe.model", "chat_template.*", "additional_chat_templates", MERGED_FOLDER),
+    *("config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors"),
+    *("model.safetensors.index.json", "pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json"),
+    *("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", ADAPTER_BASE_FILE),
+    *("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json"),
+    *("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model"),
+    *("chat_template.jinja", "chat_template.json", "additional_chat_templates"),
 )
 
 # What a start that failed before its first checkpoint leaves: nothing worth keeping, nothing to resume.
@@ -343,11 +341,11 @@ def _remove_earlier_run(output_dir: Path) -> None:
     left until this run's final save would sit beside this run's training_args.yaml, and predict.py would read it as
     trained with this run's flags."""
     checkpoints, model = output_dir / "checkpoints", _earlier_model(output_dir, keep=set(), card=True)
+    # The run's checkpoints, whole or half-written; other files there are not a run's, and stay (so does a link to
+    # where the user keeps checkpoints, on another disk, emptied of them).
+    runs = [path for path in _entries(checkpoints) if is_checkpoint_folder(path)]
     removed = (["model"] if model else []) + (["checkpoints"] if completed_checkpoints(checkpoints) else [])
-    if checkpoints.is_symlink():  # where the user keeps checkpoints (another disk): the link stays, emptied
-        doomed = _entries(checkpoints) + model
-    else:
-        doomed = ([checkpoints] if checkpoints.exists() else []) + model
+    doomed = runs + model
     if locked := _first_locked_folder(doomed):  # all or nothing: half deleted, the earlier run would be lost
         raise UsageError(
             f"--overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no write permission); "
@@ -356,13 +354,16 @@ def _remove_earlier_run(output_dir: Path) -> None:
     try:
         for path in doomed:
             _remove(path)
+        if runs and not checkpoints.is_symlink() and not any(checkpoints.iterdir()):
+            checkpoints.rmdir()
     except OSError as e:  # left in place, the new run's files would mix with the earlier run's
         raise UsageError(
             f"--overwrite_output_dir: the earlier run's {e.filename or checkpoints} cannot be deleted ({e.strerror}); "
             "delete it, or choose another --output_dir"
         ) from None
     if removed:
-        print(f"note: --overwrite_output_dir: the earlier {' and '.join(removed)} in {output_dir} are removed")
+        verb = "are" if len(removed) > 1 else "is"
+        print(f"note: --overwrite_output_dir: the earlier {' and '.join(removed)} in {output_dir} {verb} removed")
 
 
 def _entries(folder: Path) -> list[Path]:
@@ -397,7 +398,11 @@ def _earlier_model(output_dir: Path, keep: set[str], card: bool) -> list[Path]:
         path
         for path in sorted(output_dir.iterdir())
         if path.name not in keep
-        and (any(fnmatch(path.name, pattern) for pattern in MODEL_FILES) or (card and _is_model_card(path)))
+        and (
+            any(fnmatch(path.name, pattern) for pattern in MODEL_FILES)
+            or (path.name == MERGED_FOLDER and (path / "config.json").is_file())  # a folder of the user's notes stays
+            or (card and _is_model_card(path))
+        )
     ]
 
 
