@@ -292,6 +292,11 @@ class TrainConfig:
     def validate(self) -> None:
         """Reject values that cannot work, with the fix in the message."""
         hints = typing.get_type_hints(TrainConfig)
+        for name in (f.name for f in dataclasses.fields(self) if hints[f.name] in (str, Optional[str])):
+            # "$UNSET_VARIABLE": left as it is, an empty name would mean the default (the embedded model, a folder
+            # of the run's own name), not what was meant. An empty *_column unsets a column (parse_config).
+            if getattr(self, name) == "":
+                raise UsageError(f"--{name} is empty; give a value, or leave the flag out")
         for name in (f.name for f in dataclasses.fields(self) if hints[f.name] is float):
             # inf and nan pass every comparison below, or fail it with a misleading message; they end runs in exit 3.
             if not math.isfinite(getattr(self, name)):
@@ -451,6 +456,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         raise UsageError(
             "--config is given more than once; pass one YAML, and the flags that differ on the command line"
         )
+    if known.config == "":  # else no config at all would be read, without a word
+        raise UsageError("--config is empty; give a YAML file, or leave the flag out")
     from_yaml = _read_yaml(Path(known.config)) if known.config else {}
     # Two ways to ask for one thing: the command line's wins over the YAML's. So does a data format, and adapters
     # switched off (--use_peft false) take the YAML's adapter settings with them.

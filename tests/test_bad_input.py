@@ -443,6 +443,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "column 'text' is empty in row 2 of the validation data (rows counted from 1, after the header)",
         ),
         ("fp16 under deepspeed", ["--amp"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "refused, not delegated"),
+        # "$UNSET": the embedded model trained in place of the one meant, a run went to the default folders
+        *(
+            (f"an empty --{flag}", [f"--{flag}", ""], {}, f"--{flag} is empty; give a value, or leave the flag out")
+            for flag in ("model_name_or_path", "output_dir", "logdir", "resume_from_checkpoint", "dataset_name")
+        ),
+        ("an empty --config", ["--config", ""], {}, "--config is empty; give a YAML file, or leave the flag out"),
     ]
 
 
