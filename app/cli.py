@@ -121,7 +121,9 @@ def say_why(halt: UsageError | TrainingHalted) -> None:
     if getattr(halt, "said", False):
         return
     halt.said = True
-    if os.environ.get("RANK", "0") == "0":
+    world = os.environ.get("WORLD_SIZE", "1")
+    alone = not world.isdigit() or int(world) <= 1  # a RANK left over in the shell: this process is the only one
+    if alone or os.environ.get("RANK", "0") == "0":
         line = str(halt)
         if isinstance(halt, UsageError):  # with the --config file that set a flag it names, which was not typed
             line = f"error: {with_sources(line)}"

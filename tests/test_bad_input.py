@@ -500,6 +500,14 @@ def test_bad_input_as_a_user_sees_it(tmp_path, quick_args, extra, expected):
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
 
 
+def test_a_rank_left_in_the_shell_does_not_silence_a_process_alone(quick_args, monkeypatch, capfd):
+    # RANK=1 from an earlier job's shell: exit 2 with nothing said, as if this were rank 1 of several.
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert run_app([*quick_args, "--learning_rate", "0"]) == 2
+    assert capfd.readouterr().err.startswith("error: --learning_rate must be")
+
+
 @pytest.mark.parametrize("spelling", ["1", "yes", "true"])
 def test_every_spelling_of_the_deepspeed_flag_refuses_amp(tmp_path, quick_args, spelling, monkeypatch, capfd):
     """One parser (Accelerate's parse_flag_from_env) for ACCELERATE_USE_DEEPSPEED, so "1" and "yes" count as "true".
