@@ -389,6 +389,11 @@ class TrainConfig:
             raise UsageError(f"--early_stopping_patience must be 1 or more, got {self.early_stopping_patience}")
         if self.early_stopping_threshold < 0:
             raise UsageError(f"--early_stopping_threshold must be 0 or more, got {self.early_stopping_threshold}")
+        if self.early_stopping_threshold and self.early_stopping_patience is None:  # else ignored without a word
+            raise UsageError(
+                "--early_stopping_threshold applies to --early_stopping_patience; add it, or drop "
+                "--early_stopping_threshold"
+            )
         tracking = self.best_model_flags()
         if tracking and self.eval_steps < 1:
             raise UsageError(f"{tracking[0]} needs evaluations during training: pass --eval_steps N (N >= 1)")

@@ -449,6 +449,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             for flag in ("model_name_or_path", "output_dir", "logdir", "resume_from_checkpoint", "dataset_name")
         ),
         ("an empty --config", ["--config", ""], {}, "--config is empty; give a YAML file, or leave the flag out"),
+        (
+            "a threshold without early stopping",  # ignored without a word
+            ["--early_stopping_threshold", "0.5"],
+            {},
+            "--early_stopping_threshold applies to --early_stopping_patience; add it, or drop",
+        ),
     ]
 
 
