@@ -31,7 +31,7 @@ class OneLineParser(HfArgumentParser):
         self.script = script
 
     def error(self, message: str) -> typing.NoReturn:
-        raise UsageError(f"{message}; see python {self.script} --help")
+        raise UsageError(f"{message.rstrip('.')}; see python {self.script} --help")  # transformers' end in "."
 
     def flag_names(self) -> list[str]:
         return [option.lstrip("-") for action in self._actions for option in action.option_strings]
@@ -76,6 +76,12 @@ OTHER_NAMES = {
     "lr": "use --learning_rate",
     "epochs": "use --num_train_epochs",
     "batch_size": "use --per_device_train_batch_size",
+    "deepspeed": "drop it: DeepSpeed comes from the launcher's config (accelerate config, or accelerate launch "
+    "--config_file), and refuses this app's AMP (docs/distributed.md)",
+    "save_only_model": "drop it: checkpoints hold what an exact resume needs; --output_dir gets the model alone",
+    "eval_accumulation_steps": "drop it: evaluation gathers each batch's results as it goes",
+    "local_rank": "drop it: launch with accelerate launch or torchrun, which give each process its rank in its "
+    "environment",
 }
 
 
@@ -97,8 +103,8 @@ def unknown_flag_advice(
     """What to say of a flag or --config key that is not one of `known` (flag names without dashes): this app's way
     for an HF or trl flag (`other_names`: train.py's), else the nearest flag, else where the flags are listed."""
     bare = name.removeprefix("--").partition("=")[0]
-    if bare in other_names:
-        return other_names[bare]
+    if (underscored := bare.replace("-", "_")) in other_names:  # --local-rank, as torch's launchers spell it
+        return other_names[underscored]
     nearest = difflib.get_close_matches(bare, list(known), n=1)
     return f"did you mean --{nearest[0]}?" if nearest else f"see python {script} --help for the flags"
 

@@ -396,7 +396,7 @@ def build_training(
     if tracking and not evaluates_during_training(cfg.eval_steps, cfg.eval_steps, total_steps):  # the first is the last
         accelerator.print(
             f"note: --eval_steps {cfg.eval_steps} leaves no evaluation before the run's last step ({total_steps}): "
-            f"{' and '.join(tracking)} act on the final evaluation alone"
+            f"{' and '.join(tracking)} act{'s' if len(tracking) == 1 else ''} on the final evaluation alone"
         )
     # Built on the raw optimizer, the one the scaler steps (see loop.optimizer_step); it shares the wrapper's groups.
     schedule = build_schedule(optimizer.optimizer, cfg, total_steps)

@@ -103,6 +103,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "unknown flag '--learning_rat'; did you mean --learning_rate?",
         ),
         ("HF Trainer's --fp16", ["--fp16"], {}, "unknown flag '--fp16'; use --mixed_precision fp16, or --amp"),
+        ("HF Trainer's --deepspeed", ["--deepspeed", "ds.json"], {}, "drop it: DeepSpeed comes from the launcher's"),
+        (
+            "a launcher's --local-rank",  # "see --help", and --deepspeed was "did you mean --seed?"
+            ["--local-rank=0"],
+            {},
+            "unknown flag '--local-rank=0'; drop it: launch with accelerate launch or torchrun",
+        ),
         (
             "trl's --use_dora",  # it was "did you mean --use_rslora?", another method
             ["--use_peft", "--use_dora"],
