@@ -439,7 +439,15 @@ def build_training(
             accelerator.print(line)
 
     telemetry = Telemetry(
-        accelerator, writer or NullWriter(), model, policy, total_steps, state, cfg.disable_tqdm, not cfg.torch_compile
+        accelerator,
+        writer or NullWriter(),
+        model,
+        policy,
+        total_steps,
+        state,
+        cfg.disable_tqdm,
+        not cfg.torch_compile,
+        inputs.task.metrics,
     )
     if not resume:  # step 0's values: a resume would write them a second time
         trains = sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -4,6 +4,7 @@ conversations, the loss where labels are, generation with left padding, and the 
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -182,6 +183,19 @@ def test_generation_with_a_frozen_head_never_copies_the_head_per_row(tiny_llama_
 
 
 # ---- whole runs ---------------------------------------------------------------------------------------------------
+def charts_with_data(run_dir) -> set[str]:
+    """The tags that the run's Custom Scalars charts draw; each chart has data in the run."""
+    logged = tb.scalars(run_dir).keys()
+    drawn = set()
+    for charts in tb.layout(run_dir).values():
+        for regexes in charts.values():
+            for regex in regexes:
+                matched = {tag for tag in logged if re.match(regex, tag)}
+                assert matched, f"the chart {regex} has no data"
+                drawn |= matched
+    return drawn
+
+
 def test_the_task_is_inferred_from_the_model_config_and_said_with_its_reason(
     tmp_path, tiny_gpt2_dir, review_files, capsys
 ):
@@ -196,6 +210,8 @@ def test_the_task_is_inferred_from_the_model_config_and_said_with_its_reason(
     assert perplexity == pytest.approx(torch.tensor(loss).exp().item(), rel=1e-5)
     assert 0 <= scalars[tags.EVAL_EXACT_MATCH][2] <= 1
     assert tags.EVAL_ACCURACY not in scalars
+    # Custom Scalars: a chart for each metric, and none without data (an accuracy chart was an empty box)
+    assert charts_with_data(tmp_path / "runs" / "lm") >= {tags.EVAL_PERPLEXITY, tags.EVAL_EXACT_MATCH}
 
 
 def test_conversations_and_packed_text_train_through_the_same_loop(
@@ -211,6 +227,7 @@ def test_conversations_and_packed_text_train_through_the_same_loop(
     scalars = tb.scalars(tmp_path / "packed" / "runs" / "lm")
     assert scalars[tags.PERF_PADDING_FRACTION][2] == pytest.approx(0.0, abs=0.05), "packed blocks hardly pad"
     assert tags.EVAL_EXACT_MATCH not in scalars, "plain text has no reference answers"
+    assert tags.EVAL_PERPLEXITY in charts_with_data(tmp_path / "packed" / "runs" / "lm")
 
 
 def test_conversations_whose_answers_lie_past_max_length_are_left_out_or_refused(tmp_path, tiny_llama_dir, capsys):

@@ -30,7 +30,17 @@ def exactly(*names: str) -> list:
     return ["Multiline", [f"^{re.escape(name)}$" for name in names]]
 
 
-def run_layout(scaler: bool, headroom: bool, device_type: str, mfu: bool) -> Layout:
+# The charts of the task's eval metrics besides the loss (tasks' `metrics`), by the tags that each chart draws.
+METRIC_CHARTS = {
+    "eval accuracy and macro-F1": (tags.EVAL_ACCURACY, tags.EVAL_F1),
+    "eval perplexity": (tags.EVAL_PERPLEXITY,),
+    "eval exact match": (tags.EVAL_EXACT_MATCH,),
+}
+
+
+def run_layout(
+    scaler: bool, headroom: bool, device_type: str, mfu: bool, eval_metrics: tuple[str, ...] = (tags.EVAL_LOSS,)
+) -> Layout:
     """The layout of a training run, with the charts of the tags it writes.
 
     Args:
@@ -38,6 +48,7 @@ def run_layout(scaler: bool, headroom: bool, device_type: str, mfu: bool) -> Lay
         headroom: amp/headroom_bits is measured (fp16 autocast, not compiled).
         device_type: "cuda" gets the GPU allocator's tags, anything else the process's resident memory.
         mfu: perf/mfu_pct is written (a GPU whose peak for the dtype is known).
+        eval_metrics: the eval/ tags of the run's task.
     """
     amp_health = {}
     if scaler:
@@ -73,7 +84,7 @@ def run_layout(scaler: bool, headroom: bool, device_type: str, mfu: bool) -> Lay
         LEARNING: {
             "train and eval loss": exactly(tags.TRAIN_LOSS, tags.EVAL_LOSS),
             "learning rate": exactly(tags.TRAIN_LR),
-            "eval accuracy and macro-F1": exactly(tags.EVAL_ACCURACY, tags.EVAL_F1),
+            **{title: exactly(*drawn) for title, drawn in METRIC_CHARTS.items() if set(drawn) <= set(eval_metrics)},
         },
         SPEED: speed,
         MEMORY: memory,

@@ -119,6 +119,7 @@ class Telemetry:
         start,
         disable_progress: bool,
         probe_headroom: bool = True,
+        eval_metrics: tuple[str, ...] = (),
     ):
         self.accelerator, self.writer = accelerator, writer
         device = accelerator.device
@@ -133,7 +134,7 @@ class Telemetry:
         if fp16 and not probe_headroom:
             accelerator.print("note: amp/headroom_bits is not measured under --torch_compile (hooks would recompile)")
         scaler, mfu = policy.scaler_enabled, bool(self._flops and self._peak_flops)
-        writer.layout(run_layout(scaler, fp16 and probe_headroom, device.type, mfu))
+        writer.layout(run_layout(scaler, fp16 and probe_headroom, device.type, mfu, eval_metrics))
         # Losses are summed weighted by their items (examples, label tokens): train/loss is the mean over all items.
         self._loss_sum = torch.zeros((), device=device)  # over the log interval
         self.step_loss = torch.zeros((), device=device)  # over the current optimizer step's micro-batches
