@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_ENOUGH = "Not enough steps to judge"
 OWNED_FLAGS = ("amp", "mixed_precision", "run_name", "output_dir", "resume_from_checkpoint")  # TrainConfig's
 LABELS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}
+EVAL_METRICS = (tags.EVAL_ACCURACY, tags.EVAL_F1, tags.EVAL_PERPLEXITY, tags.EVAL_EXACT_MATCH)
+SHARES = {tags.EVAL_ACCURACY: "accuracy", tags.EVAL_EXACT_MATCH: "exact-match"}  # metrics whose change is in points
 
 
 def amp_padding() -> int:
@@ -114,8 +116,7 @@ def read_run(run_dir: Path) -> dict:
         "preflight": preflight,
         "peak_memory_gib": max(curves.get(memory_tag, {0: float("nan")}).values()),
         "memory_kind": memory_kind,
-        "accuracy": last(tags.EVAL_ACCURACY),
-        "f1": last(tags.EVAL_F1),
+        "metrics": {tag: last(tag) for tag in EVAL_METRICS if curves.get(tag)},  # the task's: a classifier's or an LM's
         "eval_loss": last(tags.EVAL_LOSS),
         "loss_scaling": scaled,
         "skipped_steps": last(tags.AMP_SKIPPED_STEPS) if scaled else 0,
@@ -154,13 +155,13 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
         )
     speed = fp16["samples_per_sec"] / base["samples_per_sec"]
     memory = fp16["peak_memory_gib"] / base["peak_memory_gib"]
-    accuracy = 100 * (fp16["accuracy"] - base["accuracy"])
+    name, points, change = quality_change(base, fp16)
     steps = max(fp16["curves"].get(tags.TRAIN_LOSS, {1: 0}))
     skipped = fp16["skipped_steps"] if fp16["skipped_steps"] > 0.05 * steps else 0
     if speed >= 1.1:
         text = (
-            f"{where_first} fp16 is {speed:.2f}x the speed of fp32 with {memory:.2f}x the peak memory and an accuracy "
-            f"change of {accuracy:+.1f} points: use --amp here."
+            f"{where_first} fp16 is {speed:.2f}x the speed of fp32 with {memory:.2f}x the peak memory and {change}: "
+            "use --amp here."
         )
     else:
         if speed < 0.9:
@@ -181,9 +182,19 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
         text += f" Note: the scaler skipped {skipped:.0f} steps; watch amp/loss_scale."
     if fp16["preflight"] and fp16["preflight"].lstrip().startswith("warning"):
         text += " The fp16 pre-flight warned before step 1 (see below)."
-    if accuracy < -1:
-        text += f" Accuracy fell by {-accuracy:.1f} points with fp16."
+    if points is not None and points < -1:
+        text += f" {name.capitalize()} fell by {-points:.1f} points with fp16."
     return text
+
+
+def quality_change(base: dict, run: dict) -> tuple[str | None, float | None, str]:
+    """The change of the task's headline metric from `base` to `run`: its name, the change in points (for a share:
+    a classifier's accuracy, an LM's exact match), and in words. Without either (an LM on plain text): eval/loss."""
+    for tag, name in SHARES.items():
+        if tag in base["metrics"] and tag in run["metrics"]:
+            points = 100 * (run["metrics"][tag] - base["metrics"][tag])
+            return name, points, f"an {name} change of {points:+.1f} points"
+    return None, None, f"an eval/loss change of {run['eval_loss'] - base['eval_loss']:+.4f}"
 
 
 def likely_cause(native: dict[str, str | None], skipped: float) -> str:
@@ -222,6 +233,14 @@ def plot(runs: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _metric(tag: str):
+    return lambda run: f"{run['metrics'][tag]:.4f}" if tag in run["metrics"] else "none"
+
+
+def _delta(base: dict, tag: str):
+    return lambda run: f"{100 * (run['metrics'][tag] - base['metrics'][tag]):+.2f}" if tag in run["metrics"] else "none"
+
+
 def _timed(run: dict, text: str) -> str:
     return text if run["timed_intervals"] else "not enough steps"
 
@@ -235,9 +254,12 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
         "timed log intervals": lambda r: f"{r['timed_intervals']}",
         f"peak memory (GiB, {base['memory_kind']})": lambda r: f"{r['peak_memory_gib']:.3f}",
         "peak-memory ratio vs fp32": lambda r: f"{r['peak_memory_gib'] / base['peak_memory_gib']:.2f}x",
-        "final eval/accuracy": lambda r: f"{r['accuracy']:.4f}",
-        "eval-accuracy delta vs fp32 (points)": lambda r: f"{100 * (r['accuracy'] - base['accuracy']):+.2f}",
-        "final eval/f1": lambda r: f"{r['f1']:.4f}",
+        **{f"final {tag}": _metric(tag) for tag in base["metrics"]},
+        **{
+            f"eval-{name} delta vs fp32 (points)": _delta(base, tag)
+            for tag, name in SHARES.items()
+            if tag in base["metrics"]
+        },
         "final eval/loss": lambda r: f"{r['eval_loss']:.4f}",
         "largest train/loss deviation vs fp32": lambda r: _deviation(base, r),
         "padding fraction": lambda r: f"{r['padding_fraction']:.3f}",

@@ -33,8 +33,7 @@ def synthetic(samples_per_sec: float, timed: int = 3, skipped: float = 0, accura
         "preflight": None,
         "peak_memory_gib": 1.0,
         "memory_kind": "CPU RSS",
-        "accuracy": accuracy,
-        "f1": 0.7,
+        "metrics": {tags.EVAL_ACCURACY: accuracy, tags.EVAL_F1: 0.7},
         "eval_loss": 0.5,
         "loss_scaling": True,
         "skipped_steps": skipped,
@@ -73,6 +72,23 @@ def test_verdict_same_speed_on_native_fp16_names_the_small_model():
     said = compare_amp.verdict({"no": synthetic(10), "fp16": synthetic(10.5)}, TENSOR_CORES)
     assert said[0].isupper(), said
     assert "about the speed of fp32 (1.05x)" in said and "Likely cause: the model or batch is too small" in said
+
+
+@pytest.mark.parametrize(
+    "metrics, said",
+    [
+        ({tags.EVAL_PERPLEXITY: 3.0, tags.EVAL_EXACT_MATCH: 0.5}, "and an exact-match change of +0.0 points"),
+        ({tags.EVAL_PERPLEXITY: 3.0}, "and an eval/loss change of +0.0000"),  # plain text: no reference answers
+    ],
+    ids=["prompts", "plain text"],
+)
+def test_a_causal_lms_comparison_speaks_of_its_own_metrics_never_nan(tmp_path, metrics, said):
+    # It reported "final eval/accuracy nan" and "an accuracy change of +nan points" for a causal LM.
+    runs = {mode: {**synthetic(speed), "metrics": metrics} for mode, speed in (("no", 10), ("fp16", 20))}
+    verdict = compare_amp.write_report(runs, ["python", "app/train.py"], tmp_path / "report.md", "8")
+    report = (tmp_path / "report.md").read_text()
+    assert said in verdict and "accuracy" not in report and "nan" not in report.lower(), report
+    assert "| final eval/perplexity | 3.0000 | 3.0000 |" in report
 
 
 @pytest.mark.parametrize("short", ["no", "fp16"])
