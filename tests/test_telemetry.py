@@ -99,6 +99,10 @@ def test_run_info_texts_and_hparams(amp_run):
     assert "allow_tf32" in texts["run/tf32"]
     plugins = tb.load(amp_run).PluginTagToContent("hparams")
     assert "_hparams_/session_start_info" in plugins, "no HPARAMS entry"
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    start = plugin_data_pb2.HParamsPluginData.FromString(plugins["_hparams_/session_start_info"]).session_start_info
+    assert start.hparams["loss_scaling"].string_value == "true", start.hparams["loss_scaling"]  # was the number 1
     assert len(list(amp_run.glob("events.out.tfevents.*"))) == 1, "one event file per run"
 
 

@@ -50,7 +50,7 @@ def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator) -> dict:
     """The columns of TensorBoard's HPARAMS tab, so AMP-on and AMP-off runs line up side by side."""
     return {
         "precision": policy.mode,
-        "loss_scaling": policy.scaler_enabled,
+        "loss_scaling": str(policy.scaler_enabled).lower(),  # a bool would be written as the number 0 or 1
         "device": accelerator.device.type,
         "processes": accelerator.num_processes,
         "model": cfg.model_name_or_path or "all-MiniLM-L6-v2 (embedded)",
