@@ -149,6 +149,13 @@ def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, rev
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 process(es)" in result.stderr
     assert_predictions_match(pd.read_json(tmp_path / "out.jsonl", lines=True), source, trained)
+    # One text for two processes: the second had none to tokenize, an IndexError.
+    source.head(1).to_csv(tmp_path / "one.csv", index=False)
+    one = [tmp_path / "one.csv" if part == tmp_path / "in.csv" else part for part in cmd]
+    one = [tmp_path / "one.jsonl" if part == tmp_path / "out.jsonl" else part for part in one]
+    result = forked.run(one, env=clean_env(tmp_path), timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_predictions_match(pd.read_json(tmp_path / "one.jsonl", lines=True), source.head(1), trained, False)
 
 
 def test_compare_fp32_on_fp32_agrees_fully(trained, review_files, capsys):

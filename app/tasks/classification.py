@@ -415,27 +415,35 @@ class LabelPredictor:
         Args:
             texts: the text column, and the pair column if there is one.
         """
-        found = []
         with accelerator.split_between_processes(list(range(len(texts[0])))) as mine:
-            encoded = self.tokenizer(
-                *([column[i] for i in mine] for column in texts), truncation=True, max_length=self.max_length
-            )
-            cut = self._cut(encoded, [[column[i] for i in mine] for column in texts])
-            # Longest first: texts of similar length share a batch (little padding), and a batch too big fails at once.
-            order = sorted(range(len(mine)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
-            collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=policy.pad_to_multiple_of)
-            for start in range(0, len(order), self.batch_size):
-                chunk = order[start : start + self.batch_size]
-                batch = collate([{k: encoded[k][i] for k in encoded} for i in chunk]).to(accelerator.device)
-                with policy.autocast():
-                    logits = self.model(**batch).logits
-                found.extend(zip((mine[i] for i in chunk), logits.float().softmax(-1).cpu()))  # a host sync per batch
-                progress(len(chunk))
+            # fewer texts than processes leave one with none, and a tokenizer refuses an empty batch
+            found, cut = self._predict_share(mine, texts, accelerator, policy, progress) if mine else ([], 0)
         cut = sum(gather_object([cut]))
         self.cut_note = (
             f"{cut} of {len(texts[0])} texts were cut to --max_length {self.max_length} tokens" if cut else None
         )
         return torch.stack([probs for _, probs in sorted(gather_object(found), key=lambda pair: pair[0])])
+
+    def _predict_share(
+        self, mine: list[int], texts: list[list[str]], accelerator: Accelerator, policy: PrecisionPolicy, progress
+    ) -> tuple[list, int]:
+        """(row, class probabilities) of this process's rows `mine`, and how many of them were cut."""
+        found = []
+        encoded = self.tokenizer(
+            *([column[i] for i in mine] for column in texts), truncation=True, max_length=self.max_length
+        )
+        cut = self._cut(encoded, [[column[i] for i in mine] for column in texts])
+        # Longest first: texts of similar length share a batch (little padding), and a batch too big fails at once.
+        order = sorted(range(len(mine)), key=lambda i: len(encoded["input_ids"][i]), reverse=True)
+        collate = DataCollatorWithPadding(self.tokenizer, pad_to_multiple_of=policy.pad_to_multiple_of)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            batch = collate([{k: encoded[k][i] for k in encoded} for i in chunk]).to(accelerator.device)
+            with policy.autocast():
+                logits = self.model(**batch).logits
+            found.extend(zip((mine[i] for i in chunk), logits.float().softmax(-1).cpu()))  # a host sync per batch
+            progress(len(chunk))
+        return found, cut
 
     def _cut(self, encoded, texts: list[list[str]]) -> int:
         """How many of the encoded texts truncation cut: a fast tokenizer keeps what it cut off (`overflowing`); with
