@@ -339,7 +339,7 @@ def predict_and_write(
         output_columns = LabelPredictor.columns
     tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)
     max_length, max_new_tokens = trained_lengths(cfg, model_config, tokenizer)
-    check_max_length(max_length, model_config, tokenizer)
+    check_max_length(max_length, model_config, tokenizer, pair=len(text_columns) == 2)
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":

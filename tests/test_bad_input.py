@@ -457,6 +457,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ),
         ("an empty --config", ["--config", ""], {}, "--config is empty; give a YAML file, or leave the flag out"),
         (
+            "a max_length the special tokens fill",  # the tokenizer cut nothing, every text went whole
+            ["--max_length", "2"],
+            {},
+            "--max_length 2 leaves no room for text: the tokenizer adds 2 special token(s) to each text; use "
+            "--max_length 3 or more",
+        ),
+        (
             "a threshold without early stopping",  # ignored without a word
             ["--early_stopping_threshold", "0.5"],
             {},

@@ -260,9 +260,16 @@ def max_positions(config: PretrainedConfig, tokenizer) -> int:
     return min(limits) if limits else 1_000_000
 
 
-def check_max_length(max_length: int, config: PretrainedConfig, tokenizer) -> None:
+def check_max_length(max_length: int, config: PretrainedConfig, tokenizer, pair: bool = False) -> None:
     limit = max_positions(config, tokenizer)
     if max_length > limit:
         raise UsageError(
             f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less"
+        )
+    # Below this the tokenizer does not cut at all (it logs an error): every text would go whole.
+    special = tokenizer.num_special_tokens_to_add(pair=pair)
+    if max_length < (least := special + (2 if pair else 1)):
+        raise UsageError(
+            f"--max_length {max_length} leaves no room for text: the tokenizer adds {special} special token(s) to "
+            f"each {'pair of texts' if pair else 'text'}; use --max_length {least} or more"
         )
