@@ -217,6 +217,8 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "unreadable file",
         "no classification head",
         "head weights missing",
+        "no weight files",
+        "another model's config",
         "empty file",
         "empty stdin",
         "output is the input",
@@ -251,6 +253,14 @@ def test_bad_input_one_line_exit_2_nothing_written(
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         shutil.copy(tiny_model_dir / "model.safetensors", model / "model.safetensors")
         source += ["--overwrite_output_file"]  # found as the model loads, after the output file's check
+    elif case == "no weight files":  # a copy cut short: transformers' OSError, a traceback
+        model = Path(shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns("*.safetensors")))
+    elif case == "another model's config":  # 3 labels for a head of 2: transformers' size mismatch, a traceback
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        config = json.loads((model / "config.json").read_text())
+        config["id2label"] = {"0": "a", "1": "b", "2": "c"}
+        config["label2id"] = {"a": 0, "b": 1, "c": 2}
+        (model / "config.json").write_text(json.dumps(config))
     elif case == "empty file":
         source = ["--input_file", tmp_path / "empty.csv"]
     elif case == "output is the input":
@@ -298,6 +308,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "no classification head": "has no trained classification head (architectures: BertModel)",
         "head weights missing": f"{tmp_path / 'copied'} lacks the weights of its trained head (classifier.weight, "
         "classifier.bias): made at random, they would predict at random; copy the whole output folder again",
+        "no weight files": "copied holds a config.json but no weight files (model.safetensors): copy the whole folder",
+        "another model's config": "copied: its weight classifier.weight is [2, 32] in the weight files but [3, 32] by "
+        "its config.json, which belongs to another model (another label count?)",
         "empty file": "has no rows",
         "empty stdin": "the input has no texts to predict",
         "output is the input": "is the --input_file: the predictions would replace the file they are made from",

@@ -115,12 +115,19 @@ def fingerprint(model_path: str) -> str:
 def stored_keys(model_path: str) -> set[str] | None:
     """The tensor names a local model folder stores, from the safetensors headers alone; None if they cannot be read
     that way (PyTorch .bin files, a hub id)."""
+    shapes = stored_shapes(model_path)
+    return None if shapes is None else set(shapes)
+
+
+def stored_shapes(model_path: str) -> dict[str, list[int]] | None:
+    """The tensors a local model folder stores, name -> shape, from the safetensors headers alone; None as above."""
     files = weight_files(model_path)
     if not files or files[0].suffix != ".safetensors":
         return None
-    keys = set()
+    shapes = {}
     for file in files:
         with open(file, "rb") as stream:
             (length,) = struct.unpack("<Q", stream.read(8))
-            keys.update(k for k in json.loads(stream.read(length)) if k != "__metadata__")
-    return keys
+            header = json.loads(stream.read(length))
+            shapes.update((k, v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return shapes

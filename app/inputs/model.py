@@ -140,6 +140,9 @@ def check_weight_files(name: str) -> None:
     folder = Path(name)
     if not folder.is_dir():
         return  # a hub id: transformers checks what it downloads
+    holds = lambda *patterns: any(path for pattern in patterns for path in folder.glob(pattern))  # noqa: E731
+    if holds("config.json") and not holds("*.safetensors", "pytorch_model*.bin", "adapter_config.json", "*.gguf"):
+        raise UsageError(f"{name} holds a config.json but no weight files (model.safetensors): copy the whole folder")
     folders = [folder]
     if (base := adapters_base_name(folder)) and Path(base).is_dir():
         folders.append(Path(base))

@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 from datasets import DatasetDict
 from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
 
-from app.adapters.base import stored_keys
+from app.adapters.base import stored_shapes
 from app.adapters.trained import holds_adapters, load_trained
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
@@ -107,14 +107,20 @@ def has_trained_head(config: PretrainedConfig) -> bool:
 
 def check_head_stored(name: str, config: PretrainedConfig) -> None:
     """A classifier folder whose weight files lack its head's (a base model's weights copied over a trained one's)
-    would predict with a head made at random: one line, before anything loads (from the safetensors headers)."""
-    if holds_adapters(name) or (stored := stored_keys(name)) is None:
+    would predict with a head made at random, and one whose weights are of other shapes than its config.json gives
+    (another run's config copied in) would not load: one line each, before anything loads (safetensors headers)."""
+    if holds_adapters(name) or (stored := stored_shapes(name)) is None:
         return  # adapters bring their head along; PyTorch .bin files are checked as they load (load_weights)
-    with torch.device("meta"):  # the names alone, no memory
+    with torch.device("meta"):  # the names and shapes alone, no memory
         model = AutoModelForSequenceClassification.from_config(config)
-    prefix = f"{model.base_model_prefix}."
-    if missing := [key for key in model.state_dict() if not key.startswith(prefix) and key not in stored]:
+    expected, prefix = {key: list(t.shape) for key, t in model.state_dict().items()}, f"{model.base_model_prefix}."
+    if missing := [key for key in expected if not key.startswith(prefix) and key not in stored]:
         raise headless(name, missing)
+    if other := next((key for key in expected if key in stored and stored[key] != expected[key]), None):
+        raise UsageError(
+            f"{name}: its weight {other} is {stored[other]} in the weight files but {expected[other]} by its "
+            "config.json, which belongs to another model (another label count?); copy the whole output folder again"
+        )
 
 
 # A csv's cells are read as written, as strings (inputs/data.py): its labels that are numbers are told apart here.
