@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -658,8 +659,12 @@ def test_adapters_on_roberta_train_keep_its_new_head_whole_and_predict(review_fi
     assert "on 10 layers (dense, query, value); trained in full: classifier\n" in said, said
 
     text = "Great coffee, fresh and strong."
-    model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=2)
-    model = PeftModel.from_pretrained(model, out).eval()
+    card = (out / "README.md").read_text()  # its recipe for transformers and peft, run as it is written
+    recipe = card.split("With transformers and peft")[1].split("\n\n", 1)[1].split("\n## ")[0]
+    scope = {}
+    exec(textwrap.dedent(recipe), scope)
+    model = scope["model"].eval()
+    assert isinstance(model, PeftModel)
     with torch.no_grad():
         expected = model(**tokenizer(text, return_tensors="pt")).logits.softmax(-1)[0]
     assert predict([text, "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 0

@@ -96,6 +96,7 @@ def write_model_card(
         "",
         f'    python app/predict.py "a text" --model_name_or_path {output_dir}',
         "",
+        *(_with_peft(task.pipeline_tag, base, output_dir) if adapters else []),
         "## How it was trained",
         "",
         *_commands(commands),
@@ -103,6 +104,25 @@ def write_model_card(
         "",
     ]
     (output_dir / MODEL_CARD).write_text("\n".join(lines))
+
+
+AUTO_CLASSES = {"text-classification": "AutoModelForSequenceClassification", "text-generation": "AutoModelForCausalLM"}
+
+
+def _with_peft(pipeline_tag: str, base: str, output_dir: Path) -> list[str]:
+    """How transformers and peft load the adapters: the base first (transformers alone would take this folder for a
+    whole model and look for its weights), with this folder's config (a classifier's labels)."""
+    auto = AUTO_CLASSES[pipeline_tag]
+    return [
+        "With transformers and peft, the base first, then the adapters (`merged/`, if the run saved it, loads alone):",
+        "",
+        "    from peft import PeftModel",
+        f"    from transformers import AutoConfig, {auto}",
+        "",
+        f'    config = AutoConfig.from_pretrained("{output_dir}")',
+        f'    model = PeftModel.from_pretrained({auto}.from_pretrained("{base}", config=config), "{output_dir}")',
+        "",
+    ]
 
 
 def _commands(commands: list[str | None]) -> list[str]:
