@@ -96,6 +96,18 @@ def test_conflicts_and_unsupported_modes_are_usage_errors(bad):
         resolve_precision(bad["amp"], bad["flag"], "cpu", bad["launcher"])
 
 
+def test_the_launchers_variable_is_read_as_accelerate_reads_it(monkeypatch):
+    # ACCELERATE_MIXED_PRECISION=FP16, which Accelerate takes as fp16, was "mixed precision 'FP16' (from accelerate
+    # launch) is not supported"; an empty one the same, and neither came from accelerate launch.
+    from app.amp.policy import launcher_choice
+
+    for value, read in (("FP16", "fp16"), (" bf16 ", "bf16"), ("", None)):
+        monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", value)
+        assert launcher_choice() == read, value
+    with pytest.raises(UsageError, match=r"mixed precision 'fp8' \(from ACCELERATE_MIXED_PRECISION\) is not supported"):
+        resolve_precision(False, None, "cpu", "fp8")
+
+
 def test_disabled_tools_are_exact_no_ops():
     policy, _ = resolve_precision(False, "no", "cpu", None)
     scaler = make_scaler(policy, 65536.0, 2000, backend="single process")

@@ -82,7 +82,7 @@ def bf16_available(device_type: str) -> bool:
 
 def launcher_choice() -> str | None:
     """The mixed precision that `accelerate launch` asked for: its flag, a YAML or the wizard's default config."""
-    return os.environ.get(LAUNCHER_ENV)
+    return os.environ.get(LAUNCHER_ENV, "").strip().lower() or None  # as Accelerate reads it: FP16 is fp16
 
 
 def resolve_precision(
@@ -110,7 +110,8 @@ def resolve_precision(
 
     if requested not in (*MODES, "auto"):
         raise UsageError(
-            f"mixed precision {requested!r} (from {source}) is not supported; use fp16, bf16 or no, "
+            f"mixed precision {requested!r} (from {LAUNCHER_ENV if source == 'accelerate launch' else source}) is not "
+            "supported; use fp16, bf16 or no, "
             f"e.g. accelerate launch --mixed_precision fp16 app/train.py"
         )
     mode, reason = _pick_mode(requested, device_type)
