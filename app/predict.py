@@ -318,6 +318,8 @@ def predict_and_write(
         check_decoder(model_config)
         if cfg.text_pair_column:
             raise UsageError("--text_pair_column is for sentence-pair classifiers; this model is a causal LM")
+        if cfg.text_column and cfg.prompt_column:  # else --text_column went unused without a word
+            raise UsageError("--text_column and --prompt_column both name a causal LM's prompts; give one of them")
         trained_column, chat = prompts_as_trained(cfg.model_name_or_path)
         if not (cfg.prompt_column or cfg.text_column):  # named, so that a file without it is told which flag to give
             cfg = dataclasses.replace(cfg, prompt_column=trained_column)
@@ -334,6 +336,8 @@ def predict_and_write(
             raise UsageError(
                 "--prompt_column is for causal LMs; this model is a sequence classifier: use --text_column"
             )
+        if cfg.max_new_tokens is not None:  # else ignored without a word
+            raise UsageError("--max_new_tokens is for causal LMs; this model is a sequence classifier: drop it")
         cfg = columns_as_trained(cfg)
         text_columns = (cfg.text_column, cfg.text_pair_column) if cfg.text_pair_column else (cfg.text_column,)
         output_columns = LabelPredictor.columns

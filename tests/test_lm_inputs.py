@@ -141,6 +141,16 @@ def test_an_empty_cell_of_the_input_file_is_an_empty_prompt(tmp_path, untied_gpt
     assert list(rows["prompt"]) == ["Fresh coffee.", ""] and rows["generated_text"][1] == from_nothing
 
 
+def test_predict_refuses_two_names_for_an_lms_prompt_column(tmp_path, tiny_gpt2_dir, capsys, monkeypatch):
+    # --prompt_column won, and --text_column went unused without a word.
+    source = write_pairs(tmp_path, "csv", "prompts", ["Fresh coffee."], ["great"])
+    flags = ["--input_file", source, "--prompt_column", "prompt", "--text_column", "response"]
+    assert predict_stdin(monkeypatch, tiny_gpt2_dir, [], *flags) == 2
+    assert one_error_line(capsys) == (
+        "error: --text_column and --prompt_column both name a causal LM's prompts; give one of them"
+    )
+
+
 @pytest.mark.parametrize("kind", ["jsonl", "csv"])
 def test_empty_prompts_in_the_data_train_and_evaluate(tmp_path, tiny_gpt2_dir, kind):
     """Empty prompts in both splits (an empty string in JSON lines, an empty cell in a CSV): the final evaluation

@@ -224,6 +224,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "output is the input",
         "max_length beyond the model",
         "max_length below the special tokens",
+        "max_new_tokens for a classifier",
         "unreadable training_args.yaml",
         "no tokenizer files",
         "a run that saved no model yet",
@@ -267,6 +268,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         source = ["--input_file", tmp_path / "out" / ".." / "out" / "predicted.csv"]  # the same file, spelt otherwise
     elif case == "max_length beyond the model":
         source += ["--max_length", 129]
+    elif case == "max_new_tokens for a classifier":  # ignored without a word
+        source += ["--max_new_tokens", 5]
     elif case == "max_length below the special tokens":  # a long text was not cut: a traceback past 128 positions
         source += ["--max_length", 1]
     elif case == "unreadable training_args.yaml":
@@ -316,6 +319,7 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "output is the input": "is the --input_file: the predictions would replace the file they are made from",
         "max_length beyond the model": "--max_length 129 is beyond the model's 128 positions; use --max_length 128 or",
         "max_length below the special tokens": "--max_length 1 leaves no room for text: the tokenizer adds 2 special",
+        "max_new_tokens for a classifier": "--max_new_tokens is for causal LMs; this model is a sequence classifier",
         "unreadable training_args.yaml": "training_args.yaml cannot be read (while parsing a flow sequence); restore "
         "it, or pass --max_length",
         "a run that saved no model yet": "holds no model yet (no config.json), only a run's checkpoints: resume that "
