@@ -457,6 +457,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ),
         ("an empty --config", ["--config", ""], {}, "--config is empty; give a YAML file, or leave the flag out"),
         (
+            "a column named twice",  # pandas read the second as text.1, and the run took the first without a word
+            ["--train_file", write(csv_dir / "twice.csv", "text,text,label\na,b,great\nc,d,other\n")],
+            {},
+            "twice.csv names the column 'text' twice in its header; rename one of them",
+        ),
+        (
             "a max_length the special tokens fill",  # the tokenizer cut nothing, every text went whole
             ["--max_length", "2"],
             {},

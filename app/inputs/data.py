@@ -11,6 +11,7 @@ Every check that can fail on user input runs before the model's weights are load
 from __future__ import annotations
 
 import contextlib
+import csv
 import importlib.util
 import math
 from pathlib import Path
@@ -192,6 +193,8 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
         dataset = _read_csv_as_written([path], split) if kind == "csv" else None
         if not dataset:  # not csv; or a csv file that is read for its error, or that has no rows (datasets refuses)
             dataset = load_dataset(kind, data_files={split: path}, **(CSV_MISSING if kind == "csv" else {}))[split]
+    except UsageError:
+        raise
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
         if Path(path).stat().st_size == 0 or _row_count(path, kind) == 0:  # datasets cannot type a file without rows
             raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
@@ -214,6 +217,11 @@ def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
         return None
     if not all(isinstance(first.index, pd.RangeIndex) for first in firsts):
         return None
+    for file in files:  # pandas reads a second `text` as `text.1`: the run would take one of them without a word
+        with open(file, newline="", encoding="utf-8-sig", errors="replace") as stream:
+            header = next(csv.reader(stream), [])
+        if twice := next((name for name in header if header.count(name) > 1), None):
+            raise UsageError(f"{file} names the column {twice!r} twice in its header; rename one of them")
     other = next((i for i, first in enumerate(firsts) if set(first.columns) != set(firsts[0].columns)), None)
     if other is not None:  # read together, datasets would cast one file to the other's columns, or guess their types
         shown = lambda i: f"{files[i]} ({', '.join(map(str, firsts[i].columns))})"  # noqa: E731
