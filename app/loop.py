@@ -58,6 +58,16 @@ class StepLedger:
         self.scale_watch = ScaleWatch(training.cfg.min_loss_scale, training.cfg.max_consecutive_skips)
         self.overflow = OverflowFlag(training.scaler, training.accelerator.device)
         self.alarm: str | None = None  # the loss-scale alarm's diagnostic, once it fires
+        # The alarm's step's last micro-batch and what it multiplied that batch's loss by, for the overflow report. The
+        # step is settled one step late, so the captured step's inputs are kept until then (a reference, no copy).
+        self.replay: tuple[dict, float] | None = None
+        self._captured: tuple[dict, float] | None = None
+
+    def capture(self, optimizer: torch.optim.Optimizer, inputs: tuple[dict, float]) -> None:
+        """Start the current step's flag on its way (OverflowFlag.capture); `inputs`: its last micro-batch and the
+        weight of that batch's loss."""
+        self.overflow.capture(optimizer)
+        self._captured = inputs
 
     def settle(self) -> None:
         skipped = self.overflow.read()
@@ -66,7 +76,10 @@ class StepLedger:
         self.state.record_outcome(skipped)
         if not skipped:
             self.schedule.step()
-        self.alarm = self.alarm or self.scale_watch.after_step(self.state, skipped, self.scaler)
+        if not self.alarm and (alarm := self.scale_watch.after_step(self.state, skipped, self.scaler)):
+            batch, weight = self._captured
+            # The settled step's loss scale: the next step's capture, which would replace it, comes after its settle.
+            self.alarm, self.replay = alarm, (batch, self.overflow.scale_used() * weight)
 
 
 def by_optimizer_step(batches: Iterable[dict], micro_batches: int) -> Iterator[list[dict]]:
@@ -105,9 +118,10 @@ def step_weights(items: list[int], host: HostCollective, num_processes: int) -> 
     return [count * num_processes / max(total, 1) for count in items]
 
 
-def optimizer_step(training: Training, ledger: StepLedger) -> tuple[torch.Tensor, float]:
+def optimizer_step(training: Training, ledger: StepLedger, inputs: tuple[dict, float]) -> tuple[torch.Tensor, float]:
     """Unscale, clip, step, update, zero the gradients. Returns the unscaled gradient norm (inf/NaN on overflow) and
-    the learning rate of the update (logged as HF does, not the next step's)."""
+    the learning rate of the update (logged as HF does, not the next step's). `inputs`: the step's last micro-batch
+    and its loss weight, kept for an overflow report until the step is settled."""
     # The raw optimizer: the scaler hands a fused one the overflow flag, which Accelerate's wrapper would not pass on.
     optimizer = training.optimizer.optimizer
     training.scaler.unscale_(optimizer)
@@ -117,7 +131,7 @@ def optimizer_step(training: Training, ledger: StepLedger) -> tuple[torch.Tensor
     )
     ledger.settle()  # the previous step, whose flag landed long ago: sets the LR this update uses
     lr = training.schedule.get_last_lr()[0]
-    ledger.overflow.capture(optimizer)
+    ledger.capture(optimizer, inputs)
     training.scaler.step(optimizer)
     training.scaler.update()
     training.optimizer.zero_grad(set_to_none=True)
@@ -159,15 +173,14 @@ class StepDue:
         )
 
 
-def on_alarm(training: Training, ledger: StepLedger, batch: dict, weight: float, step: int) -> bool:
+def on_alarm(training: Training, ledger: StepLedger, step: int) -> bool:
     """Report the loss-scale alarm, then stop, warn or fall back as --on_scale_collapse says.
 
     Returns:
         True when the run fell back to its last checkpoint in another precision: the loop carries on from there.
     """
     training.accelerator.print(ledger.alarm)
-    # `batch`: this step's last micro-batch, still on the device, replayed as the step ran it
-    training.report_overflow(batch, step, ledger.overflow.scale_used() * weight)
+    training.report_overflow(*ledger.replay, step)  # the alarm's step's last micro-batch, as that step ran it
     if training.cfg.on_scale_collapse == "stop":
         with training.telemetry.paused():
             path = training.save_checkpoint()
@@ -228,7 +241,7 @@ def train(training: Training, budget: int | None = None) -> None:
             telemetry.add_micro_batch(loss, count, batch)
 
         # ---- the optimizer step --------------------------------------------------------------------------------------
-        grad_norm, lr = optimizer_step(training, ledger)
+        grad_norm, lr = optimizer_step(training, ledger, (batch, weight))
         state.opt_step += 1
         step = state.opt_step
         loss_watch.after_step(telemetry.step_loss, ledger.overflow.on_device)
@@ -243,12 +256,12 @@ def train(training: Training, budget: int | None = None) -> None:
             try:
                 loss_watch.check(step, training.checkpoints.last_saved)  # no log, eval or save past a non-finite loss
             except TrainingHalted:
-                training.report_overflow(batch, step, ledger.overflow.scale_used() * weight)
+                training.report_overflow(batch, ledger.overflow.scale_used() * weight, step)  # this step's
                 raise
         logged = due.log or ledger.alarm  # on_alarm may clear the alarm below
         if logged:
             log_step(training, step, lr, batches_per_epoch)
-        if ledger.alarm and on_alarm(training, ledger, batch, weight, step):
+        if ledger.alarm and on_alarm(training, ledger, step):
             ledger, loss_watch = StepLedger(training), LossWatch(accelerator)  # for the new scaler
             first_step = state.opt_step + 1
             steps = optimizer_steps(training)  # on from the checkpoint's data position

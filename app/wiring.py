@@ -232,20 +232,20 @@ class Training:
             self.accelerator.print(line)
         self.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
 
-    def overflow_report(self, batch: dict | None, multiplier: float | None = None) -> str:
+    def overflow_report(self, batch: dict | None, multiplier: float) -> str:
         """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast and dropout masks,
-        its loss times `multiplier` (by default the loss scale the next step would use)."""
+        its loss times `multiplier`."""
         return diagnose.overflow_report(
             self.policy,
             self.accelerator.unwrap_model(self.model),
             self.inputs.task.loss,
             batch,
-            self.scaler.get_scale() if multiplier is None else multiplier,
+            multiplier,
             lambda: self.accelerator.no_sync(self.model),
             self.dropout_masks,
         )
 
-    def report_overflow(self, batch: dict | None, step: int, multiplier: float) -> None:
+    def report_overflow(self, batch: dict | None, multiplier: float, step: int) -> None:
         """The overflow report, on stderr and as TensorBoard text. Each rank replays its batch; the main one says."""
         line = self.overflow_report(batch, multiplier)
         if self.accelerator.is_main_process:

@@ -158,7 +158,7 @@ def test_overflow_replay_leaves_weights_grads_and_rng_unchanged(overflow_model_d
     rng = torch.get_rng_state()
     optimizer_state = {k: {n: t.clone() for n, t in s.items()} for k, s in run.optimizer.optimizer.state.items()}
 
-    line = run.overflow_report(batch)
+    line = run.overflow_report(batch, run.scaler.get_scale())
     run.close()
 
     assert line == f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
@@ -185,7 +185,7 @@ def test_overflow_replay_draws_the_runs_dropout_masks_also_when_checkpointing_re
     run.model.train()
     batch = diagnose.first_training_batch(run.train_loader, run.accelerator.device)
     with AtenCalls() as seen:
-        line = run.overflow_report(batch)
+        line = run.overflow_report(batch, run.scaler.get_scale())
     run.close()
     assert line == f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
     assert seen.calls["bernoulli_"] == 0 and seen.calls["randint"] > 0, seen.calls  # a seed per SFC64 mask
@@ -205,7 +205,7 @@ def test_under_torch_compile_the_diagnostic_passes_run_eagerly(overflow_model_di
     counters.clear()
     try:
         run.preflight()
-        line = run.overflow_report(batch)
+        line = run.overflow_report(batch, run.scaler.get_scale())
         compiled = counters["stats"]["unique_graphs"]
         run.model(**batch)  # the model itself is still compiled: this call traces it
         assert counters["stats"]["unique_graphs"] > compiled
@@ -281,26 +281,30 @@ def test_a_second_alarm_after_the_fallback_stops_with_exit_3(overflow_model_dir,
 def test_overflow_report_names_the_first_gradient_to_overflow(tiny_model_dir, review_files):
     # A healthy forward pass, but a loss scale no fp16 gradient survives: the backward pass overflows first at the end.
     run = harness.build_training(tiny_model_dir, review_files, amp=True, init_loss_scale=1e30, max_steps=1)
-    line = run.overflow_report(diagnose.first_training_batch(run.train_loader, run.accelerator.device))
+    line = run.overflow_report(
+        diagnose.first_training_batch(run.train_loader, run.accelerator.device), run.scaler.get_scale()
+    )
     run.close()
     assert line == "first overflow: classifier (gradient, max |x| = inf in float16)"
 
 
+@pytest.mark.parametrize("logging_steps", [1, 10])
 def test_the_alarms_report_replays_the_failing_step_at_its_own_scale_and_checks_parameter_gradients(
-    quick_args, capfd, tmp_path
+    quick_args, capfd, tmp_path, logging_steps
 ):
-    # One batch, the same at every step: at a loss scale of 2**20 or 2**19 the sums over the batch that make the
-    # classifier's parameter gradients overflow, at 2**18 nothing does. Step 1 ran at 2**20, step 2 at 2**19: the
-    # alarm. The report replayed the batch at 2**18 (the scale after step 2's skip) and watched module outputs and
-    # their gradients alone: "the overflow came from another batch", in a run that never saw another batch.
-    args = [*quick_args, "--amp", "--init_loss_scale", str(2.0**20), "--max_consecutive_skips", "1"]
+    # One batch, the same at every step. The sums over the batch that make the classifier's parameter gradients
+    # overflow fp16 from a loss scale of about 2**18 * 65504 / 62656 on; no module output or its gradient does below
+    # 2**21. Step 1 ran at 1.5 * 2**19, step 2 at 1.5 * 2**18: the alarm. The report replayed the batch at the scale
+    # after step 2's skip (0.75 * 2**18, clean) and watched module outputs and their gradients alone: "the overflow
+    # came from another batch", in a run that never saw another batch. Between log steps a step is settled one step
+    # late: the alarm of step 2 comes during step 3, whose batch and scale are not step 2's.
+    args = [*quick_args, "--amp", "--init_loss_scale", str(1.5 * 2**19), "--max_consecutive_skips", "1"]
     args += ["--max_train_samples", "16", "--per_device_train_batch_size", "16", "--max_steps", "4"]
-    assert run_app([*args, "--eval_steps", "0"]) == 3
+    assert run_app([*args, "--eval_steps", "0", "--logging_steps", str(logging_steps)]) == 3
     err = capfd.readouterr().err
     report = next(line for line in err.splitlines() if "overflow" in line and "alarm" not in line)
-    assert re.fullmatch(
-        r"first overflow: classifier\.(weight|bias) \(parameter gradient, max \|x\| = inf in float32\)", report
-    ), err
+    expected = r"first overflow: classifier\.(weight|bias) \(parameter gradient, max \|x\| = inf in float32\)"
+    assert re.fullmatch(expected, report), err
     assert all_texts(tmp_path / "runs" / "test", tags.AMP_OVERFLOW_REPORT) == [report]
 
 

@@ -78,7 +78,8 @@ class OverflowFlag:
             return
         # The scaler keeps its per-device flags privately; its public get_scale() would sync.
         flags = self._scaler._found_inf_per_device(optimizer).values()  # noqa: SLF001
-        self._scale_used = self._scaler._scale.clone()  # noqa: SLF001  (update() changes it in place)
+        scale = self._scaler._scale  # noqa: SLF001  (update() changes it in place: copied, on the device)
+        self._scale_used = scale.clone() if self._scale_used is None else self._scale_used.copy_(scale)
         self.on_device = sum(flag.sum() for flag in flags) > 0  # ShardedGradScaler keeps shape [1], GradScaler []
         self._host.copy_(self.on_device, non_blocking=True)
         if self._landed is not None:
