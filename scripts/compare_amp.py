@@ -8,7 +8,7 @@
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
 order and steps. They are read first as app/train.py reads them (a --config YAML included), so a flag no run takes
 stops the script before any run, and so does one it sets itself (--amp, --mixed_precision, --run_name, --output_dir,
---resume_from_checkpoint). The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them
+--resume_from_checkpoint); a --config's values of these give way to each run's own, but a resume. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them
 (default: what AMP runs pad to on this device, 8 on a GPU and none on a CPU), so every run sees the same batch shapes
 and, with them, the same dropout masks.
 The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and the comparison to <logdir>/<name>/<fp32|fp16|
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from app.config import TrainConfig, parse_config  # noqa: E402
+from app.config import parse_config  # noqa: E402
 from app.errors import UsageError  # noqa: E402
 from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
@@ -316,8 +316,12 @@ def main() -> int:
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    defaults = TrainConfig()
-    if clashing := [name for name in OWNED_FLAGS if getattr(cfg, name) != getattr(defaults, name)]:
+    # Typed in any spelling: refused. From a --config: each run's own flag wins over it, but a resume, which no flag of
+    # the script's undoes, would have each run go on from a checkpoint.
+    typed = {flag.partition("=")[0].lstrip("-").replace("-", "_") for flag in train_flags if flag.startswith("--")}
+    if clashing := [
+        name for name in OWNED_FLAGS if name in typed or name == "resume_from_checkpoint" and cfg.resume_from_checkpoint
+    ]:
         parser.error(f"--{clashing[0]} is set by this script for each run; leave it out")
     report_dir = args.report_dir or Path("reports") / args.name
     logdir = Path(cfg.logdir)

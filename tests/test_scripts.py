@@ -114,7 +114,9 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     monkeypatch.setattr(subprocess, "call", in_process)
     # The runs' folder from a --config, and the padding spelt with dashes: the script looked for the runs in runs/
     # ("error: no comparison: the runs failed: ", exit 1), and padded every run to a multiple of 1 after the user's 2.
-    (tmp_path / "logging.yaml").write_text(f"logdir: {tmp_path / 'runs'}\n")
+    # A training YAML of one's own: its output_dir, run name and precision give way to each run's (it was refused).
+    mine = f"logdir: {tmp_path / 'runs'}\noutput_dir: {tmp_path / 'mine'}\nrun_name: mine\nmixed_precision: bf16\n"
+    (tmp_path / "logging.yaml").write_text(mine)
     args = [
         "--name",
         "cmp",
@@ -137,6 +139,7 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     ]
     said = run_here("compare_amp.py", *args)
     assert {p.name for p in (tmp_path / "runs").iterdir()} == {"cmp-no", "cmp-fp16", "cmp"}
+    assert not (tmp_path / "mine").exists()
     # The comparison: one run per precision, each with the compare/ tags that its charts pick.
     assert {p.name for p in (tmp_path / "runs" / "cmp").iterdir()} == {"fp32", "fp16"}
     compared = tb.scalars(tmp_path / "runs" / "cmp" / "fp16")
@@ -218,13 +221,13 @@ def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp
     [
         (["--amp"], "--amp is set by this script"),
         (["--mixed-precision", "bf16"], "--mixed_precision is set by this script"),  # passed through, then overridden
-        (["--config", "owned.yaml"], "--output_dir is set by this script"),
+        (["--config", "owned.yaml"], "--resume_from_checkpoint is set by this script"),  # no run's flag undoes it
         (["--max_stepz", "3"], "error: unknown flag '--max_stepz'; did you mean --max_steps?"),  # before any run
     ],
     ids=["amp", "dashes", "yaml", "misspelt"],
 )
 def test_compare_amp_refuses_flags_it_sets_itself_and_flags_no_run_takes(tmp_path, flags, said):
-    (tmp_path / "owned.yaml").write_text("output_dir: mine\n")
+    (tmp_path / "owned.yaml").write_text("output_dir: mine\nresume_from_checkpoint: latest\n")
     result = subprocess.run(
         [sys.executable, str(SCRIPTS / "compare_amp.py"), *flags],
         env=clean_env(tmp_path),
