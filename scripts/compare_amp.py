@@ -8,9 +8,9 @@
 Every flag this script does not know passes through to app/train.py, unchanged, for every run: same seed, data
 order and steps. They are read first as app/train.py reads them (a --config YAML included), so a flag no run takes
 stops the script before any run, and so does one it sets itself (--amp, --mixed_precision, --run_name, --output_dir,
---resume_from_checkpoint); a --config's values of these give way to each run's own, but a resume. The runs differ in precision only: `--pad_to_multiple_of` is set once for all of them
-(default: what AMP runs pad to on this device, 8 on a GPU and none on a CPU), so every run sees the same batch shapes
-and, with them, the same dropout masks.
+--resume_from_checkpoint); a --config's values of these give way to each run's own, but a resume. The runs differ in
+precision only: `--pad_to_multiple_of` is set once for all of them (default: what AMP runs pad to on this device, 8 on
+a GPU and none on a CPU), so every run sees the same batch shapes and, with them, the same dropout masks.
 The runs go to <logdir>/<name>-no, <name>-fp16 (and <name>-bf16), and the comparison to <logdir>/<name>/<fp32|fp16|
 bf16>: in TensorBoard's Custom Scalars tab, its charts put the precisions' gradient norm, train loss, eval loss,
 samples/s and peak memory on one chart each, one line (and colour) per precision. A run without the scaler's tags

@@ -251,7 +251,8 @@ def test_overwrite_output_dir_deletes_nothing_when_a_folder_of_the_earlier_run_c
         locked.chmod(0o755)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.splitlines()[-1] == (  # after the tokenizing bars of datasets
-        f"error: --overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no write permission); "
+        f"error: --overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no permission to "
+        "change that folder); "
         "nothing was deleted: make it writable, or choose another --output_dir"
     )
     assert folder_state(out, files_only=True) == before

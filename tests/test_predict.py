@@ -253,7 +253,7 @@ def test_bad_input_one_line_exit_2_nothing_written(
     elif case == "head weights missing":  # a base's weights copied over: a random head predicted, exit 0
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         shutil.copy(tiny_model_dir / "model.safetensors", model / "model.safetensors")
-        source += ["--overwrite_output_file"]  # found as the model loads, after the output file's check
+        source += ["--overwrite_output_file"]  # it was found as the model loaded, after the output file's check
     elif case == "no weight files":  # a copy cut short: transformers' OSError, a traceback
         model = Path(shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns("*.safetensors")))
     elif case == "another model's config":  # 3 labels for a head of 2: transformers' size mismatch, a traceback

@@ -82,7 +82,7 @@ def bf16_available(device_type: str) -> bool:
 
 def launcher_choice() -> str | None:
     """The mixed precision that `accelerate launch` asked for: its flag, a YAML or the wizard's default config."""
-    return os.environ.get(LAUNCHER_ENV, "").strip().lower() or None  # as Accelerate reads it: FP16 is fp16
+    return os.environ.get(LAUNCHER_ENV, "").strip().lower() or None  # as accelerate launch writes it: FP16 is fp16
 
 
 def resolve_precision(

@@ -48,7 +48,8 @@ MODEL_FILES = (
     *("model.safetensors.index.json", "pytorch_model.bin", "pytorch_model-*-of-*.bin", "pytorch_model.bin.index.json"),
     *("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin", ADAPTER_BASE_FILE),
     *("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json"),
-    *("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model"),
+    *("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "spm.model", "sentencepiece.bpe.model"),
+    *("sentencepiece.model", "spm_char.model", "entity_vocab.json"),
     *("chat_template.jinja", "chat_template.json", "additional_chat_templates"),
 )
 
@@ -348,7 +349,8 @@ def _remove_earlier_run(output_dir: Path) -> None:
     doomed = runs + model
     if locked := _first_locked_folder(doomed):  # all or nothing: half deleted, the earlier run would be lost
         raise UsageError(
-            f"--overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no write permission); "
+            f"--overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no permission to change "
+            "that folder); "
             "nothing was deleted: make it writable, or choose another --output_dir"
         )
     try:
