@@ -292,11 +292,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Reject values that cannot work, with the fix in the message."""
         hints = typing.get_type_hints(TrainConfig)
-        for name in (f.name for f in dataclasses.fields(self) if hints[f.name] in (str, Optional[str])):
-            # "$UNSET_VARIABLE": left as it is, an empty name would mean the default (the embedded model, a folder
-            # of the run's own name), not what was meant. An empty *_column unsets a column (parse_config).
-            if getattr(self, name) == "":
-                raise UsageError(f"--{name} is empty; give a value, or leave the flag out")
+        refuse_empty_values(self)  # an empty *_column unsets a column: None by now (parse_config)
         for name in (f.name for f in dataclasses.fields(self) if hints[f.name] is float):
             # inf and nan pass every comparison below, or fail it with a misleading message; they end runs in exit 3.
             if not math.isfinite(getattr(self, name)):
@@ -447,6 +443,14 @@ def metric_tag(name: str | None) -> str:
             f"--metric_for_best_model {name!r} is not an evaluation metric; use one of {', '.join(METRICS.values())}"
         )
     return METRICS[bare]
+
+
+def refuse_empty_values(cfg) -> None:
+    """A flag given as "$UNSET_VARIABLE": left as it is, an empty name would mean the default (the embedded model, a
+    folder of the run's own name, stdin), not what was meant."""
+    for field in dataclasses.fields(cfg):
+        if getattr(cfg, field.name) == "":
+            raise UsageError(f"--{field.name} is empty; give a value, or leave the flag out")
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:

@@ -47,7 +47,7 @@ from app.cli import (
     outlive_readers,
     unknown_flag_advice,
 )
-from app.config import TrainConfig
+from app.config import TrainConfig, refuse_empty_values
 from app.errors import UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_table
@@ -123,6 +123,7 @@ class PredictConfig:
     )
 
     def validate(self, texts: list[str]) -> None:
+        refuse_empty_values(self)
         if not self.model_name_or_path:
             raise UsageError("give --model_name_or_path: the output folder of a training run, or a sequence classifier")
         if self.input_file and texts:

@@ -225,6 +225,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "max_length beyond the model",
         "max_length below the special tokens",
         "max_new_tokens for a classifier",
+        "an empty --input_file",
         "unreadable training_args.yaml",
         "no tokenizer files",
         "a run that saved no model yet",
@@ -268,6 +269,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         source = ["--input_file", tmp_path / "out" / ".." / "out" / "predicted.csv"]  # the same file, spelt otherwise
     elif case == "max_length beyond the model":
         source += ["--max_length", 129]
+    elif case == "an empty --input_file":  # "$UNSET": the texts were read from stdin instead
+        source = ["--input_file", ""]
     elif case == "max_new_tokens for a classifier":  # ignored without a word
         source += ["--max_new_tokens", 5]
     elif case == "max_length below the special tokens":  # a long text was not cut: a traceback past 128 positions
@@ -320,6 +323,7 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "max_length beyond the model": "--max_length 129 is beyond the model's 128 positions; use --max_length 128 or",
         "max_length below the special tokens": "--max_length 1 leaves no room for text: the tokenizer adds 2 special",
         "max_new_tokens for a classifier": "--max_new_tokens is for causal LMs; this model is a sequence classifier",
+        "an empty --input_file": "--input_file is empty; give a value, or leave the flag out",
         "unreadable training_args.yaml": "training_args.yaml cannot be read (while parsing a flow sequence); restore "
         "it, or pass --max_length",
         "a run that saved no model yet": "holds no model yet (no config.json), only a run's checkpoints: resume that "
