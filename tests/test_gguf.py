@@ -151,6 +151,8 @@ def test_predict_refuses_adapters_whose_gguf_file_changed_since_training(tiny_gg
     assert run_app(args) == 0
     record = json.loads((tmp_path / "out" / "adapter_base.json").read_text())
     assert record["gguf_conversion"] == gguf.converted_folder(str(folder), tiny_gguf.name).name
+    # The card's transformers-and-peft recipe would load the base without its GGUF file: predict.py's line alone
+    assert "PeftModel" not in (tmp_path / "out" / "README.md").read_text()
     flags = ["Fresh coffee.", "--model_name_or_path", str(tmp_path / "out"), "--mixed_precision", "no"]
     assert predict([*flags, "--max_new_tokens", "2"]) == 0
     tiny_gguf.write_bytes(tiny_gguf.read_bytes() + b"\0")

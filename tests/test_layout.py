@@ -58,7 +58,7 @@ def test_each_run_writes_the_four_categories_with_charts_of_its_own_tags_only(lo
 
 def test_the_gpu_layout_charts_the_allocator_and_mfu():  # no GPU here: the layout a CUDA run would write
     def regexes(device_type: str, mfu: bool) -> list[str]:  # as written: chart title -> ["Multiline", [regex, ...]]
-        written = layout.run_layout(scaler=True, headroom=True, device_type=device_type, mfu=mfu)
+        written = layout.run_layout(True, True, device_type, mfu, eval_metrics=(tags.EVAL_LOSS, tags.EVAL_ACCURACY))
         return [regex for charts in written.values() for _, found in charts.values() for regex in found]
 
     gpu, cpu = regexes("cuda", mfu=True), regexes("cpu", mfu=False)

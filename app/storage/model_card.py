@@ -96,7 +96,8 @@ def write_model_card(
         "",
         f'    python app/predict.py "a text" --model_name_or_path {output_dir}',
         "",
-        *(_with_peft(task.pipeline_tag, base, output_dir) if adapters else []),
+        # A GGUF base loads through predict.py, which converts it as training did
+        *(_with_peft(task.pipeline_tag, base, output_dir) if adapters and not cfg.gguf_file else []),
         "## How it was trained",
         "",
         *_commands(commands),

@@ -38,9 +38,7 @@ METRIC_CHARTS = {
 }
 
 
-def run_layout(
-    scaler: bool, headroom: bool, device_type: str, mfu: bool, eval_metrics: tuple[str, ...] = (tags.EVAL_LOSS,)
-) -> Layout:
+def run_layout(scaler: bool, headroom: bool, device_type: str, mfu: bool, eval_metrics: tuple[str, ...]) -> Layout:
     """The layout of a training run, with the charts of the tags it writes.
 
     Args:

@@ -118,8 +118,8 @@ class Telemetry:
         total_steps: int,
         start,
         disable_progress: bool,
-        probe_headroom: bool = True,
-        eval_metrics: tuple[str, ...] = (),
+        probe_headroom: bool,
+        eval_metrics: tuple[str, ...],
     ):
         self.accelerator, self.writer = accelerator, writer
         device = accelerator.device
