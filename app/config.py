@@ -471,7 +471,9 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # Two ways to ask for one thing: the command line's wins over the YAML's. So does a data format, and adapters
     # switched off (--use_peft false) take the YAML's adapter settings with them.
     replaced = [PRECISION_FLAGS] if PRECISION_FLAGS & set(given) else []
-    replaced += [other for named in DATA_FORMATS if named & set(given) for other in DATA_FORMATS if other != named]
+    # A column given empty unsets itself alone: it chooses no format ("$UNSET" would else drop the YAML's columns).
+    chosen = {name for name in given if getattr(known, name, None) != ""}
+    replaced += [other for named in DATA_FORMATS if named & chosen for other in DATA_FORMATS if other != named]
     if "use_peft" in given and not known.use_peft:  # switched off: the YAML's adapters with it
         replaced.append(frozenset({*PEFT_FLAGS, "save_merged_model"}))
     for name in set().union(*replaced) - set(given):

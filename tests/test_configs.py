@@ -220,6 +220,11 @@ def test_a_precision_on_the_command_line_wins_over_the_other_precision_key_of_th
         ),
         ("messages_column: messages", ["--text_column", "body"], {"messages_column": None, "text_column": "body"}),
         ("messages_column: messages", ["--messages_column", ""], {"messages_column": None}),
+        (  # "--text_column $UNSET": it chose plain text, and the YAML's pairs went without a word
+            "prompt_column: prompt\nresponse_column: answer",
+            ["--text_column", ""],
+            {"prompt_column": "prompt", "response_column": "answer", "text_column": None},
+        ),
         ("use_peft: true\nlora_r: 4\nsave_merged_model: true", ["--use_peft", "false"], {"lora_r": 16}),
         (
             "use_peft: true\nlora_r: 4\nsave_merged_model: true",
@@ -228,7 +233,15 @@ def test_a_precision_on_the_command_line_wins_over_the_other_precision_key_of_th
         ),
         ("lora_r: 4", ["--use_peft", "true"], {"lora_r": 4}),
     ],
-    ids=["a data format", "another data format", "a column unset", "adapters off", "adapters on", "adapters on, true"],
+    ids=[
+        "a data format",
+        "another data format",
+        "a column unset",
+        "another format's column unset",
+        "adapters off",
+        "adapters on",
+        "adapters on, true",
+    ],
 )
 def test_the_command_line_replaces_what_a_yaml_set_for_the_same_choice(
     tmp_path, in_yaml, on_the_command_line, expected
