@@ -261,7 +261,7 @@ class TrainConfig:
         default=2,
     )
     resume_from_checkpoint: Optional[str] = flag('"latest" (in --output_dir) or a checkpoint folder.', default=None)
-    disable_tqdm: bool = flag("Hide the progress bar.", default=False)
+    disable_tqdm: bool = flag("Hide the progress bars (training, tokenizing, loading weights).", default=False)
     verbose: bool = flag(
         "Also show the libraries' routine notices: transformers' load report, Accelerate's note on tied weights at "
         "each checkpoint. Without it the app says what matters in them in one line (a new classification head).",

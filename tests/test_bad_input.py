@@ -7,6 +7,7 @@ code and stderr as a user sees them.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import signal
 from pathlib import Path
@@ -73,6 +74,14 @@ def without_tokenizer(path: Path, model: Path) -> Path:
     path.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(model / name, path / name)
+    return path
+
+
+def with_other_shapes(path: Path, model: Path) -> Path:
+    """`model` whose config.json gives its feed-forward layers another width than its weights have."""
+    shutil.copytree(model, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | {"intermediate_size": config["intermediate_size"] + 8}))
     return path
 
 
@@ -456,6 +465,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             for flag in ("model_name_or_path", "output_dir", "logdir", "resume_from_checkpoint", "dataset_name")
         ),
         ("an empty --config", ["--config", ""], {}, "--config is empty; give a YAML file, or leave the flag out"),
+        (
+            "weights of other shapes than the config",  # transformers' size-mismatch traceback, folders left behind
+            ["--model_name_or_path", with_other_shapes(ws / "other_shapes", model)],
+            {},
+            "other_shapes: its weight files hold tensors of other shapes than its config.json gives",
+        ),
         (
             "a column named twice",  # pandas read the second as text.1, and the run took the first without a word
             ["--train_file", write(csv_dir / "twice.csv", "text,text,label\na,b,great\nc,d,other\n")],

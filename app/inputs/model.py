@@ -79,7 +79,15 @@ def load_weights(
         head_required: a trained model, to predict with: a head (the weights outside its base model) made at random
             would predict at random, so missing ones are a UsageError.
     """
-    model, info = model_class.from_pretrained(path, output_loading_info=True, **options)
+    try:
+        model, info = model_class.from_pretrained(path, output_loading_info=True, **options)
+    except RuntimeError as e:  # weights of other shapes than the config.json beside them: a folder of mixed models
+        if "mismatch" not in str(e):
+            raise  # out of memory, or a bug: not the folder's
+        raise UsageError(
+            f"{path}: its weight files hold tensors of other shapes than its config.json gives, so the folder mixes "
+            "two models; copy the whole folder again"
+        ) from None
     if info["missing_keys"]:
         order = {name: i for i, name in enumerate(model.state_dict())}
         names = sorted(info["missing_keys"], key=lambda name: (order.get(name, len(order)), name))

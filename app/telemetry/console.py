@@ -52,8 +52,11 @@ def show_library_notices(verbose: bool) -> None:
 
 
 def show_progress_bars(show: bool) -> None:
-    """transformers' weight-loading bar follows --disable_tqdm, as the app's own bars do. Each entry point calls it
-    once (tests run several entries in one process); the other ranks of a launch hide it anyway (host/runtime.py)."""
+    """transformers' weight-loading bar and datasets' tokenizing bars follow --disable_tqdm, as the app's own bars
+    do (a log file gets none). Each entry point calls it once (tests run several entries in one process); the other
+    ranks of a launch hide them anyway (host/runtime.py)."""
+    import datasets
     from transformers.utils import logging as transformers_logging
 
     (transformers_logging.enable_progress_bar if show else transformers_logging.disable_progress_bar)()
+    (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
