@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tests import forked
@@ -218,6 +219,8 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "no classification head",
         "head weights missing",
         "no weight files",
+        "another file's weights alone",
+        "a shard missing",
         "another model's config",
         "empty file",
         "empty stdin",
@@ -257,6 +260,22 @@ def test_bad_input_one_line_exit_2_nothing_written(
         source += ["--overwrite_output_file"]  # it was found as the model loaded, after the output file's check
     elif case == "no weight files":  # a copy cut short: transformers' OSError, a traceback
         model = Path(shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns("*.safetensors")))
+    elif case == "another file's weights alone":  # any *.safetensors passed: transformers' OSError
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        (model / "model.safetensors").rename(model / "embeddings_cache.safetensors")
+    elif case == "a shard missing":  # transformers' FileNotFoundError
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        weights = load_file(model / "model.safetensors")
+        (model / "model.safetensors").unlink()
+        names = sorted(weights)
+        shards = {"model-00001-of-00002.safetensors": names[:5], "model-00002-of-00002.safetensors": names[5:]}
+        save_file(
+            {name: weights[name] for name in shards["model-00002-of-00002.safetensors"]},
+            model / "model-00002-of-00002.safetensors",
+            metadata={"format": "pt"},
+        )
+        index = {"metadata": {}, "weight_map": {name: shard for shard, held in shards.items() for name in held}}
+        (model / "model.safetensors.index.json").write_text(json.dumps(index))
     elif case == "another model's config":  # 3 labels for a head of 2: transformers' size mismatch, a traceback
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         config = json.loads((model / "config.json").read_text())
@@ -315,6 +334,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "head weights missing": f"{tmp_path / 'copied'} lacks the weights of its trained head (classifier.weight, "
         "classifier.bias): made at random, they would predict at random; copy the whole output folder again",
         "no weight files": "copied holds a config.json but no weight files (model.safetensors): copy the whole folder",
+        "another file's weights alone": "copied holds a config.json but no weight files (model.safetensors)",
+        "a shard missing": "copied lacks model-00001-of-00002.safetensors, a weight file that "
+        "model.safetensors.index.json names: copy the whole folder",
         "another model's config": "copied: its weight classifier.weight is [2, 32] in the weight files but [3, 32] by "
         "its config.json, which belongs to another model (another label count?)",
         "empty file": "has no rows",

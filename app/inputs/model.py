@@ -149,8 +149,15 @@ def check_weight_files(name: str) -> None:
     if not folder.is_dir():
         return  # a hub id: transformers checks what it downloads
     holds = lambda *patterns: any(path for pattern in patterns for path in folder.glob(pattern))  # noqa: E731
-    if holds("config.json") and not holds("*.safetensors", "pytorch_model*.bin", "adapter_config.json", "*.gguf"):
+    if holds("config.json") and not holds("model*.safetensors", "pytorch_model*.bin", "adapter_config.json", "*.gguf"):
         raise UsageError(f"{name} holds a config.json but no weight files (model.safetensors): copy the whole folder")
+    for index in folder.glob("*.index.json"):  # a sharded model: every shard it names
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise UsageError(f"{index} cannot be read as a shard index: copy the whole folder again") from None
+        if missing := sorted(shard for shard in shards if not (folder / shard).is_file()):
+            raise UsageError(f"{name} lacks {missing[0]}, a weight file that {index.name} names: copy the whole folder")
     folders = [folder]
     if (base := adapters_base_name(folder)) and Path(base).is_dir():
         folders.append(Path(base))
