@@ -449,7 +449,7 @@ def refuse_empty_values(cfg) -> None:
     """A flag given as "$UNSET_VARIABLE": left as it is, an empty name would mean the default (the embedded model, a
     folder of the run's own name, stdin), not what was meant."""
     for field in dataclasses.fields(cfg):
-        if getattr(cfg, field.name) == "":
+        if isinstance(value := getattr(cfg, field.name), str) and not value.strip():  # " " is a folder named " "
             raise UsageError(f"--{field.name} is empty; give a value, or leave the flag out")
 
 

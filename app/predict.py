@@ -304,7 +304,8 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
 
 
 def _any_cell_holds(table: pd.DataFrame, text: str) -> bool:
-    return any(table[name].map(lambda cell: isinstance(cell, str) and text in cell).any() for name in table.columns)
+    holds = lambda cell: isinstance(cell, str) and text in cell  # noqa: E731
+    return any(holds(name) or table[name].map(holds).any() for name in table.columns)  # the header's names too
 
 
 def predict_and_write(

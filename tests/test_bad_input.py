@@ -464,6 +464,7 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             (f"an empty --{flag}", [f"--{flag}", ""], {}, f"--{flag} is empty; give a value, or leave the flag out")
             for flag in ("model_name_or_path", "output_dir", "logdir", "resume_from_checkpoint", "dataset_name")
         ),
+        ("a blank --run_name", ["--run_name", " "], {}, "--run_name is empty; give a value"),  # a folder named " "
         ("an empty --config", ["--config", ""], {}, "--config is empty; give a YAML file, or leave the flag out"),
         (
             "weights of other shapes than the config",  # transformers' size-mismatch traceback, folders left behind

@@ -134,6 +134,14 @@ def test_a_text_with_a_lone_carriage_return_stays_one_row(tmp_path, trained, cap
         table = pd.read_csv(io.StringIO(written), dtype=str, keep_default_na=False)
         assert list(table["text"]) == ["awful\rthing", "Fresh coffee"] and list(table["id"]) == ["1", "2"], written
         assert all(table["predicted_label"] != ""), written
+    # In a column's name too: the header was split in two.
+    (tmp_path / "named.jsonl").write_text('{"text": "awful", "no\\rte": "a"}\n{"text": "good", "no\\rte": "b"}\n')
+    named = tmp_path / "named.csv"
+    assert (
+        predict("--model_name_or_path", trained, "--input_file", tmp_path / "named.jsonl", "--output_file", named) == 0
+    )
+    table = pd.read_csv(io.StringIO(named.read_bytes().decode()), dtype=str, keep_default_na=False)
+    assert list(table.columns)[:2] == ["text", "no\rte"] and list(table["no\rte"]) == ["a", "b"]
 
 
 @pytest.mark.slow
