@@ -3,11 +3,13 @@ as it was found, and what a failed start left behind does not block an identical
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -193,6 +195,44 @@ def test_overwrite_output_dir_removes_the_earlier_model_when_it_starts(tmp_path,
     from app.predict import main as predict
 
     assert predict(["A text.", "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 2
+
+
+@contextlib.contextmanager
+def immutable(path: Path):
+    """`path` cannot be deleted, renamed or changed, by root too (chattr +i)."""
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr cannot set the immutable flag here (it needs root and a file system that has it)")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+def test_overwrite_output_dir_moves_the_earlier_run_aside_whole_before_deleting_it(tmp_path, quick_args, capfd):
+    # A folder's permissions were checked, not its files': a file that cannot be deleted stopped the deleting half-way
+    # (checkpoints gone, the model kept, exit 2), or, deep in a checkpoint, after the other checkpoints were gone.
+    out = tmp_path / "out"
+    args = [*quick_args, "--max_steps", "2", "--save_steps", "1", "--max_eval_samples", "8"]
+    assert run_app(args) == 0
+    before = folder_state(out, files_only=True)
+    again = [*args, "--run_name", "second", "--overwrite_output_dir"]
+    with immutable(out / "model.safetensors"):
+        assert run_app(again) == 2
+    assert (
+        "cannot be moved aside to be deleted (Operation not permitted); nothing was deleted" in capfd.readouterr().err
+    )
+    assert folder_state(out, files_only=True) == before
+    stuck = out / "checkpoints" / "step-2" / "trainer_state.json"
+    aside = out / "checkpoints" / f".overwritten-{os.getpid()}"
+    try:
+        with immutable(stuck):  # it moves with its folder, but cannot be deleted: the rest goes, and the run trains
+            assert run_app(again) == 0
+        assert [p.relative_to(aside) for p in aside.rglob("*")] == [Path("step-2"), Path("step-2/trainer_state.json")]
+        assert sorted(p.name for p in (out / "checkpoints").iterdir() if p != aside) == ["step-1", "step-2"]
+        warned = f"warning: --overwrite_output_dir: what is left of the earlier run in {aside} cannot be deleted"
+        assert warned in capfd.readouterr().out
+    finally:
+        subprocess.run(["chattr", "-i", str(aside / "step-2" / "trainer_state.json")], capture_output=True)
 
 
 def test_overwrite_output_dir_removes_a_models_files_by_their_names_and_a_runs_checkpoints_alone(

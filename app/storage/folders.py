@@ -9,6 +9,7 @@ run created, so it leaves nothing behind; however else the run ends, the claims 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import shutil
@@ -350,22 +351,50 @@ def _remove_earlier_run(output_dir: Path) -> None:
     if locked := _first_locked_folder(doomed):  # all or nothing: half deleted, the earlier run would be lost
         raise UsageError(
             f"--overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no permission to change "
-            "that folder); "
-            "nothing was deleted: make it writable, or choose another --output_dir"
+            "that folder); nothing was deleted: make it writable, or choose another --output_dir"
         )
-    try:
-        for path in doomed:
-            _remove(path)
-        if runs and not checkpoints.is_symlink() and not any(checkpoints.iterdir()):
-            checkpoints.rmdir()
-    except OSError as e:  # left in place, the new run's files would mix with the earlier run's
-        raise UsageError(
-            f"--overwrite_output_dir: the earlier run's {e.filename or checkpoints} cannot be deleted ({e.strerror}); "
-            "delete it, or choose another --output_dir"
-        ) from None
+    # Moved aside first, all or none (a rename is undone where the next one fails), then deleted: a file that cannot
+    # be deleted (an immutable flag) is then left aside, out of the new run's way, with the earlier run gone whole.
+    left = [folder for folder in _set_aside(doomed) if not _deleted(folder)]
+    if runs and not checkpoints.is_symlink() and not any(checkpoints.iterdir()):
+        checkpoints.rmdir()
     if removed:
         verb = "are" if len(removed) > 1 else "is"
         print(f"note: --overwrite_output_dir: the earlier {' and '.join(removed)} in {output_dir} {verb} removed")
+    for folder in left:
+        print(
+            f"warning: --overwrite_output_dir: what is left of the earlier run in {folder} cannot be deleted; delete it"
+        )
+
+
+def _set_aside(paths: list[Path]) -> list[Path]:
+    """Move `paths` into a hidden folder beside each (links as links), all of them or, on an OSError, none: those
+    moved go back, and the refusal is a UsageError. Returns the folders they are in."""
+    aside: dict[Path, Path] = {}
+    moved = []
+    try:
+        for path in paths:
+            if path.parent not in aside:
+                aside[path.parent] = path.parent / f".overwritten-{os.getpid()}"
+                aside[path.parent].mkdir()
+            os.rename(path, aside[path.parent] / path.name)
+            moved.append(path)
+    except OSError as e:
+        for path in reversed(moved):
+            os.rename(aside[path.parent] / path.name, path)
+        for folder in aside.values():
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise UsageError(
+            f"--overwrite_output_dir: the earlier run's {e.filename} cannot be moved aside to be deleted "
+            f"({e.strerror}); nothing was deleted: make it deletable, or choose another --output_dir"
+        ) from None
+    return list(aside.values())
+
+
+def _deleted(folder: Path) -> bool:
+    shutil.rmtree(folder, ignore_errors=True)
+    return not folder.exists()
 
 
 def _entries(folder: Path) -> list[Path]:
