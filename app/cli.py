@@ -94,6 +94,8 @@ PREDICT_OTHER_NAMES = {
     "max_seq_length": "use --max_length",
     "model": "use --model_name_or_path",
     "output_dir": "use --output_file, a .csv or .jsonl file",
+    "deepspeed": "drop it: predict.py runs the model as it is, on one process or under accelerate launch",
+    "local_rank": OTHER_NAMES["local_rank"],
 }
 
 

@@ -307,8 +307,8 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--name", default=f"compare-{datetime.datetime.now():%Y%m%d-%H%M%S}", help="run name prefix")
-    parser.add_argument("--report_dir", type=Path, help="default: reports/<name>")
-    parser.add_argument("--with_bf16", action="store_true", help="also run bf16 autocast")
+    parser.add_argument("--report_dir", "--report-dir", type=Path, help="default: reports/<name>")
+    parser.add_argument("--with_bf16", "--with-bf16", action="store_true", help="also run bf16 autocast")
     parser.add_argument("--launcher", help='how to launch each run, e.g. "accelerate launch --config_file X.yaml"')
     args, train_flags = parser.parse_known_args()
     try:  # as each run will read them, YAML and spellings included: the folders and padding it will use

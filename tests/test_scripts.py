@@ -221,10 +221,11 @@ def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp
     [
         (["--amp"], "--amp is set by this script"),
         (["--mixed-precision", "bf16"], "--mixed_precision is set by this script"),  # passed through, then overridden
+        (["--with-bf16", "--report-dir", "r", "--amp"], "--amp is set by this script"),  # its own flags, dashed
         (["--config", "owned.yaml"], "--resume_from_checkpoint is set by this script"),  # no run's flag undoes it
         (["--max_stepz", "3"], "error: unknown flag '--max_stepz'; did you mean --max_steps?"),  # before any run
     ],
-    ids=["amp", "dashes", "yaml", "misspelt"],
+    ids=["amp", "dashes", "its own dashed", "yaml", "misspelt"],
 )
 def test_compare_amp_refuses_flags_it_sets_itself_and_flags_no_run_takes(tmp_path, flags, said):
     (tmp_path / "owned.yaml").write_text("output_dir: mine\nresume_from_checkpoint: latest\n")
