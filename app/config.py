@@ -460,7 +460,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     errors.set_config_sources({})  # until a --config is read
     known, _ = parser.parse_known_args(argv)
     names = {f.name for f in dataclasses.fields(TrainConfig)}
-    given = [_field_of(arg, names) for arg in (sys.argv[1:] if argv is None else argv) if arg.startswith("--")]
+    given = given_fields(sys.argv[1:] if argv is None else argv)
     if given.count("config") > 1:  # argparse would keep the last file and drop the others without a word
         raise UsageError(
             "--config is given more than once; pass one YAML, and the flags that differ on the command line"
@@ -523,6 +523,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+
+def given_fields(argv: list[str]) -> list[str]:
+    """The config fields that the flags among `argv` set, whatever their spelling."""
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    return [_field_of(arg, names) for arg in argv if arg.startswith("--")]
 
 
 def _field_of(arg: str, fields: set[str]) -> str:

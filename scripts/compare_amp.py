@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
-from app.config import parse_config  # noqa: E402
+from app.config import given_fields, parse_config  # noqa: E402
 from app.errors import UsageError  # noqa: E402
 from app.telemetry import layout, tags  # noqa: E402
 from app.telemetry.meters import peak_memory_tag  # noqa: E402
@@ -318,7 +318,7 @@ def main() -> int:
         return 2
     # Typed in any spelling: refused. From a --config: each run's own flag wins over it, but a resume, which no flag of
     # the script's undoes, would have each run go on from a checkpoint.
-    typed = {flag.partition("=")[0].lstrip("-").replace("-", "_") for flag in train_flags if flag.startswith("--")}
+    typed = set(given_fields(train_flags))
     if clashing := [
         name for name in OWNED_FLAGS if name in typed or name == "resume_from_checkpoint" and cfg.resume_from_checkpoint
     ]:
