@@ -77,9 +77,14 @@ class StepLedger:
         if not skipped:
             self.schedule.step()
         if not self.alarm and (alarm := self.scale_watch.after_step(self.state, skipped, self.scaler)):
-            batch, weight = self._captured
-            # The settled step's loss scale: the next step's capture, which would replace it, comes after its settle.
-            self.alarm, self.replay = alarm, (batch, self.overflow.scale_used() * weight)
+            # The settled step's: the next step's capture, which would replace it, comes after its settle.
+            self.alarm, self.replay = alarm, self.captured()
+
+    def captured(self) -> tuple[dict, float]:
+        """The captured step's last micro-batch and what that step multiplied its loss by (its loss scale times the
+        batch's weight): what an overflow report replays. Reads the scale to the host."""
+        batch, weight = self._captured
+        return batch, self.overflow.scale_used() * weight
 
 
 def by_optimizer_step(batches: Iterable[dict], micro_batches: int) -> Iterator[list[dict]]:
@@ -256,7 +261,7 @@ def train(training: Training, budget: int | None = None) -> None:
             try:
                 loss_watch.check(step, training.checkpoints.last_saved)  # no log, eval or save past a non-finite loss
             except TrainingHalted:
-                training.report_overflow(batch, ledger.overflow.scale_used() * weight, step)  # this step's
+                training.report_overflow(*ledger.captured(), step)  # this step's, settled above
                 raise
         logged = due.log or ledger.alarm  # on_alarm may clear the alarm below
         if logged:
