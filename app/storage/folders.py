@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
@@ -56,6 +57,7 @@ MODEL_FILES = (
 
 # What a start that failed before its first checkpoint leaves: nothing worth keeping, nothing to resume.
 _LEFT_BY_A_FAILED_START = {CONFIG_FILE, "checkpoints"}
+ASIDE = ".overwritten-"  # the folder that --overwrite_output_dir moves an earlier run into, then deletes
 
 
 class Taken(UsageError):
@@ -347,7 +349,9 @@ def _remove_earlier_run(output_dir: Path) -> None:
     # where the user keeps checkpoints, on another disk, emptied of them).
     runs = [path for path in _entries(checkpoints) if is_checkpoint_folder(path)]
     removed = (["model"] if model else []) + (["checkpoints"] if completed_checkpoints(checkpoints) else [])
-    doomed = runs + model
+    # What an earlier overwrite set aside and could not delete, or was killed before deleting, goes too
+    aside = [path for folder in (output_dir, checkpoints) for path in _entries(folder) if path.name.startswith(ASIDE)]
+    doomed = runs + model + aside
     if locked := _first_locked_folder(doomed):  # all or nothing: half deleted, the earlier run would be lost
         raise UsageError(
             f"--overwrite_output_dir: the earlier run's files in {locked} cannot be deleted (no permission to change "
@@ -374,9 +378,8 @@ def _set_aside(paths: list[Path]) -> list[Path]:
     moved = []
     try:
         for path in paths:
-            if path.parent not in aside:
-                aside[path.parent] = path.parent / f".overwritten-{os.getpid()}"
-                aside[path.parent].mkdir()
+            if path.parent not in aside:  # a name of its own: one left by a run killed earlier may be there
+                aside[path.parent] = Path(tempfile.mkdtemp(prefix=ASIDE, dir=path.parent))
             os.rename(path, aside[path.parent] / path.name)
             moved.append(path)
     except OSError as e:
