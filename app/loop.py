@@ -58,6 +58,7 @@ class StepLedger:
         self.scale_watch = ScaleWatch(training.cfg.min_loss_scale, training.cfg.max_consecutive_skips)
         self.overflow = OverflowFlag(training.scaler, training.accelerator.device)
         self.alarm: str | None = None  # the loss-scale alarm's diagnostic, once it fires
+        self.alarm_step = 0  # the step it fired at: the one settled, which may be the step before the current one
         # The alarm's step's last micro-batch and what it multiplied that batch's loss by, for the overflow report. The
         # step is settled one step late, so the captured step's inputs are kept until then (a reference, no copy).
         self.replay: tuple[dict, float] | None = None
@@ -78,7 +79,7 @@ class StepLedger:
             self.schedule.step()
         if not self.alarm and (alarm := self.scale_watch.after_step(self.state, skipped, self.scaler)):
             # The settled step's: the next step's capture, which would replace it, comes after its settle.
-            self.alarm, self.replay = alarm, self.captured()
+            self.alarm, self.alarm_step, self.replay = alarm, self.state.opt_step, self.captured()
 
     def captured(self) -> tuple[dict, float]:
         """The captured step's last micro-batch and what that step multiplied its loss by (its loss scale times the
@@ -186,11 +187,17 @@ def on_alarm(training: Training, ledger: StepLedger, step: int) -> bool:
     """
     training.accelerator.print(ledger.alarm)
     training.report_overflow(*ledger.replay, step)  # the alarm's step's last micro-batch, as that step ran it
+    # Read one step late, the alarm's step may be the one before this: say so where the checkpoint's number differs.
+    late = (
+        f" (after step {step}: step {ledger.alarm_step}'s overflow is read during the next step, which ran too)"
+        if ledger.alarm_step != step
+        else ""
+    )
     if training.cfg.on_scale_collapse == "stop":
         with training.telemetry.paused():
             path = training.save_checkpoint()
         raise TrainingHalted(
-            f"stopped by the loss-scale alarm; checkpoint for inspection: {path}", NUMERIC_FAULT_EXIT_CODE
+            f"stopped by the loss-scale alarm; checkpoint for inspection: {path}{late}", NUMERIC_FAULT_EXIT_CODE
         )
     ledger.alarm = None  # warned; the watch fires again only after a new run of skips
     if training.cfg.on_scale_collapse == "fallback":

@@ -186,6 +186,7 @@ def test_scale_collapse_alarm_stops_with_exit_3_and_a_checkpoint(tmp_path, quick
     # Step 4's overflow flag reaches the host during step 5 (no sync per step), so the run stops after step 5.
     assert (tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").is_file()
     assert "stopped by the loss-scale alarm; checkpoint for inspection:" in err and "step-5" in err
+    assert "(after step 5: step 4's overflow is read during the next step, which ran too)" in err, err[-1000:]
     assert tb.scalars(tmp_path / "runs" / "test")[tags.AMP_CONSECUTIVE_SKIPS] == {5: 5.0}, "logged when it stopped"
 
 
