@@ -182,7 +182,9 @@ def test_scale_collapse_alarm_stops_with_exit_3_and_a_checkpoint(tmp_path, quick
     out, err = capfd.readouterr()
     assert code == 3
     assert "loss-scale alarm at optimizer step 4: 4 steps in a row were skipped" in out
-    assert "recent loss scale (step: scale): 1: 5e+29, 2: 2.5e+29" in out and "what to try" in out
+    assert (
+        "loss scale after each recent skipped step (step: scale): 1: 5e+29, 2: 2.5e+29" in out and "what to try" in out
+    )
     # Step 4's overflow flag reaches the host during step 5 (no sync per step), so the run stops after step 5.
     assert (tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").is_file()
     assert "stopped by the loss-scale alarm; checkpoint for inspection:" in err and "step-5" in err

@@ -45,7 +45,7 @@ class ScaleWatch:
         history = ", ".join(f"{step}: {value:g}" for step, value in self.history)
         return (
             f"loss-scale alarm at optimizer step {state.opt_step}: {why}; fp16 gradients keep overflowing.\n"
-            f"  recent loss scale (step: scale): {history}\n"
+            f"  loss scale after each recent skipped step (step: scale): {history}\n"
             f"  skipped so far: {state.skipped_steps} of {state.opt_step} steps\n"
             "  what to try: a lower --learning_rate; --mixed_precision bf16 (no loss scaling needed); check the data "
             "for extreme or broken examples; --on_scale_collapse warn to keep going"
