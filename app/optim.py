@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import torch
 
@@ -31,9 +32,9 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, fused=device_type() in FUSED_ADAMW_DEVICES or None)
 
 
-# What a resume takes from the checkpoint, not from the flags: AdamW's parameter groups keep their learning rate and
-# weight decay, and the schedule its base learning rate.
-KEPT_BY_A_RESUME = ("learning_rate", "weight_decay")
+# What a resume takes from the run, not from the flags: AdamW's parameter groups keep their learning rate and weight
+# decay, the schedule its base learning rate and its warmup (a new length alone recomputes it).
+KEPT_BY_A_RESUME = ("learning_rate", "weight_decay", "warmup_ratio")
 
 
 def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, list[str]]:
@@ -119,3 +120,12 @@ def build_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_ste
 
     # Written here rather than imported from transformers.optimization, whose module imports peft (1.8 s at start).
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def follow_the_schedule(schedule: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set the optimizer's learning rate to what `schedule` gives at its step. A resume loads the checkpoint's LR
+    with the optimizer's state: after a new length, the old schedule's value, which would drive the first update."""
+    schedule.last_epoch -= 1  # step() moves it back and sets every group's LR from the schedule, as after an update
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "lr_scheduler.step() before optimizer.step()": on purpose here
+        schedule.step()

@@ -60,7 +60,7 @@ from app.inputs.model import (
     resolve_model_path,
 )
 from app.inputs.sampling import DataPosition
-from app.optim import build_optimizer, build_schedule, check_resume_length, total_optimizer_steps
+from app.optim import build_optimizer, build_schedule, check_resume_length, follow_the_schedule, total_optimizer_steps
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands, weights_unusable
 from app.storage.final_model import AdaptersBase, save_final_model
@@ -424,6 +424,7 @@ def build_training(
     state = TrainState()
     if resume:
         checkpoints.load(resume.path)
+        follow_the_schedule(schedule)  # for this run's length, which may not be the checkpoint's
         checkpoints.resumed = resume.path
         state = TrainState(**vars(resume.record.state))
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")

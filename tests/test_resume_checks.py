@@ -8,10 +8,14 @@ import shutil
 
 import pandas as pd
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from app.storage.checkpoints import completed_checkpoints, find_resume_point
 from app.storage.integrity import RECORD, write_record
+from app.telemetry import tags
+from tests import tb
 from tests.conftest import data_flags, folder_state, run_app
 
 
@@ -242,6 +246,22 @@ def test_a_resume_says_which_flags_the_checkpoint_overrides_and_records_what_ran
     assert (recorded["learning_rate"], recorded["weight_decay"], recorded["max_steps"]) == (5e-5, 0.01, 5)
 
 
+def test_a_new_length_gives_the_first_resumed_update_the_new_schedule_s_learning_rate(run_copy, tmp_path):
+    # The optimizer's state holds the LR of the checkpoint's schedule: at the 4-step run's end, 0. The first update of
+    # the 5-step resume took it, and left the weights as they were.
+    out, flags = run_copy
+    logdir = flags[flags.index("--logdir") + 1]
+    flags = [tmp_path / "runs" if arg == logdir else arg for arg in flags]
+    assert run_app([*flags, "--max_steps", 5, "--logging_steps", 1, "--resume_from_checkpoint", "latest"]) == 0
+    # warmup ceil(0.1 * 5) = 1 step, then linear decay: after 4 applied updates, (5 - 4) / (5 - 1) of the peak
+    assert tb.scalars(tmp_path / "runs" / "r")[tags.TRAIN_LR] == {5: pytest.approx(5e-5 * 0.25, rel=1e-6)}
+    before, after = (
+        load_file(out / "checkpoints" / "step-4" / "model.safetensors"),
+        load_file(out / "model.safetensors"),
+    )
+    assert any(not torch.equal(before[name], after[name]) for name in before), "step 5 left the weights as they were"
+
+
 def test_what_users_pass_to_resume_from_checkpoint_gets_a_line_that_says_what_to_pass(run_copy, tmp_path, capfd):
     out, flags = run_copy
     expected = {
@@ -369,14 +389,17 @@ def test_a_plain_resume_of_a_run_with_its_own_settings_has_nothing_to_say():
     from app.config import TrainConfig
     from app.optim import resumed_settings
 
-    recorded = {"learning_rate": 1e-4, "weight_decay": 0.0, "max_steps": 4, "num_train_epochs": 2}
+    recorded = {"learning_rate": 1e-4, "weight_decay": 0.0, "warmup_ratio": 0.0, "max_steps": 4, "num_train_epochs": 2}
     cfg, notes = resumed_settings(TrainConfig(max_steps=4), recorded)
     assert notes == []
-    assert (cfg.learning_rate, cfg.weight_decay) == (1e-4, 0.0)
-    _, notes = resumed_settings(TrainConfig(max_steps=0, num_train_epochs=2, learning_rate=3e-4), recorded)
+    assert (cfg.learning_rate, cfg.weight_decay, cfg.warmup_ratio) == (1e-4, 0.0, 0.0)
+    # A new warmup rewrote the schedule mid-run (the LR climbed again), without a word.
+    changed = TrainConfig(max_steps=0, num_train_epochs=2, learning_rate=3e-4, warmup_ratio=0.9)
+    cfg, notes = resumed_settings(changed, recorded)
+    assert cfg.warmup_ratio == 0.0
     assert notes == [
-        "note: a resume continues the run's optimizer and schedule: learning_rate 0.0001 as the run had them, not "
-        "--learning_rate 0.0003; a new run can change them",
+        "note: a resume continues the run's optimizer and schedule: learning_rate 0.0001 and warmup_ratio 0 as the run "
+        "had them, not --learning_rate 0.0003, --warmup_ratio 0.9; a new run can change them",
         "note: the run was set to 4 optimizer steps, this resume to 2 epoch(s): the learning-rate schedule is "
         "recomputed for the new length, so the learning rate changes from the checkpoint's",
     ]
