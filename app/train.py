@@ -134,11 +134,11 @@ def fine_tune(
     inputs = load_inputs(cfg, accelerator, policy, resume)
     on_main_process(accelerator, lambda: folders.prepare(paths, cfg))  # its bad input stops every rank
     purge_step = resume.record.state.opt_step + 1 if resume else None
-    writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)
-    report.write_start_texts(writer, cfg, accelerator, policy, notes)
+    writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)  # the file opens at its first write
 
     # ---- model, optimizer, schedule, scaler, checkpoints and telemetry, resumed if asked ---------------------------
     training = build_training(cfg, accelerator, policy, inputs, paths=paths, resume=resume, writer=writer, stop=stop)
+    report.write_start_texts(writer, cfg, accelerator, policy, notes)
     accelerator.print(
         f"run {paths.run_name}: {training.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
         f"model: {paths.output_dir}"

@@ -429,7 +429,7 @@ def build_training(
         state = TrainState(**vars(resume.record.state))
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
-        if set_aside := checkpoints.set_aside_later(resume.path):
+        if set_aside := checkpoints.set_aside_later(resume.path, state.opt_step):
             notes.append(set_aside)
         if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(

@@ -262,6 +262,41 @@ def test_a_new_length_gives_the_first_resumed_update_the_new_schedule_s_learning
     assert any(not torch.equal(before[name], after[name]) for name in before), "step 5 left the weights as they were"
 
 
+def test_a_checkpoint_copied_under_another_name_resumes_and_sets_the_later_line_aside(run_copy, capfd):
+    # Its step is the one it records: the name is the user's (a copy, a link). It crashed on the name (exit 1).
+    out, flags = run_copy
+    root = out / "checkpoints"
+    shutil.copytree(root / "step-2", root / "good-step-2")
+    capfd.readouterr()
+    assert run_app([*flags, "--max_steps", 3, "--resume_from_checkpoint", root / "good-step-2"]) == 0, (
+        capfd.readouterr().err[-2000:]
+    )
+    assert f"resumed from {root / 'good-step-2'} at optimizer step 2" in capfd.readouterr().out
+    assert [p.name for p in completed_checkpoints(root)] == ["step-2", "step-3"]
+    assert completed_checkpoints(root / "replaced-after-step-2") == [root / "replaced-after-step-2" / "step-4"]
+
+
+def test_a_resume_that_fails_before_it_writes_a_curve_hides_none_of_the_run_s_points(finished, tmp_path, monkeypatch):
+    # A resume from step-2 hides what the run logged after step 2 (purge_step 3), the moment its event file opens.
+    # When that resume failed before training, step 4's points stayed hidden under the next resume, from step-4.
+    from app.storage.checkpoints import Checkpoints
+
+    folder, flags = finished
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    flags = [{folder / "out": out, folder / "runs": runs}.get(arg, arg) for arg in flags]
+    assert run_app(flags) == 0  # the run in folders of its own: the module's are resumed into by other tests
+
+    def broken(*_):
+        raise RuntimeError("a failure while resuming")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Checkpoints, "set_aside_later", broken)
+        with pytest.raises(RuntimeError, match="a failure while resuming"):
+            run_app([*flags, "--resume_from_checkpoint", out / "checkpoints" / "step-2"])
+    assert run_app([*flags, "--max_steps", 6, "--logging_steps", 1, "--resume_from_checkpoint", "latest"]) == 0
+    assert sorted(tb.scalars(runs / "r")[tags.TRAIN_LOSS]) == [4, 5, 6]
+
+
 def test_what_users_pass_to_resume_from_checkpoint_gets_a_line_that_says_what_to_pass(run_copy, tmp_path, capfd):
     out, flags = run_copy
     expected = {

@@ -165,17 +165,18 @@ class Checkpoints:
             for leftover in filter(is_staging, self.root.iterdir()):
                 shutil.rmtree(leftover, ignore_errors=True)
 
-    def set_aside_later(self, resumed: Path) -> str | None:
+    def set_aside_later(self, resumed: Path, step: int) -> str | None:
         """A resume from a checkpoint older than the run's newest: move the later ones, a continuation that this
         resume replaces, into a folder of their own, so that `latest` and pruning see only this resume's line and
         nothing is deleted. Returns the note that says so, or None. Main process, after every input check.
 
-        A checkpoint set aside this way can be resumed from too: the line that replaced it is set aside in turn, from
+        `step`: the resumed checkpoint's, as it records it (a copy or a link in checkpoints/ may have any name). A
+        checkpoint set aside this way can be resumed from too: the line that replaced it is set aside in turn, from
         where the two lines part (the step its folder is named after)."""
         if not self.accelerator.is_main_process:
             return None
         if resumed.parent.resolve() == self.root.resolve():
-            parted = _step_of(resumed)
+            parted = step
         elif (
             aside := _SET_ASIDE.match(resumed.parent.name)
         ) and resumed.parent.parent.resolve() == self.root.resolve():

@@ -11,10 +11,18 @@ class TensorBoardWriter:
     """Scalars, text and hparams into one event file at `log_dir`; the main process only."""
 
     def __init__(self, log_dir: Path, purge_step: int | None = None):
-        from torch.utils.tensorboard import SummaryWriter
+        self.log_dir, self.purge_step = log_dir, purge_step
+        self._opened = None
 
-        # purge_step hides what a killed run logged after the checkpoint it is resumed from.
-        self._writer = SummaryWriter(str(log_dir), purge_step=purge_step)
+    @property
+    def _writer(self):
+        """The event file, opened at the first write. purge_step hides what the run logged after the checkpoint it
+        resumes from, from then on: a resume that fails before it writes anything hides nothing."""
+        if self._opened is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._opened = SummaryWriter(str(self.log_dir), purge_step=self.purge_step)
+        return self._opened
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         for tag, value in scalars.items():
@@ -36,7 +44,8 @@ class TensorBoardWriter:
             self._writer.file_writer.add_summary(summary)
 
     def close(self) -> None:
-        self._writer.close()
+        if self._opened is not None:
+            self._opened.close()
 
 
 class NullWriter:
