@@ -14,7 +14,7 @@ from app.config import TrainConfig, metric_tag
 from app.errors import UsageError
 from app.evaluation import evaluates_during_training
 from app.state import TrainState
-from app.storage.checkpoints import best_checkpoint, weights_unusable
+from app.storage.checkpoints import another_line, best_checkpoint, weights_unusable
 from app.telemetry.tags import EVAL_LOSS, EVAL_PERPLEXITY
 
 LOWER_IS_BETTER = {EVAL_LOSS, EVAL_PERPLEXITY}
@@ -107,7 +107,8 @@ def check_best_checkpoint(cfg: TrainConfig, state: TrainState, resumed: Path) ->
     resumed from is, and not found gone or damaged after the training. UsageError if it cannot be loaded."""
     if not cfg.load_best_model_at_end or state.best_step is None or state.best_step == state.opt_step:
         return
-    if problem := weights_unusable(best_checkpoint(state, resumed)):
+    best = best_checkpoint(state, resumed)
+    if problem := weights_unusable(best) or another_line(best, state):
         raise UsageError(
             f"--load_best_model_at_end: the run's best checkpoint so far, step {state.best_step}, cannot be loaded: "
             f"{problem}; restore it, or resume with --load_best_model_at_end false (the model saved is then the last "

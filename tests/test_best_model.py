@@ -317,6 +317,31 @@ def test_the_best_checkpoint_is_checked_at_a_resume_found_beside_a_branch_and_ne
     assert "| weights saved from | the last step; stored in float32 |" in (run / "README.md").read_text()
 
 
+def test_a_branch_from_a_set_aside_line_loads_that_line_s_best_not_the_checkpoint_that_replaced_it(
+    tmp_path, tiny_model_dir, review_files, capfd
+):
+    # A resume from a step before the best wrote a new line over the best's folder name (the first line set aside).
+    # A branch from the set-aside line's last checkpoint loaded the new line's checkpoint of that name as its best.
+    args = [*common_args(tiny_model_dir, review_files), "--logdir", tmp_path / "runs", "--load_best_model_at_end"]
+    args += ["--save_total_limit", "10"]  # every evaluation's checkpoint kept
+    run, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    assert run_app([*args, "--output_dir", run]) == 0
+    loaded = re.search(r"loaded the best model, step (\d+) ", capfd.readouterr().out)
+    assert loaded and int(loaded.group(1)) >= 4, "the setup should make the eval loss peak after step 2"
+    best = int(loaded.group(1))
+    # Another line from two steps before the best: a longer schedule, other weights at the best's step.
+    replaced = [*args, "--output_dir", run, "--max_steps", "18"]
+    assert run_app([*replaced, "--resume_from_checkpoint", root / f"step-{best - 2}"]) == 0
+    aside = root / f"replaced-after-step-{best - 2}"
+    assert (aside / f"step-{best}").is_dir() and (root / f"step-{best}").is_dir()
+    capfd.readouterr()
+    branch = ["--output_dir", tmp_path / "branch", "--run_name", "branch"]
+    assert run_app([*args, *branch, "--resume_from_checkpoint", aside / "step-16"]) == 0, capfd.readouterr().err
+    assert f"loaded the best model, step {best} (" in (said := capfd.readouterr().out), said
+    assert f"from {aside / f'step-{best}'}" in said, said
+    assert_same_weights(aside / f"step-{best}" / "model.safetensors", tmp_path / "branch" / "model.safetensors")
+
+
 def test_a_resume_that_leaves_out_the_best_model_flags_says_what_changes(tmp_path, tiny_model_dir, review_files, capfd):
     # The run early-stopped and kept its best; a resume without the flags trained on and saved the last step's
     # weights, without a word (a new learning rate gets a note).

@@ -342,14 +342,31 @@ def _step_folders(root: Path) -> list[Path]:
 def best_checkpoint(state: TrainState, resumed: Path | None, root: Path | None = None) -> Path:
     """The checkpoint of `state.best_step`: where the run saved it, as the state records it through resumes and
     branches; else (the run's folder moved, or a state that does not record it) in this run's checkpoints folder
-    `root`, beside the checkpoint `resumed` from, or in that one's run (a resume from a set-aside line). The first
-    place if it is in none, for the message."""
+    `root`, beside the checkpoint `resumed` from, or in that one's run (a resume from a set-aside line). A folder of
+    that name that another line wrote (`another_line`) is passed over. The first place if it is in none, for the
+    message."""
     name = f"step-{state.best_step}"
     recorded = Path(state.best_checkpoint) if state.best_checkpoint else None
     places = [recorded] if recorded and recorded.name == name else []
     places += [root / name] if root else []
     places += [resumed.parent / name, output_dir_of(resumed) / "checkpoints" / name] if resumed else []
-    return next((path for path in places if path.is_dir()), places[0])
+    return next((path for path in places if path.is_dir() and not another_line(path, state)), places[0])
+
+
+def another_line(path: Path, state: TrainState) -> str | None:
+    """Why checkpoint `path`, of the best step's name, is not the best of the run whose state is `state`, or None.
+    A resume from an earlier step wrote a new checkpoint of that name where the recorded best was (the recorded one
+    set aside): its own state records another best metric. A checkpoint whose state cannot be read passes."""
+    try:
+        own = CheckpointRecord.read(path).state
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if (own.best_step, own.best_metric) == (state.best_step, state.best_metric):
+        return None
+    return (
+        f"{path} is another line's step {state.best_step} (a resume from an earlier step replaced the run's there; "
+        f"its best: {own.best_metric} at step {own.best_step}, the run's: {state.best_metric})"
+    )
 
 
 def weights_unusable(path: Path) -> str | None:
