@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import gather_object
 from datasets import DatasetDict
 from transformers import PretrainedConfig
 
@@ -232,7 +233,7 @@ class Training:
             self.accelerator.print(line)
         self.telemetry.writer.text(tags.AMP_PREFLIGHT, "\n\n".join(lines))
 
-    def overflow_report(self, batch: dict | None, multiplier: float) -> str:
+    def overflow_report(self, batch: dict, multiplier: float) -> str | None:
         """amp/diagnose.overflow_report of `batch` (this rank's), under this training's autocast and dropout masks,
         its loss times `multiplier`."""
         return diagnose.overflow_report(
@@ -246,8 +247,10 @@ class Training:
         )
 
     def report_overflow(self, batch: dict | None, multiplier: float, step: int) -> None:
-        """The overflow report, on stderr and as TensorBoard text. Each rank replays its batch; the main one says."""
-        line = self.overflow_report(batch, multiplier)
+        """The overflow report, on stderr and as TensorBoard text. Each rank replays its own batch; the main one says
+        what the first rank that found an overflow found. Collective."""
+        found = self.overflow_report(batch, multiplier) if batch is not None else None
+        line = diagnose.overflow_said(gather_object([found]), batch is not None)
         if self.accelerator.is_main_process:
             print(line, file=sys.stderr, flush=True)
         self.telemetry.writer.text(tags.AMP_OVERFLOW_REPORT, line, step)

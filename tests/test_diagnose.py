@@ -334,3 +334,14 @@ def test_preflight_flags_a_nan_output(tmp_path, review_files, capsys):
     run.close()
     line = capsys.readouterr().out.strip()
     assert f"first in execution order: bert.{OVERFLOWING} (max |x| = nan)" in line, line
+
+
+def test_the_overflow_report_of_several_processes_names_the_first_that_found_one():
+    hit = "first overflow: classifier (gradient, max |x| = inf in float16)"
+    assert diagnose.overflow_said([hit], True) == hit
+    assert diagnose.overflow_said([None, hit, "first overflow: other"], True) == f"{hit}, in the batch of process 1"
+    assert diagnose.overflow_said([None, None], True) == (
+        "overflow report: the replayed batches of all 2 processes stay within fp16's range (the overflow came from "
+        "another batch)"
+    )
+    assert diagnose.overflow_said([None], False) == "overflow report: no batch to replay"

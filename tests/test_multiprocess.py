@@ -148,3 +148,52 @@ def test_a_resume_with_another_process_count_or_batch_size_trains_the_epoch_as_t
     for step, lr in logged[tags.TRAIN_LR].items():  # the LR step N updated with: after N - 1 updates, as HF logs it
         assert lr == pytest.approx(linear_schedule(step - 1, total), rel=1e-6, abs=1e-12), f"the LR at step {step}"
     assert logged[tags.TRAIN_EPOCH][total] == 1.0
+
+
+def save_bert_that_overflows_on(word: str, folder: Path) -> Path:
+    """A tiny BERT whose first attention query overflows fp16 for inputs holding `word` alone: the embeddings' first
+    dimension is about 0 after LayerNorm for every other token, and the query weighs that dimension 3e5 times."""
+    import torch
+    from transformers import BertModel
+
+    from tests.conftest import save_tiny_bert
+
+    path = save_tiny_bert(folder, dropout=0.0)
+    model, tokenizer = BertModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        embeddings = model.embeddings
+        for table in (embeddings.word_embeddings, embeddings.position_embeddings, embeddings.token_type_embeddings):
+            table.weight[:, 0] = table.weight[:, 1:].mean(1)
+        words = embeddings.word_embeddings.weight
+        row = tokenizer.convert_tokens_to_ids(word)
+        words[row, 0] = words[row, 1:].mean() + 20 * words[row, 1:].std()
+        model.encoder.layer[0].attention.self.query.weight[:, 0] *= 3e5
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+def test_the_overflow_report_names_what_overflowed_in_another_process_s_batch(tmp_path):
+    # Each rank replays its own batch; only the main process said, from its own: "the replayed batch stays within
+    # fp16's range (the overflow came from another batch)" when the overflowing example was on rank 1.
+    model = save_bert_that_overflows_on("zebra", tmp_path / "model")
+    words = "good bad great awful tasty stale fresh rotten".split()
+    texts = [" ".join(words[(i + k) % 8] for k in range(2 + i % 5)) for i in range(24)]
+    texts[5] = "bad zebra"  # with --seed 7, in process 1's batch of the first step
+    pd.DataFrame({"text": texts, "label": [i % 2 for i in range(24)]}).to_csv(tmp_path / "train.csv", index=False)
+    pd.DataFrame({"text": words[:4], "label": [0, 1, 0, 1]}).to_csv(tmp_path / "val.csv", index=False)
+    flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]
+    args = [
+        *("--model_name_or_path", model, "--train_file", tmp_path / "train.csv"),
+        *("--validation_file", tmp_path / "val.csv", "--max_length", "16", "--per_device_train_batch_size", "3"),
+        *("--mixed_precision", "fp16", "--skip_amp_preflight", "--min_loss_scale", "40000", "--seed", "7"),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "r", "--disable_tqdm"),
+    ]
+    result = launch(tmp_path, flags, args, timeout=300)
+    assert result.returncode != 0 and "loss-scale alarm at optimizer step 1" in result.stdout, result.stderr[-3000:]
+    report = (
+        "first overflow: bert.encoder.layer.0.attention.self.query (forward output, max |x| = inf in float16), in the "
+        "batch of process 1"
+    )
+    assert result.stderr.count(report) == 1, result.stderr[-3000:]
+    assert tb.texts(tmp_path / "runs" / "r")[tags.AMP_OVERFLOW_REPORT] == report

@@ -209,10 +209,10 @@ def overflow_report(
     multiplier: float,
     no_sync: Callable[[], contextlib.AbstractContextManager],
     dropout_masks: Callable[[], contextlib.AbstractContextManager],
-) -> str:
+) -> str | None:
     """Replay `batch` forward and backward under the run's autocast and dropout masks, its loss times `multiplier`;
     name the first module whose output or gradient, or the first parameter whose gradient, is not finite or beyond
-    fp16's range. Weights, gradients and RNG streams are left as they were.
+    fp16's range: None where none is. Weights, gradients and RNG streams are left as they were.
 
     Args:
         multiplier: what the failing step multiplied this batch's loss by: the loss scale it ran at, times the
@@ -221,8 +221,6 @@ def overflow_report(
         dropout_masks: what the training forward runs under besides autocast (host/dropout.py), so that the replay
             takes the training's own path through dropout.
     """
-    if batch is None:
-        return "overflow report: no batch to replay"
     params = [p for p in model.parameters() if p.requires_grad]
     saved_grads = [p.grad for p in params]
     for p in params:
@@ -244,4 +242,18 @@ def overflow_report(
                 kind = "forward output" if forward else "parameter gradient" if name in watch.parameters else "gradient"
                 dtype = "float16" if hit[1] else str(watch.other_dtypes.get(name)).removeprefix("torch.")
                 return f"first overflow: {name} ({kind}, max |x| = {_shown(hit[0])} in {dtype})"
-    return "overflow report: the replayed batch stays within fp16's range (the overflow came from another batch)"
+    return None
+
+
+def overflow_said(found: list[str | None], replayed: bool) -> str:
+    """The overflow report of a run whose processes replayed their own batches: `found`, each one's first overflow
+    (overflow_report), in rank order; the first process that found one is named, where there are several.
+    `replayed`: whether there was a batch to replay."""
+    if not replayed:
+        return "overflow report: no batch to replay"
+    hits = [(rank, line) for rank, line in enumerate(found) if line]
+    if hits:
+        rank, line = hits[0]
+        return line if len(found) == 1 else f"{line}, in the batch of process {rank}"
+    batches = "batch stays" if len(found) == 1 else f"batches of all {len(found)} processes stay"
+    return f"overflow report: the replayed {batches} within fp16's range (the overflow came from another batch)"
