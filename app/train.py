@@ -10,8 +10,8 @@
 
 Exit codes: 0 done, 2 bad input, 3 numeric fault or loss-scale alarm, 4 disk full (the previous checkpoint intact),
 130/143 stopped by SIGINT/SIGTERM (after a checkpoint, or with the model saved whole if the signal came during the
-final evaluation or save). `accelerate launch`
-reports any failure of its single process as 1; `torchrun` and plain python pass these through.
+final evaluation or save). Plain python passes these through; `accelerate launch` and `torchrun` report any failure
+of a process as 1, and their failure summary gives each process's own code.
 """
 
 from __future__ import annotations
