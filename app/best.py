@@ -8,6 +8,7 @@ evaluations for the same reason: the best step must have a checkpoint to come ba
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from app.config import TrainConfig, metric_tag
@@ -36,9 +37,12 @@ class BestModel:
         if not self.active:
             return None
         value, best = metrics[self.tag], self.state.best_metric
-        better = best is None or (value > best if self.greater_is_better else value < best)
+        # A NaN evaluation (fp16 before a fallback) is never the best, and any number beats one recorded earlier.
+        better = not math.isnan(value) and (
+            best is None or math.isnan(best) or (value > best if self.greater_is_better else value < best)
+        )
         # As HF: the best follows any improvement, but only one beyond the threshold resets the patience.
-        if better and (best is None or abs(value - best) > self.threshold):
+        if better and (best is None or math.isnan(best) or abs(value - best) > self.threshold):
             self.state.evals_without_improvement = 0
         else:
             self.state.evals_without_improvement += 1

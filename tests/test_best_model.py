@@ -399,3 +399,23 @@ def test_a_run_that_stops_early_logs_its_last_step(tmp_path, tiny_model_dir, rev
     assert stopped < 16 and stopped % 10, f"the setup should stop early, at no log step: {stopped}"
     for tag in ("train/loss", "train/lr", "perf/samples_per_sec", "memory/rss_gib"):
         assert stopped in curves[tag], (tag, curves[tag])
+
+
+def test_a_nan_evaluation_is_never_the_best_and_never_an_improvement():
+    # The fp16 evaluations before a fallback gave eval/loss nan: the first seeded the best, no number is below a NaN,
+    # and the run loaded its untrained step as "the best" (or stopped early while the loss fell).
+    from app.best import BestModel
+    from app.config import TrainConfig
+    from app.state import TrainState
+
+    state = TrainState()
+    best = BestModel(TrainConfig(load_best_model_at_end=True, early_stopping_patience=2, eval_steps=2), state)
+    assert best.after_eval(0, {"eval/loss": float("nan")}) is None
+    assert (state.best_step, state.best_metric, state.evals_without_improvement) == (None, None, 1)
+    assert best.after_eval(2, {"eval/loss": 5.5}) is None
+    assert (state.best_step, state.best_metric, state.evals_without_improvement) == (2, 5.5, 0)
+    assert best.after_eval(4, {"eval/loss": float("nan")}) is None and state.best_step == 2
+    assert best.after_eval(6, {"eval/loss": 5.4}) is None and (state.best_step, state.best_metric) == (6, 5.4)
+    # A NaN best recorded by an earlier version's checkpoint gives way to the first number.
+    state.best_metric = float("nan")
+    assert best.after_eval(8, {"eval/loss": 7.0}) is None and (state.best_step, state.best_metric) == (8, 7.0)
