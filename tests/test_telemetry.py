@@ -212,6 +212,7 @@ def test_scale_alarm_can_warn_and_go_on(tmp_path, quick_args, capfd):
     out, _ = capfd.readouterr()
     assert code == 0
     assert out.count("loss-scale alarm") == 1 and "the loss scale fell to 6.25e+28, below --min_loss_scale 1e+29" in out
+    assert "what to try:" in out and "--on_scale_collapse warn" not in out, "the advice offered what the run does"
 
 
 def test_a_run_shorter_than_logging_steps_logs_its_last_step(tmp_path, quick_args, capfd):

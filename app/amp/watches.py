@@ -17,10 +17,11 @@ from app.state import TrainState
 
 
 class ScaleWatch:
-    """Fires when the scale falls below `min_scale` or more than `max_consecutive` steps in a row are skipped."""
+    """Fires when the scale falls below `min_scale` or more than `max_consecutive` steps in a row are skipped.
+    `on_collapse`: what the run does then (--on_scale_collapse), so that the advice does not offer it again."""
 
-    def __init__(self, min_scale: float, max_consecutive: int, history: int = 8):
-        self.min_scale, self.max_consecutive = min_scale, max_consecutive
+    def __init__(self, min_scale: float, max_consecutive: int, on_collapse: str = "stop", history: int = 8):
+        self.min_scale, self.max_consecutive, self.on_collapse = min_scale, max_consecutive, on_collapse
         self.history: deque[tuple[int, float]] = deque(maxlen=history)
         self._fired_this_run_of_skips = False
 
@@ -48,7 +49,8 @@ class ScaleWatch:
             f"  loss scale after each recent skipped step (step: scale): {history}\n"
             f"  skipped so far: {state.skipped_steps} of {state.opt_step} steps\n"
             "  what to try: a lower --learning_rate; --mixed_precision bf16 (no loss scaling needed); check the data "
-            "for extreme or broken examples; --on_scale_collapse warn to keep going"
+            "for extreme or broken examples"
+            + ("; --on_scale_collapse warn to keep going" if self.on_collapse == "stop" else "")
         )
 
 
