@@ -458,6 +458,12 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             {},
             "column 'text' is empty in row 2 of the validation data (rows counted from 1, after the header)",
         ),
+        (
+            "a text cell of spaces alone",
+            ["--validation_file", write(csv_dir / "spaces.csv", 'text,label\na,great\n"  ",other\n')],
+            {},
+            "column 'text' is empty in row 2 of the validation data (rows counted from 1, after the header)",
+        ),
         ("fp16 under deepspeed", ["--amp"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "refused, not delegated"),
         # "$UNSET": the embedded model trained in place of the one meant, a run went to the default folders
         *(

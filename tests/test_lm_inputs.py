@@ -219,6 +219,10 @@ def test_an_eos_token_beyond_the_models_vocabulary_is_refused_before_any_folder_
             "fill it in or drop the row",
         ),
         (
+            "an empty string response in JSON lines",  # trained the end of the turn alone, where a CSV's was refused
+            "column 'response' is empty in row 2 of the train data",
+        ),
+        (
             "a number where a prompt belongs",
             "column 'prompt' holds int 7 in row 2 of the train data (rows counted from 1, after the header); texts "
             "must be strings",
@@ -236,6 +240,13 @@ def test_data_errors_name_the_column_and_the_row_counted_from_1(tmp_path, tiny_g
     elif case == "validation file without responses":
         validation = data / "prompts.csv"
         validation.write_text("prompt\nFresh coffee.\nStale tea.\n")
+    elif case == "an empty string response in JSON lines":
+        train = data / "quiet.jsonl"
+        train.write_text(
+            '{"prompt": "Fresh coffee.", "response": "great"}\n{"prompt": "Stale tea.", "response": " "}\n'
+        )
+        validation = data / "fine.jsonl"
+        validation.write_text('{"prompt": "Tasty.", "response": "great"}\n')
     elif case == "an empty response cell":
         validation = data / "gap.csv"
         validation.write_text("prompt,response\nFresh coffee.,great\nStale tea.,other\nTasty.,\n")

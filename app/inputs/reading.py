@@ -145,11 +145,13 @@ def check_label_cells(raw, split: str, label_column: str, values: list | None = 
             )
 
 
-def check_text_cells(raw, split: str, column: str, may_be_empty: bool = False) -> None:
-    """Every cell of a text column holds a string. An empty cell (None: how an empty CSV field is read) is refused
-    with its row where a text is needed; `may_be_empty` lets it through (an empty prompt), as the empty text."""
+def check_text_cells(raw, split: str, column: str, may_be_empty: bool = False, blank_is_empty: bool = True) -> None:
+    """Every cell of a text column holds a string. An empty cell (None: how an empty CSV field is read), or with
+    `blank_is_empty` a string of spaces alone (how JSON writes one), is refused with its row where a text is needed;
+    `may_be_empty` lets it through (an empty prompt), as the empty text."""
     for row, value in enumerate(raw[split][column], start=1):
-        if value is None and not may_be_empty:
+        blank = blank_is_empty and isinstance(value, str) and not value.strip()
+        if (value is None or blank) and not may_be_empty:
             raise UsageError(f"column {column!r} is empty in {row_of(raw, split, row)}; fill it in or drop the row")
         if value is not None and not isinstance(value, str):
             raise UsageError(

@@ -68,7 +68,8 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
                     f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}{hint}"
                 )
             if role != "messages":  # an empty prompt is a prompt (an empty CSV cell is read as None)
-                check_text_cells(raw, split, name, may_be_empty=role == "prompt")
+                # A document of "" is left out with a note (a corpus's blank lines, as in wikitext); a response is not.
+                check_text_cells(raw, split, name, may_be_empty=role == "prompt", blank_is_empty=role != "text")
                 continue
             for row, value in enumerate(raw[split][name], start=1):
                 problem = _conversation_problem(value)
