@@ -82,6 +82,14 @@ OTHER_NAMES = {
     "eval_accumulation_steps": "drop it: evaluation gathers each batch's results as it goes",
     "local_rank": "drop it: launch with accelerate launch or torchrun, which give each process its rank in its "
     "environment",
+    # trl's SFTConfig, for what the data's format decides here
+    "completion_only_loss": "drop it: prompt/response pairs (--prompt_column, --response_column) always train on the "
+    "responses alone",
+    "assistant_only_loss": "drop it: conversations (--messages_column) always train on the assistant turns alone",
+    "eos_token": "drop it: the end token is the tokenizer's eos_token; set it in the model folder's "
+    "tokenizer_config.json",
+    "dataset_num_proc": "drop it: the data is tokenized in one process, and datasets caches it for the next run",
+    "packing_strategy": "drop it: --packing joins the documents into one stream cut into blocks of --max_length",
 }
 
 

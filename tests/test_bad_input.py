@@ -120,6 +120,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "unknown flag '--local-rank=0'; drop it: launch with accelerate launch or torchrun",
         ),
         (
+            "trl's --completion_only_loss",  # "see --help": it is what prompt/response pairs do here
+            ["--completion_only_loss", "true"],
+            {},
+            "unknown flag '--completion_only_loss'; drop it: prompt/response pairs",
+        ),
+        ("trl's --eos_token", ["--eos_token", "<|im_end|>"], {}, "drop it: the end token is the tokenizer's eos_token"),
+        (
             "trl's --use_dora",  # it was "did you mean --use_rslora?", another method
             ["--use_peft", "--use_dora"],
             {},
