@@ -37,10 +37,10 @@ class BestModel:
         if not self.active:
             return None
         value, best = metrics[self.tag], self.state.best_metric
-        # A NaN evaluation (fp16 before a fallback) is never the best, and any number beats one recorded earlier.
-        better = not math.isnan(value) and (
-            best is None or math.isnan(best) or (value > best if self.greater_is_better else value < best)
-        )
+        if math.isnan(value):  # fp16 overflowing before a fallback, or NaN weights (the loss check stops those)
+            return None  # never the best, and nothing to weigh for patience: stopping would save the NaN model
+        # Any number beats a NaN best that an earlier version recorded.
+        better = best is None or math.isnan(best) or (value > best if self.greater_is_better else value < best)
         # As HF: the best follows any improvement, but only one beyond the threshold resets the patience.
         if better and (best is None or math.isnan(best) or abs(value - best) > self.threshold):
             self.state.evals_without_improvement = 0

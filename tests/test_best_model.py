@@ -411,10 +411,11 @@ def test_a_nan_evaluation_is_never_the_best_and_never_an_improvement():
     state = TrainState()
     best = BestModel(TrainConfig(load_best_model_at_end=True, early_stopping_patience=2, eval_steps=2), state)
     assert best.after_eval(0, {"eval/loss": float("nan")}) is None
-    assert (state.best_step, state.best_metric, state.evals_without_improvement) == (None, None, 1)
+    assert (state.best_step, state.best_metric, state.evals_without_improvement) == (None, None, 0)
     assert best.after_eval(2, {"eval/loss": 5.5}) is None
     assert (state.best_step, state.best_metric, state.evals_without_improvement) == (2, 5.5, 0)
     assert best.after_eval(4, {"eval/loss": float("nan")}) is None and state.best_step == 2
+    assert best.after_eval(5, {"eval/loss": float("nan")}) is None, "patience 2 is not spent on NaN evaluations"
     assert best.after_eval(6, {"eval/loss": 5.4}) is None and (state.best_step, state.best_metric) == (6, 5.4)
     # A NaN best recorded by an earlier version's checkpoint gives way to the first number.
     state.best_metric = float("nan")
