@@ -72,9 +72,14 @@ class LossWatch:
             kept = (
                 f"the last good checkpoint is kept: {last_checkpoint}" if last_checkpoint else "no checkpoint was saved"
             )
+            steps = (
+                f"at optimizer step {opt_step}"
+                if self._first_unchecked_step == opt_step
+                else f"between optimizer steps {self._first_unchecked_step} and {opt_step}"
+            )
             raise TrainingHalted(
-                f"numeric fault: a NaN/inf loss was applied to the weights between optimizer steps "
-                f"{self._first_unchecked_step} and {opt_step} (nothing skips a step when loss scaling is off). "
+                f"numeric fault: a NaN/inf loss was applied to the weights {steps} (nothing skips a step when loss "
+                "scaling is off). "
                 f"Stopped without saving; {kept}. Try a lower --learning_rate, check the data, or --max_grad_norm.",
                 NUMERIC_FAULT_EXIT_CODE,
             )
