@@ -32,6 +32,12 @@ def test_two_ranks_in_fp16_print_each_evaluation_once_and_log_the_headroom_and_t
     assert all(math.isfinite(bits) and bits > 0 for bits in logged[tags.AMP_HEADROOM_BITS].values())
     for step, total in logged[tags.PERF_TOKENS_PER_SEC].items():
         assert logged[tags.PERF_TOKENS_PER_SEC_PER_DEVICE][step] == pytest.approx(total / 2), step
+    # The command alone, copied from the model card, trained one process: half the examples per step.
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert (
+        "The last command ran in each of 2 processes, started by `accelerate launch` or `torchrun` (16 examples per "
+        "optimizer step)."
+    ) in card, card
 
 
 RECORDER = ROOT / "tests" / "workers" / "record_examples.py"

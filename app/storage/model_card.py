@@ -68,8 +68,13 @@ def write_model_card(
         **task.card(),
         "precision": precision_line,
         "processes": processes,
-        "optimizer steps": f"{state.opt_step} of {total_steps} ({state.applied_updates} applied, "
-        f"{state.skipped_steps} skipped for fp16 overflow)" + (" - stopped early" if stopped else ""),
+        "optimizer steps": f"{state.opt_step} of {total_steps} "
+        + (
+            f"({state.applied_updates} applied, {state.skipped_steps} skipped for fp16 overflow)"
+            if policy.scaler_enabled or state.skipped_steps
+            else "(loss scaling off)"
+        )
+        + (" - stopped early" if stopped else ""),
         "weights saved from": f"{saved_from}; {saved}",
     }
     lines = [
@@ -101,6 +106,7 @@ def write_model_card(
         "## How it was trained",
         "",
         *_commands(commands),
+        *_launched(processes, cfg.per_device_train_batch_size * processes * cfg.gradient_accumulation_steps),
         f"The resolved configuration is in `{CONFIG_FILE}`.",
         "",
     ]
@@ -139,6 +145,17 @@ def _commands(commands: list[str | None]) -> list[str]:
             "",
         ]
     return lines
+
+
+def _launched(processes: int, per_step: int) -> list[str]:
+    """What the command line leaves out of a run in several processes: the command alone would train one."""
+    if processes == 1:
+        return []
+    return [
+        f"The last command ran in each of {processes} processes, started by `accelerate launch` or `torchrun` "
+        f"({per_step} examples per optimizer step).",
+        "",
+    ]
 
 
 def _data(cfg: TrainConfig) -> str:
