@@ -125,6 +125,16 @@ def fine_tune(
     ):
         accelerator.print(line)
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))
+    if (
+        resume
+        and paths.output_dir.resolve() == resume.output_dir.resolve()
+        and paths.run_name != resume.record.run_name
+    ):
+        accelerator.print(
+            f"note: --run_name {paths.run_name} continues run {resume.record.run_name}: its curves go on in "
+            f"{paths.log_dir}, apart from its earlier steps' (in run {resume.record.run_name}); leave --run_name out "
+            "to keep them in one TensorBoard run"
+        )
     # As resolved, so that training_args.yaml says what runs: `--config` it to run the same again, on any launcher.
     cfg = dataclasses.replace(
         cfg, run_name=paths.run_name, output_dir=str(paths.output_dir), amp=False, mixed_precision=policy.mode

@@ -297,6 +297,19 @@ def test_a_resume_that_fails_before_it_writes_a_curve_hides_none_of_the_run_s_po
     assert sorted(tb.scalars(runs / "r")[tags.TRAIN_LOSS]) == [4, 5, 6]
 
 
+def test_a_resume_under_another_run_name_says_where_its_curves_go(run_copy, capfd):
+    # The curves of steps 3 and 4 went to runs/other, those before stayed in runs/r, without a word.
+    out, flags = run_copy
+    flags = [arg for i, arg in enumerate(flags) if "--run_name" not in flags[max(i - 1, 0) : i + 1]]
+    runs = flags[flags.index("--logdir") + 1]
+    capfd.readouterr()
+    assert run_app([*flags, "--run_name", "other", "--resume_from_checkpoint", out / "checkpoints" / "step-2"]) == 0
+    assert (
+        f"note: --run_name other continues run r: its curves go on in {runs / 'other'}, apart from its earlier steps' "
+        "(in run r); leave --run_name out to keep them in one TensorBoard run"
+    ) in capfd.readouterr().out.splitlines()
+
+
 def test_what_users_pass_to_resume_from_checkpoint_gets_a_line_that_says_what_to_pass(run_copy, tmp_path, capfd):
     out, flags = run_copy
     expected = {
