@@ -18,16 +18,61 @@ CHATML = (
 )
 
 
-def train_tokenizer(texts: list[str], special: list[str], vocab_size: int = 400):
+# Chat templates laid out as well-known models' are, for tokenizers with the special tokens they name.
+TEMPLATES = {
+    "chatml": CHATML,
+    "mistral": (  # Mistral-7B-Instruct-v0.1: the user's text between `[INST] ` and ` [/INST]`, the answer right after
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
+        "{% else %}{{ m['content'] + eos_token }}{% endif %}{% endfor %}"
+    ),
+    "llama2": (  # Llama-2-chat's spacing, on a SentencePiece tokenizer
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}{{ '[INST] ' + m['content'] + ' [/INST]' }}"
+        "{% else %}{{ ' ' + m['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"
+    ),
+    "llama3": (  # trimmed contents, headers of special tokens, `<|eot_id|>` ending each turn
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+        "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+    ),
+}
+
+
+def train_tokenizer(texts: list[str], special: list[str], vocab_size: int = 400, sentencepiece: bool = False):
+    """A byte-level BPE (GPT-2's, Llama 3's kind), or with `sentencepiece` one whose words carry `▁` (Llama 2's)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>" if sentencepiece else None))
+    if sentencepiece:
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+        tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
+        alphabet = sorted({c for text in texts for c in text.replace(" ", "▁")} | {"▁"})
+        special = ["<unk>", *special]
+    else:
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, initial_alphabet=alphabet)
     tokenizer.train_from_iterator(texts, trainer)
+    return tokenizer
+
+
+def templated_tokenizer(texts: list[str], template: str):
+    """A tokenizer trained on `texts` with the chat template TEMPLATES[template] and the special tokens it names."""
+    from transformers import PreTrainedTokenizerFast
+
+    special = {
+        "chatml": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        "mistral": ["<s>", "</s>"],
+        "llama2": ["<s>", "</s>"],
+        "llama3": ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+    }[template]
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=train_tokenizer(texts, special, sentencepiece=template == "llama2"),
+        bos_token=None if template == "chatml" else special[0],
+        eos_token=special[0] if template == "chatml" else special[1],  # chatml: Qwen2.5's, whose turns end otherwise
+        model_max_length=256,
+    )
+    tokenizer.chat_template = TEMPLATES[template]
     return tokenizer
 
 

@@ -15,7 +15,7 @@ from app.tasks import generation, lm_data
 from app.tasks.causal_lm import token_mean_loss
 from app.tasks.lm_data import IGNORE, CausalLMCollator, Renderer
 from app.telemetry import tags
-from tests import harness, tb
+from tests import harness, lm_models, tb
 from tests.conftest import data_flags, run_app
 
 
@@ -97,6 +97,35 @@ def test_conversations_learn_the_assistant_turns_only(tiny_llama_dir):
             current.append(token)
     spans += [tokenizer.decode(current)] if current else []
     assert spans == ["great<|im_end|>\n", "Yes.<|im_end|>\n"]
+
+
+TEMPLATE_TEXTS = ["[INST] I rely on fast shipping [/INST] great coffee.", "Hello there, 2+2=4? user: assistant:"] * 20
+PAIRS = [("on fast shipping", "great"), ("", "other"), ("Hello there  ", " great coffee"), ("2+2=", "4")]
+
+
+@pytest.mark.parametrize("template", [*lm_models.TEMPLATES, "spaced"])
+@pytest.mark.parametrize("prompt, response", PAIRS)
+def test_training_ids_are_apply_chat_templates_and_the_labels_its_assistant_turn(template, prompt, response):
+    # Tokenized piece by piece, a Mistral template's `[INST] ` and the prompt's first word came apart (`Ġ`, `on` where
+    # the template gives `Ġon`), and a header ending in a space (`assistant: `) split the answer's first word from it.
+    tokenizer = lm_models.templated_tokenizer(TEMPLATE_TEXTS, "chatml" if template == "spaced" else template)
+    if template == "spaced":
+        tokenizer.chat_template = (
+            "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}"
+        )
+    messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+    expected = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    renderer = Renderer(tokenizer, max_length=128)
+    ids, labels, _, _ = renderer.pair(prompt, response)
+    assert (ids, labels) == renderer.conversation(messages)[:2]
+    assert ids == expected, tokenizer.convert_ids_to_tokens(ids)
+    learned = tokenizer.decode([token for token, label in zip(ids, labels) if label != IGNORE])
+    first = next(i for i, label in enumerate(labels) if label != IGNORE)
+    assert labels[first:] == ids[first:] and set(labels[:first]) == {IGNORE}
+    assert learned.strip().startswith(response.strip()) and tokenizer.eos_token not in tokenizer.decode(ids[:first])
+    prompt_alone = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, return_dict=True)
+    assert renderer.prompt_ids(prompt) == prompt_alone["input_ids"]
 
 
 def test_packing_loses_and_repeats_no_token(tiny_gpt2_dir):

@@ -10,8 +10,9 @@ where it does not (prompts, padding, user turns):
   blocks of --max_length, so no compute goes to padding; attention then crosses document boundaries (as HF's run_clm
   and most pretraining do). `--packing false` keeps one document per row.
 
-Rendered text is cut into segments at the turn boundaries and each segment is tokenized on its own, so that a label
-never straddles the prompt and the response.
+With a chat template, an example's ids are those of its whole rendering, tokenized once, as
+`tokenizer.apply_chat_template` gives them (and trl trains on); its parts (template, prompt text, answer) are told
+apart by tokenizing the rendering up to each boundary, and a token that straddles one goes to the part after it.
 """
 
 from __future__ import annotations
@@ -128,18 +129,35 @@ class Renderer:
         self.bos = bos if bos is not None else model_bos_token_id
 
     def _ids(self, text: str) -> list[int]:
+        # As apply_chat_template tokenizes a rendering: no special tokens added, the template's own are parsed.
         return self.tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]  # cut later, not here
 
-    def prompt_parts(self, prompt: str, rendered: str | None = None) -> tuple[list[int], list[int], list[int]]:
+    def _pieces(self, text: str, bounds: list[int]) -> list[list[int]]:
+        """`text` tokenized once, in pieces cut at the character positions `bounds` (ascending).
+
+        Tokenized piece by piece, the text split inside a turn where a template's space met a prompt's first word
+        (`[INST] on`: `Ġ`, `on` where the whole gives `Ġon`), so training saw ids that no rendering tokenizes to. Each
+        cut is where the text's tokens and those of the text up to the bound part ways: a token that straddles the
+        bound goes to the piece after it."""
+        ids, cuts = self._ids(text), []
+        for bound in bounds:
+            upto = self._ids(text[:bound]) if bound else []
+            common = next((i for i, (a, b) in enumerate(zip(upto, ids)) if a != b), min(len(upto), len(ids)))
+            cuts.append(max(common, cuts[-1] if cuts else 0))
+        return [ids[start:end] for start, end in zip([0, *cuts], [*cuts, len(ids)])]
+
+    def prompt_parts(self, prompt: str) -> tuple[list[int], list[int], list[int]]:
         """The tokens a response follows, in three parts: what comes before the prompt's text (the template's system
         turn and user header, or the tokenizer's BOS), the text, and what comes after it (the assistant's header).
+        With a chat template the three make up the rendering's own tokens.
 
         An empty prompt renders as an empty user turn, or else as BOS alone; with neither, as no token at all, which
         `first_empty_prompt` finds before any weights load."""
         if self.chat_template:
-            rendered = self._render_prompt(prompt) if rendered is None else rendered
-            before, text, after = self._split_prompt(rendered, prompt)
-            return self._ids(before), self._ids(text), self._ids(after)
+            rendered = self._render_prompt(prompt)
+            before, text, _ = self._split_prompt(rendered, prompt)
+            head, text_ids, tail = self._pieces(rendered, [len(before), len(before) + len(text)])
+            return head, text_ids, tail
         text, whole = self._ids(prompt), self.tokenizer(prompt, verbose=False)["input_ids"]
         if not whole:  # an empty prompt, and a tokenizer that adds no BOS of its own
             return [self.bos] if self.bos is not None else [], [], []
@@ -193,7 +211,6 @@ class Renderer:
 
     def pair(self, prompt: str, response: str) -> tuple[list[int], list[int], bool, bool]:
         """ids, labels, whether the prompt was cut from the left, whether the response was cut."""
-        rendered = None  # the prompt's rendering, with a chat template: split below, not rendered again
         if self.chat_template:
             turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
             rendered = self._render_prompt(prompt)
@@ -204,10 +221,14 @@ class Renderer:
                     "response's tokens cannot be told apart; train a model whose template does, or remove "
                     "chat_template from its tokenizer_config.json to train on the plain prompt and response"
                 )
-            response_ids = self._ids(whole[len(rendered) :])
+            before, text, _ = self._split_prompt(rendered, prompt)
+            bounds = [len(before), len(before) + len(text), len(rendered)]
+            head, text, tail, response_ids = self._pieces(whole, bounds)  # apply_chat_template's ids, in parts
         else:
+            # Prompt and response meet with no template between them: tokenized apart, so that the model learns the
+            # response after the prompt's own tokens, the ones predict.py gives it.
             response_ids = self._ids(response) + [self.tokenizer.eos_token_id]
-        head, text, tail = self.prompt_parts(prompt, rendered)
+            head, text, tail = self.prompt_parts(prompt)
         # The response is cut at its end so that the template around the prompt and the prompt's last token stay, as
         # the model will be prompted; where even they do not fit, one prompt token stays to predict from.
         around = len(head) + len(tail) + min(len(text), 1)
@@ -233,7 +254,7 @@ class Renderer:
             raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
         render = self.tokenizer.apply_chat_template
         whole = render(messages, tokenize=False)
-        segments, done = [], 0  # (text, learned)
+        bounds, done = [], 0  # where each assistant turn starts and ends in the rendering
         for i, turn in enumerate(messages):
             if turn["role"] != "assistant":
                 continue
@@ -247,14 +268,12 @@ class Renderer:
                     "turns cannot be told apart; train a model whose template does, or give the data as "
                     "--prompt_column and --response_column"
                 )
-            segments += [(whole[done : len(head)], False), (whole[len(head) : len(through)], True)]
+            bounds += [len(head), len(through)]
             done = len(through)
-        segments.append((whole[done:], False))
         ids, labels = [], []
-        for text, learned in segments:
-            piece = self._ids(text) if text else []
+        for index, piece in enumerate(self._pieces(whole, bounds)):  # odd pieces: the assistant's turns
             ids += piece
-            labels += piece if learned else [IGNORE] * len(piece)
+            labels += piece if index % 2 else [IGNORE] * len(piece)
         cut = len(ids) > self.max_length
         return ids[: self.max_length], labels[: self.max_length], cut
 
