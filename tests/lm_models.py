@@ -77,7 +77,7 @@ def templated_tokenizer(texts: list[str], template: str):
 
 
 def save_tiny_llama(path: Path, texts: list[str], dropout: float = 0.0) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokenizer = PreTrainedTokenizerFast(
@@ -89,7 +89,16 @@ def save_tiny_llama(path: Path, texts: list[str], dropout: float = 0.0) -> Path:
     )
     tokenizer.chat_template = CHATML
     tokenizer.save_pretrained(path)
-    config = LlamaConfig(
+    torch.manual_seed(0)
+    LlamaForCausalLM(tiny_llama_config(tokenizer, attention_dropout=dropout)).save_pretrained(path)
+    return path
+
+
+def tiny_llama_config(tokenizer, tie_word_embeddings: bool = True, **options):
+    """The tests' tiny Llama (2 layers of width 32, grouped-query attention) for `tokenizer`'s vocabulary."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
@@ -97,15 +106,12 @@ def save_tiny_llama(path: Path, texts: list[str], dropout: float = 0.0) -> Path:
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        tie_word_embeddings=True,
-        attention_dropout=dropout,
+        tie_word_embeddings=tie_word_embeddings,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **options,
     )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return path
 
 
 def save_tiny_gpt2(path: Path, texts: list[str], dropout: float = 0.1, positions: int = 256) -> Path:
@@ -178,3 +184,27 @@ def json_vocabulary(folder: Path) -> dict:
     tokens = [token for token, _ in sorted(saved["model"]["vocab"].items(), key=lambda item: item[1])]
     merges = [" ".join(m) if isinstance(m, list) else m for m in saved["model"]["merges"]]
     return {"tokens": tokens, "types": [3 if t in special else 1 for t in tokens], "merges": merges}
+
+
+def save_bigram_llama(path: Path, tokenizer, chain: dict[str, str]) -> Path:
+    """A Llama whose greedy next token depends on the last token alone, `chain[last]` (tokens as the tokenizer spells
+    them): its layers add nothing to the residual stream and its own (untied) head maps each embedding to the next
+    token's row. A model that ends its answers, or runs on, by construction."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(tiny_llama_config(tokenizer, tie_word_embeddings=False))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embeddings = torch.nn.functional.normalize(torch.randn(len(tokenizer), 32), dim=-1)
+        model.model.embed_tokens.weight.copy_(embeddings)
+        model.lm_head.weight.zero_()
+        for last, following in chain.items():
+            model.lm_head.weight[tokenizer.convert_tokens_to_ids(following)] += (
+                100 * embeddings[tokenizer.convert_tokens_to_ids(last)]
+            )
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -3,8 +3,10 @@ conversations, the loss where labels are, generation with left padding, and the 
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -176,6 +178,7 @@ def test_batched_generation_with_left_padding_equals_one_by_one(request, model_f
     assert len({len(p) for p in prompts}) == 3, "prompts of different lengths, so that the batch pads"
     batched = generation.generate(accelerator, fp32, model, tokenizer, prompts, 12, batch_size=3)
     one_by_one = [generation.generate(accelerator, fp32, model, tokenizer, [p], 12, batch_size=1)[0] for p in prompts]
+    batched, one_by_one = [g.text for g in batched], [g.text for g in one_by_one]
     assert batched == one_by_one
     assert any(text for text in batched), "the untrained model generates something to compare"
 
@@ -209,6 +212,58 @@ def test_generation_with_a_frozen_head_never_copies_the_head_per_row(tiny_llama_
         texts = generation.generate(accelerator, fp32, model, tokenizer, prompts, 4, batch_size=3)
     assert len(texts) == 3
     assert watch.largest < 2 * head.numel(), f"a tensor of {watch.largest} elements; the head has {head.numel()}"
+
+
+ENDS = {"Ċ": "great", "great": "<|im_end|>", "<|im_end|>": "Ċ"}  # answers `great`, ends its turn, and would go on
+RUNS_ON = {"Ċ": "great", "great": "Ċ"}  # `great` again and again, never an end token
+
+
+@pytest.fixture(scope="module")
+def qwen_base_layout(tmp_path_factory) -> dict[str, Path]:
+    """Bigram Llamas with Qwen2.5's base layout: EOS `<|endoftext|>`, ChatML turns that end with `<|im_end|>`."""
+    tokenizer = lm_models.templated_tokenizer(["great coffee, other tea"] * 20, "chatml")
+    assert tokenizer.eos_token == "<|endoftext|>" and tokenizer.tokenize("great") == ["great"]
+    folder = tmp_path_factory.mktemp("qwen-base-layout")
+    return {
+        name: lm_models.save_bigram_llama(folder / name, tokenizer, chain)
+        for name, chain in [("ends", ENDS), ("runs_on", RUNS_ON)]
+    }
+
+
+def test_generation_stops_at_the_templates_end_of_turn(qwen_base_layout, capsys):
+    # It stopped at EOS alone, which the template never puts after an answer: "great\ngreat\ngreat..." to the end.
+    from app.predict import main as predict
+
+    args = ["Tasty?", "--model_name_or_path", qwen_base_layout["ends"], "--max_new_tokens", 12, "--disable_tqdm"]
+    assert predict([str(a) for a in [*args, "--mixed_precision", "no"]]) == 0
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out))["generated_text"].tolist() == ["great"]
+    assert Renderer(AutoTokenizer.from_pretrained(qwen_base_layout["ends"]), 64).end_of_turn is not None
+
+
+@pytest.mark.parametrize("model, expected", [("ends", 1.0), ("runs_on", 0.0)])
+def test_exact_match_counts_only_answers_that_end(qwen_base_layout, model, expected):
+    # Cut at the longest reference plus one token, "great\ngreat" stripped was "great": 1.0 for a model whose answers
+    # never end, and predict.py's ran on to --max_new_tokens.
+    from accelerate import Accelerator
+    from datasets import Dataset, DatasetDict
+    from transformers import AutoConfig
+
+    from app.amp.policy import PrecisionPolicy
+    from app.config import TrainConfig
+    from app.tasks.causal_lm import CausalLM
+
+    folder = qwen_base_layout[model]
+    pairs = Dataset.from_dict({"prompt": ["Tasty?", "Fresh coffee."], "response": ["great", "great"]})
+    raw = DatasetDict({"train": pairs, "validation": pairs})
+    cfg = TrainConfig(model_name_or_path=str(folder), prompt_column="prompt", response_column="response", max_length=64)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    task = CausalLM.from_data(cfg, raw, tokenizer, AutoConfig.from_pretrained(folder))
+    accelerator = Accelerator(cpu=True)
+    task.tokenize(raw, accelerator)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    policy = PrecisionPolicy("no", "cpu", "test", "test")
+    assert task.max_new_tokens() == 2, "great, then its end of turn"
+    assert task.exact_match(accelerator, policy, model) == expected
 
 
 # ---- whole runs ---------------------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ class CausalLM:
         self.metrics = (EVAL_LOSS, EVAL_PERPLEXITY) + ((EVAL_EXACT_MATCH,) if self.generates else ())
         self.prompts: list[list[int]] = []  # the validation prompts and references, for exact match
         self.references: list[str] = []
+        self.longest_answer = 0  # the most tokens a validation response is trained on, through its end token
         self.notes: list[str] = []  # what tokenizing had to cut, said once at start
 
     @classmethod
@@ -146,6 +147,7 @@ class CausalLM:
             validation = tokenized["validation"]
             self.prompts = [ids[:n] for ids, n in zip(validation["input_ids"], validation["prompt_length"])]
             self.references = list(validation["reference"])
+            self.longest_answer = max(map(self._answer_length, validation["input_ids"], validation["prompt_length"]))
         extra = [
             c for c in ("prompt_cut", "end_cut", "prompt_length", "reference") if c in tokenized["train"].column_names
         ]
@@ -255,17 +257,20 @@ class CausalLM:
             metrics[EVAL_EXACT_MATCH] = self.exact_match(accelerator, policy, model)
         return metrics
 
+    def _answer_length(self, ids: list[int], prompt_length: int) -> int:
+        """The tokens of an answer as trained, through the first of its end tokens (what generation stops at): the
+        response tokenized alone can be shorter than in its template (`▁great ▁ </s>` after `[/INST]`)."""
+        answer = ids[prompt_length:]
+        stops = {self.tokenizer.eos_token_id, self.renderer.end_of_turn}
+        return next((i + 1 for i, token in enumerate(answer) if token in stops), len(answer))
+
     def max_new_tokens(self) -> int:
-        """--max_new_tokens, or enough for the longest validation response and an end token."""
-        if self.cfg.max_new_tokens:
-            return self.cfg.max_new_tokens
-        longest = max(
-            (len(self.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in self.references), default=0
-        )
-        return longest + 1
+        """--max_new_tokens, or enough for the longest validation response and its end token."""
+        return self.cfg.max_new_tokens or self.longest_answer
 
     def exact_match(self, accelerator: Accelerator, policy: PrecisionPolicy, model: torch.nn.Module) -> float:
-        """The share of validation prompts whose greedy answer, stripped, equals the reference response."""
+        """The share of validation prompts whose greedy answer ends (at an end token) and, stripped, equals the
+        reference response."""
         answers = generation.generate(
             accelerator,
             policy,
@@ -274,8 +279,11 @@ class CausalLM:
             self.prompts,
             self.max_new_tokens(),
             self.cfg.per_device_eval_batch_size,
+            end_of_turn=self.renderer.end_of_turn,
         )
-        hits = sum(answer.strip() == reference for answer, reference in zip(answers, self.references))
+        # An answer cut at the most new tokens, not ended, is no match: the reference ends, and stripped, a cut
+        # "great\ngreat" of two tokens was "great".
+        hits = sum(a.ended and a.text.strip() == ref for a, ref in zip(answers, self.references))
         return hits / max(len(self.references), 1)
 
     def card(self) -> dict[str, str]:
@@ -354,9 +362,18 @@ class TextGenerator:
             if cut
             else None
         )
-        return generation.generate(
-            accelerator, policy, self.model, self.tokenizer, prompts, self.max_new_tokens, self.batch_size, progress
+        generated = generation.generate(
+            accelerator,
+            policy,
+            self.model,
+            self.tokenizer,
+            prompts,
+            self.max_new_tokens,
+            self.batch_size,
+            progress,
+            end_of_turn=self.renderer.end_of_turn,
         )
+        return [g.text for g in generated]
 
     def columns_of(self, generated: list[str]) -> dict[str, list]:
         return {"generated_text": generated}

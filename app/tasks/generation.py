@@ -2,12 +2,14 @@
 
 Each process generates a share of the prompts, longest first (prompts of similar length share a batch, so little
 padding), padded on the left so that every row's next token is at the same position; the results come back in the
-prompts' order.
+prompts' order. Generation stops at the model's end tokens and at the end of turn that the chat template puts after an
+assistant's message, where that is another token (ChatML's `<|im_end|>` on a model whose EOS is `<|endoftext|>`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import NamedTuple
 
 import torch
 from accelerate import Accelerator
@@ -18,15 +20,26 @@ from app.amp.policy import PrecisionPolicy
 from app.inputs.model import position_table
 
 
-def greedy_config(model: torch.nn.Module, tokenizer, max_new_tokens: int) -> GenerationConfig:
-    """Greedy decoding that stops at the model's end tokens: the same answer every time, whatever the model's
-    own sampling defaults."""
+class Generated(NamedTuple):
+    text: str  # decoded without special tokens
+    ended: bool  # at an end token; else cut at the most new tokens, which no reference answer is
+
+
+def greedy_config(
+    model: torch.nn.Module, tokenizer, max_new_tokens: int, end_of_turn: int | None = None
+) -> GenerationConfig:
+    """Greedy decoding that stops at the model's end tokens and at `end_of_turn`: the same answer every time,
+    whatever the model's own sampling defaults."""
     eos = model.generation_config.eos_token_id  # a chat model's may list its end-of-turn token as well
+    eos = tokenizer.eos_token_id if eos is None else eos
+    # A template whose turns end with a token other than EOS (a base model's ChatML) trains that token: without it
+    # among the stops, an answer ran on to max_new_tokens ("great\ngreat\n...").
+    stops = list(dict.fromkeys([*(eos if isinstance(eos, list) else [eos]), end_of_turn]))
     return GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=False,
         pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id if eos is None else eos,
+        eos_token_id=[stop for stop in stops if stop is not None],
     )
 
 
@@ -40,16 +53,19 @@ def generate(
     max_new_tokens: int,
     batch_size: int,
     on_batch=None,
-) -> list[str]:
-    """The greedy continuation of each token-id prompt, decoded without special tokens, in the prompts' order.
+    end_of_turn: int | None = None,
+) -> list[Generated]:
+    """The greedy continuation of each token-id prompt, in the prompts' order.
 
     Args:
         on_batch: called with the number of prompts done after each batch (a progress bar), on every process.
+        end_of_turn: the token the chat template ends an assistant's message with (Renderer.end_of_turn), a stop.
     """
     raw = accelerator.unwrap_model(model)  # generate() is the model's own, not the DDP wrapper's
     was_training = raw.training
     raw.eval()
-    config = greedy_config(raw, tokenizer, max_new_tokens)
+    config = greedy_config(raw, tokenizer, max_new_tokens, end_of_turn)
+    stops = torch.tensor(config.eos_token_id)
     positions = position_table(raw.config)
     pad = tokenizer.pad_token_id
     found = []
@@ -69,12 +85,14 @@ def generate(
                     attention_mask=mask.to(accelerator.device),
                     generation_config=config,
                 )
-            texts = tokenizer.batch_decode(out[:, width:].cpu(), skip_special_tokens=True)  # a host sync per batch
-            found.extend(zip(chunk, texts))
+            new = out[:, width:].cpu()  # a host sync per batch
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+            ended = torch.isin(new, stops).any(-1).tolist()
+            found.extend((i, Generated(text, end)) for i, text, end in zip(chunk, texts, ended))
             if on_batch:
                 on_batch(len(chunk))
     raw.train(was_training)
-    return [text for _, text in sorted(gather_object(found), key=lambda pair: pair[0])]
+    return [Generated(*generated) for _, generated in sorted(gather_object(found), key=lambda pair: pair[0])]
 
 
 @contextlib.contextmanager

@@ -192,6 +192,23 @@ class Renderer:
         at = marked.find(PROMPT_MARKER)
         return (marked[:at], marked[at + len(PROMPT_MARKER) :]) if at >= 0 else None
 
+    @functools.cached_property
+    def end_of_turn(self) -> int | None:
+        """The special token the chat template puts after an assistant's message (ChatML's `<|im_end|>`, Llama 3's
+        `<|eot_id|>`), which training teaches and generation stops at; None without a template, or if none follows."""
+        if not self.chat_template:
+            return None
+        turns = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PROMPT_MARKER}]
+        try:
+            rendered = self.tokenizer.apply_chat_template(turns, tokenize=False)
+        except Exception:  # a template's own refusal of this dialogue: the data's own is said with its row
+            return None
+        at = rendered.find(PROMPT_MARKER)
+        added = self.tokenizer.added_tokens_decoder
+        special = set(self.tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+        after = self._ids(rendered[at + len(PROMPT_MARKER) :]) if at >= 0 else []
+        return next((token for token in after if token in special), None)
+
     def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
         """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next
         to the answer, stays), and then, if need be, the template around it."""
