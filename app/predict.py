@@ -265,13 +265,15 @@ def check_output_file(path: str | None, overwrite: bool) -> None:
         raise UsageError(f"--output_file {path} cannot be written")
 
 
-def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, int]:
+def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, int, str]:
     """--max_length and --max_new_tokens, by default as the model was trained (its training_args.yaml, in a folder
     saved by app/train.py): longer inputs would be texts it never learned from. Else the model's limit and
-    DEFAULT_NEW_TOKENS."""
+    DEFAULT_NEW_TOKENS. Then where a --max_new_tokens not given here came from, for an error that names it."""
     args = Path(cfg.model_name_or_path) / CONFIG_FILE
+    default = "" if cfg.max_new_tokens else " (predict.py's default)"
     if not args.is_file():
-        return cfg.max_length or max_positions(model_config, tokenizer), cfg.max_new_tokens or DEFAULT_NEW_TOKENS
+        max_length = cfg.max_length or max_positions(model_config, tokenizer)
+        return max_length, cfg.max_new_tokens or DEFAULT_NEW_TOKENS, default
     try:
         recorded = yaml.safe_load(args.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -284,7 +286,13 @@ def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, i
         raise UsageError(f"{args} gives no max_length of 1 or more (got {trained!r}); restore it, or pass --max_length")
     new_tokens = recorded.get("max_new_tokens")  # None: trained to the longest validation response, not recorded
     usable = isinstance(new_tokens, int) and not isinstance(new_tokens, bool) and new_tokens >= 1
-    return cfg.max_length or trained, cfg.max_new_tokens or (new_tokens if usable else DEFAULT_NEW_TOKENS)
+    if usable and not cfg.max_new_tokens:  # the run's own: predict.py was not given it
+        return (
+            cfg.max_length or trained,
+            new_tokens,
+            f" (the training run's, from {args}; predict.py's flag overrides it)",
+        )
+    return cfg.max_length or trained, cfg.max_new_tokens or DEFAULT_NEW_TOKENS, default
 
 
 def write_table(table: pd.DataFrame, path: str | None) -> None:
@@ -344,12 +352,14 @@ def predict_and_write(
         text_columns = (cfg.text_column, cfg.text_pair_column) if cfg.text_pair_column else (cfg.text_column,)
         output_columns = LabelPredictor.columns
     tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)
-    max_length, max_new_tokens = trained_lengths(cfg, model_config, tokenizer)
+    max_length, max_new_tokens, new_tokens_origin = trained_lengths(cfg, model_config, tokenizer)
     check_max_length(max_length, model_config, tokenizer, pair=len(text_columns) == 2)
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":
-        TextGenerator.check_inputs(tokenizer, model_config, max_length, max_new_tokens, inputs[0], chat)
+        TextGenerator.check_inputs(
+            tokenizer, model_config, max_length, max_new_tokens, inputs[0], chat, new_tokens_origin
+        )
     check_output_file(cfg.output_file, cfg.overwrite_output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------

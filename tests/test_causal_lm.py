@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -436,6 +437,32 @@ def test_generation_stays_within_learned_positions_in_evaluation_and_predict(
         "error: --max_new_tokens 64 leaves no room for a prompt in the model's 64 positions; use --max_new_tokens 63 "
         "or less\n"
     )
+
+
+def test_max_new_tokens_past_the_positions_is_refused_by_train_and_named_by_predict(
+    tmp_path, tiny_llama_dir, review_files, capsys
+):
+    # train.py took --max_new_tokens 300 on a model of 256 positions; predict.py then refused the folder naming a flag
+    # that it was never given.
+    from app.predict import main as predict
+
+    args = lm_args(tmp_path, tiny_llama_dir, review_files, *PROMPTS, "--max_steps", 1, "--mixed_precision", "no")
+    assert run_app([*args, "--max_new_tokens", 300]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --max_new_tokens 300 leaves no room for a prompt in the model's 256 positions; use --max_new_tokens "
+        "255 or less"
+    ]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists(), "refused before anything was written"
+
+    folder = tmp_path / "trained-before"  # a folder from a run that took it, as training_args.yaml records it
+    shutil.copytree(tiny_llama_dir, folder)
+    (folder / "training_args.yaml").write_text("max_length: 48\nmax_new_tokens: 300\n")
+    assert predict(["Tasty?", "--model_name_or_path", str(folder)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --max_new_tokens 300 (the training run's, from {folder / 'training_args.yaml'}; predict.py's flag "
+        "overrides it) leaves no room for a prompt in the model's 256 positions; use --max_new_tokens 255 or less"
+    ]
+    assert predict(["Tasty?", "--model_name_or_path", str(folder), "--max_new_tokens", "4", "--disable_tqdm"]) == 0
 
 
 def test_predict_generates_for_each_prompt_in_order(tmp_path, tiny_llama_dir, review_files, capsys):

@@ -45,6 +45,17 @@ def check_decoder(model_config: PretrainedConfig) -> None:
         )
 
 
+def check_new_tokens(max_new_tokens: int | None, model_config: PretrainedConfig, origin: str = "") -> None:
+    """The tokens generated per prompt leave room for a prompt in the model's positions. `origin` says where a value
+    the user did not give on this command line came from."""
+    positions = position_table(model_config)
+    if max_new_tokens and positions is not None and max_new_tokens >= positions:
+        raise UsageError(
+            f"--max_new_tokens {max_new_tokens}{origin} leaves no room for a prompt in the model's {positions} "
+            f"positions; use --max_new_tokens {positions - 1} or less"
+        )
+
+
 def labelled_logits(model: torch.nn.Module, batch: dict) -> torch.Tensor:
     """The LM head at the positions whose next token is a label, only: [batch, positions, vocabulary]. For
     prompt/response data that is a small share of the positions, and the head is a large matmul (vocabulary x
@@ -87,6 +98,7 @@ class CausalLM:
     def from_data(cls, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig) -> CausalLM:
         """Check the model, tokenizer and columns (UsageError if they don't fit), before anything heavy."""
         check_decoder(model_config)
+        check_new_tokens(cfg.max_new_tokens, model_config)  # predict.py takes it as its default: refused there too
         if cfg.max_length < 2:  # packed, it was "the data packs into a single token ...; add text"
             raise UsageError(
                 f"--max_length {cfg.max_length} leaves a causal LM no token to learn: each is learned from the tokens "
@@ -331,15 +343,11 @@ class TextGenerator:
         max_new_tokens: int,
         prompts: list[str],
         chat: bool | None = None,
+        new_tokens_origin: str = "",
     ) -> None:
         """Before the weights load (load_tokenizer has checked the special tokens): the new tokens leave room for a
         prompt in the model's positions, and every prompt has a token to follow."""
-        positions = position_table(model_config)
-        if positions is not None and max_new_tokens >= positions:
-            raise UsageError(
-                f"--max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's {positions} positions; "
-                f"use --max_new_tokens {positions - 1} or less"
-            )
+        check_new_tokens(max_new_tokens, model_config, new_tokens_origin)
         renderer = Renderer(tokenizer, max_length, getattr(model_config, "bos_token_id", None), chat)
         empty = lm_data.first_empty_prompt(renderer, prompts)
         if empty is not None:
