@@ -11,8 +11,8 @@ a causal LM's greedy continuation of each prompt (`generated_text`).
     python app/predict.py "Is this review great or other? Tasty." --model_name_or_path outputs/LM_RUN   # a causal LM
 
 Results go to --output_file (.csv or .jsonl) or, without it, to stdout as CSV; reports and the progress bar go to
-stderr. Texts on the command line come before the flags. Exit codes: 0 done, 2 bad input (one line on stderr,
-nothing written).
+stderr. Texts on the command line come before the flags. Exit codes: 0 done, 2 bad input, 3 predictions from NaN or
+inf logits (fp16 overflow in the model); each with one line on stderr and nothing written.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from textwrap import shorten
 from typing import Literal, Optional
 
 import pandas as pd
+import torch
 import yaml
 from tqdm.auto import tqdm
 
@@ -48,7 +49,7 @@ from app.cli import (
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
-from app.errors import UsageError, first_line
+from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import read_table
 from app.inputs.model import check_max_length, check_weight_files, load_model_config, load_tokenizer, max_positions
@@ -363,7 +364,7 @@ def predict_and_write(
     check_output_file(cfg.output_file, cfg.overwrite_output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------
-    for line in (policy.describe(), *notes, *describe_backend(accelerator)):
+    for line in (policy.describe(inference=True), *notes, *describe_backend(accelerator)):
         say(line)
     shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
     predictor = TextGenerator(*shared, max_new_tokens, chat) if task == "causal_lm" else LabelPredictor(*shared)
@@ -372,6 +373,7 @@ def predict_and_write(
     results = predictor.predict(accelerator, policy, inputs, lambda done: bar.update(done * accelerator.num_processes))
     seconds = time.perf_counter() - started
     bar.close()
+    check_finite(predictor.non_finite if task == "causal_lm" else non_finite_rows(results), len(table), policy)
     if predictor.cut_note:  # as training says what it cut: the predictions are of what was kept
         say(f"note: {predictor.cut_note}")
     say(
@@ -391,6 +393,28 @@ def predict_and_write(
         if cfg.output_file:
             say(f"predictions written to {cfg.output_file}")
     return 0
+
+
+def non_finite_rows(probabilities: torch.Tensor) -> int:
+    """A classifier's rows whose probabilities are NaN (softmax of NaN or inf logits)."""
+    return int((~torch.isfinite(probabilities)).any(-1).sum())
+
+
+def check_finite(bad: int, rows: int, policy: PrecisionPolicy) -> None:
+    """Predictions from NaN or inf logits are garbage (NaN's argmax is token 0: NUL bytes, replacement characters)
+    written as if they were answers: stop with exit code 3 and write nothing."""
+    if not bad:
+        return
+    fix = {
+        "fp16": "the model's activations overflow fp16 (as when its training fell back to bf16); pass "
+        "--mixed_precision bf16 or no",
+        "bf16": "pass --mixed_precision no",
+        "no": "the model gives them in fp32 too: its weights hold NaN or inf values",
+    }[policy.mode]
+    raise TrainingHalted(
+        f"error: {bad} of {rows} predictions came from NaN or inf logits in {policy.label}, so none was written: {fix}",
+        NUMERIC_FAULT_EXIT_CODE,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -480,3 +480,40 @@ def test_texts_cut_are_counted_with_a_tokenizer_of_either_backend():
         predictor.tokenizer, predictor.max_length = tokenizer, 8
         encoded = tokenizer(*texts, truncation=True, max_length=8)
         assert predictor._cut(encoded, texts) == expected, type(tokenizer).__name__
+
+
+@pytest.fixture(scope="module")
+def overflowing(tmp_path_factory, overflow_model_dir, review_texts) -> dict[str, Path]:
+    """A classifier and a causal LM whose activations overflow fp16 on the way to the logits: fine in fp32 and bf16."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.lm_models import save_tiny_llama
+
+    folder = tmp_path_factory.mktemp("overflowing")
+    AutoModelForSequenceClassification.from_pretrained(overflow_model_dir, num_labels=2).save_pretrained(folder / "cls")
+    AutoTokenizer.from_pretrained(overflow_model_dir).save_pretrained(folder / "cls")
+    lm = save_tiny_llama(folder / "lm", review_texts)
+    model = AutoModelForCausalLM.from_pretrained(lm)
+    with torch.no_grad():
+        model.get_submodule("model.layers.1.mlp.down_proj").weight.mul_(1e6)
+    model.save_pretrained(lm)
+    return {"classifier": folder / "cls", "causal LM": lm}
+
+
+@pytest.mark.parametrize("kind", ["classifier", "causal LM"])
+def test_predictions_from_non_finite_logits_are_never_written(tmp_path, overflowing, kind, capsys):
+    # fp16 overflow made NaN logits: a causal LM wrote NUL bytes and replacement characters (NaN's argmax is token 0),
+    # a classifier NaN probabilities, and predict.py exited 0.
+    output = tmp_path / "predicted.csv"
+    args = ["Tasty coffee.", "Stale.", "--model_name_or_path", overflowing[kind], "--output_file", output]
+    extra = ["--max_new_tokens", 4] if kind == "causal LM" else []
+    assert predict(*args, *extra, "--mixed_precision", "fp16", "--disable_tqdm") == 3
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("precision: fp16 autocast on cpu (from --mixed_precision"), "inference scales no loss"
+    assert err[-1] == (
+        "error: 2 of 2 predictions came from NaN or inf logits in fp16, so none was written: the model's activations "
+        "overflow fp16 (as when its training fell back to bf16); pass --mixed_precision bf16 or no"
+    )
+    assert not output.exists()
+    assert predict(*args, *extra, "--mixed_precision", "no", "--disable_tqdm") == 0
+    assert len(pd.read_csv(output)) == 2

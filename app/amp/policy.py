@@ -61,10 +61,11 @@ class PrecisionPolicy:
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.autocast_enabled)
 
-    def describe(self) -> str:
+    def describe(self, inference: bool = False) -> str:
+        """The decision in one line; `inference` leaves out the loss scaling, which only training has."""
         compute = f"{self.mode} autocast" if self.autocast_enabled else "fp32, no autocast,"
-        scaling = "on" if self.scaler_enabled else "off"
-        return f"precision: {compute} on {self.device_type}, loss scaling {scaling} (from {self.source}: {self.reason})"
+        scaling = "" if inference else f", loss scaling {'on' if self.scaler_enabled else 'off'}"
+        return f"precision: {compute} on {self.device_type}{scaling} (from {self.source}: {self.reason})"
 
 
 def cpu_has_native_bf16() -> bool:

@@ -295,7 +295,7 @@ class CausalLM:
         )
         # An answer cut at the most new tokens, not ended, is no match: the reference ends, and stripped, a cut
         # "great\ngreat" of two tokens was "great".
-        hits = sum(a.ended and a.text.strip() == ref for a, ref in zip(answers, self.references))
+        hits = sum(a.ended and a.finite and a.text.strip() == ref for a, ref in zip(answers, self.references))
         return hits / max(len(self.references), 1)
 
     def card(self) -> dict[str, str]:
@@ -334,6 +334,7 @@ class TextGenerator:
         self.renderer = Renderer(tokenizer, max_length, getattr(self.model.config, "bos_token_id", None), chat)
         self.max_length, self.batch_size, self.max_new_tokens = max_length, batch_size, max_new_tokens
         self.cut_note: str | None = None  # how many prompts the last predict() cut to fit
+        self.non_finite = 0  # how many of the last predict()'s generations came from NaN or inf logits
 
     @staticmethod
     def check_inputs(
@@ -381,6 +382,7 @@ class TextGenerator:
             progress,
             end_of_turn=self.renderer.end_of_turn,
         )
+        self.non_finite = sum(not g.finite for g in generated)
         return [g.text for g in generated]
 
     def columns_of(self, generated: list[str]) -> dict[str, list]:

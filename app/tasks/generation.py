@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from app.amp.policy import PrecisionPolicy
 from app.inputs.model import position_table
@@ -23,6 +23,7 @@ from app.inputs.model import position_table
 class Generated(NamedTuple):
     text: str  # decoded without special tokens
     ended: bool  # at an end token; else cut at the most new tokens, which no reference answer is
+    finite: bool  # every step's logits were finite: else the tokens came from NaN (fp16 overflow), garbage
 
 
 def greedy_config(
@@ -41,6 +42,21 @@ def greedy_config(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=[stop for stop in stops if stop is not None],
     )
+
+
+class NonFiniteWatch(LogitsProcessor):
+    """Marks the rows whose logits held a NaN or an inf at a step where they were still generating: greedy search
+    takes a token from them all the same (NaN's argmax is token 0), so fp16 overflow came out as text. Kept on the
+    device, read once per batch."""
+
+    def __init__(self, width: int, stops: torch.Tensor, rows: int, device: torch.device):
+        self.width, self.stops = width, stops.to(device)
+        self.seen = torch.zeros(rows, dtype=torch.bool, device=device)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        going = ~torch.isin(input_ids[:, self.width :], self.stops).any(-1)  # a finished row's steps are padding
+        self.seen |= going & ~torch.isfinite(scores).all(-1)
+        return scores
 
 
 @torch.no_grad()
@@ -79,16 +95,18 @@ def generate(
             # A prompt and its continuation fit in the position table: past it, learned positions (GPT-2's) fail with
             # an IndexError. A validation prompt leaves room for its own response, not for the longest one.
             config.max_new_tokens = max_new_tokens if positions is None else min(max_new_tokens, positions - width)
+            watch = NonFiniteWatch(width, stops, len(chunk), accelerator.device)
             with policy.autocast():  # the config alone: transformers warns of one given with generation arguments
                 out = raw.generate(
                     input_ids=ids.to(accelerator.device),
                     attention_mask=mask.to(accelerator.device),
                     generation_config=config,
+                    logits_processor=LogitsProcessorList([watch]),
                 )
-            new = out[:, width:].cpu()  # a host sync per batch
+            new, finite = out[:, width:].cpu(), (~watch.seen).tolist()  # host syncs, once per batch
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             ended = torch.isin(new, stops).any(-1).tolist()
-            found.extend((i, Generated(text, end)) for i, text, end in zip(chunk, texts, ended))
+            found.extend((i, Generated(*row)) for i, *row in zip(chunk, texts, ended, finite))
             if on_batch:
                 on_batch(len(chunk))
     raw.train(was_training)
