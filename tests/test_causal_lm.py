@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -589,3 +590,10 @@ def test_a_packed_last_block_of_one_token_is_left_out_for_what_it_is(tmp_path, t
         "note: 1 of 2 train examples are left out: the last block of the packed text holds a single token, with none "
         "before it to predict it from"
     ) in capsys.readouterr().out
+
+
+def test_perplexity_is_exp_of_the_loss_and_nan_for_a_nan_loss():
+    from app.tasks.causal_lm import perplexity
+
+    assert perplexity(1.0) == pytest.approx(math.e) and perplexity(800.0) == math.inf
+    assert math.isnan(perplexity(math.nan)), "a NaN loss was reported as an infinite perplexity"

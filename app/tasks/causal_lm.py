@@ -264,7 +264,7 @@ class CausalLM:
             counts.append(gathered[1])
         model.train()
         loss = (torch.cat(sums).sum() / torch.cat(counts).sum().clamp(min=1)).item()
-        metrics = {EVAL_LOSS: loss, EVAL_PERPLEXITY: math.exp(loss) if loss < 700 else math.inf}
+        metrics = {EVAL_LOSS: loss, EVAL_PERPLEXITY: perplexity(loss)}
         if self.generates:
             metrics[EVAL_EXACT_MATCH] = self.exact_match(accelerator, policy, model)
         return metrics
@@ -393,3 +393,11 @@ class TextGenerator:
         same = sum(ours == theirs for ours, theirs in zip(generated, reference))
         rows = len(generated)
         return f"compare_fp32: {label} vs fp32 on {rows} prompts: {same} of {rows} generations identical"
+
+
+def perplexity(loss: float) -> float:
+    """exp(loss): inf past what a float holds, and NaN for a NaN loss (fp16 overflowing), which `loss < 700` took for
+    an infinite perplexity."""
+    if math.isnan(loss):
+        return math.nan
+    return math.exp(loss) if loss < 700 else math.inf
