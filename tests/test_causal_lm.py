@@ -111,7 +111,8 @@ PAIRS = [("on fast shipping", "great"), ("", "other"), ("Hello there  ", " great
 @pytest.mark.parametrize("prompt, response", PAIRS)
 def test_training_ids_are_apply_chat_templates_and_the_labels_its_assistant_turn(template, prompt, response):
     # Tokenized piece by piece, a Mistral template's `[INST] ` and the prompt's first word came apart (`Ġ`, `on` where
-    # the template gives `Ġon`), and a header ending in a space (`assistant: `) split the answer's first word from it.
+    # the template gives `Ġon`). The prompt is the generation prompt's own tokens, as predict.py prompts with them; a
+    # header ending in a space (`assistant: `) keeps its `Ġ` there, where the whole dialogue joins it to the answer.
     tokenizer = lm_models.templated_tokenizer(TEMPLATE_TEXTS, "chatml" if template == "spaced" else template)
     if template == "spaced":
         tokenizer.chat_template = (
@@ -119,17 +120,21 @@ def test_training_ids_are_apply_chat_templates_and_the_labels_its_assistant_turn
             "{% if add_generation_prompt %}assistant: {% endif %}"
         )
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-    expected = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
     renderer = Renderer(tokenizer, max_length=128)
     ids, labels, _, _ = renderer.pair(prompt, response)
     assert (ids, labels) == renderer.conversation(messages)[:2]
-    assert ids == expected, tokenizer.convert_ids_to_tokens(ids)
-    learned = tokenizer.decode([token for token, label in zip(ids, labels) if label != IGNORE])
-    first = next(i for i, label in enumerate(labels) if label != IGNORE)
-    assert labels[first:] == ids[first:] and set(labels[:first]) == {IGNORE}
-    assert learned.strip().startswith(response.strip()) and tokenizer.eos_token not in tokenizer.decode(ids[:first])
     prompt_alone = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, return_dict=True)
     assert renderer.prompt_ids(prompt) == prompt_alone["input_ids"]
+    first = next(i for i, label in enumerate(labels) if label != IGNORE)
+    assert ids[:first] == prompt_alone["input_ids"], "training's prompt is the one predict.py gives"
+    assert labels[first:] == ids[first:] and set(labels[:first]) == {IGNORE}
+    learned = tokenizer.decode(ids[first:])
+    assert learned.strip().startswith(response.strip()) and tokenizer.eos_token not in tokenizer.decode(ids[:first])
+    whole = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    if template != "spaced":  # no token straddles the end of the prompt: the whole is the template's
+        assert ids == whole, tokenizer.convert_ids_to_tokens(ids)
+    else:  # the same text; the space may be a token of its own before the answer
+        assert tokenizer.decode(ids) == tokenizer.decode(whole)
 
 
 def test_packing_loses_and_repeats_no_token(tiny_gpt2_dir):

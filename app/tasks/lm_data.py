@@ -10,9 +10,11 @@ where it does not (prompts, padding, user turns):
   blocks of --max_length, so no compute goes to padding; attention then crosses document boundaries (as HF's run_clm
   and most pretraining do). `--packing false` keeps one document per row.
 
-With a chat template, an example's ids are those of its whole rendering, tokenized once, as
-`tokenizer.apply_chat_template` gives them (and trl trains on); its parts (template, prompt text, answer) are told
-apart by tokenizing the rendering up to each boundary, and a token that straddles one goes to the part after it.
+With a chat template, a prompt's ids are those of its rendering with the generation prompt, tokenized once, as
+`tokenizer.apply_chat_template(..., add_generation_prompt=True)` gives them and predict.py prompts with them; its
+parts (template, prompt text, header) are told apart by tokenizing the rendering up to each boundary. The answer, and
+each turn of a conversation, is tokenized from where its prompt ends: the model learns to continue the very tokens it
+is prompted with. Where no token straddles that point (ChatML, Llama 3, Mistral), the whole is `apply_chat_template`'s.
 """
 
 from __future__ import annotations
@@ -146,15 +148,15 @@ class Renderer:
             cuts.append(max(common, cuts[-1] if cuts else 0))
         return [ids[start:end] for start, end in zip([0, *cuts], [*cuts, len(ids)])]
 
-    def prompt_parts(self, prompt: str) -> tuple[list[int], list[int], list[int]]:
+    def prompt_parts(self, prompt: str, rendered: str | None = None) -> tuple[list[int], list[int], list[int]]:
         """The tokens a response follows, in three parts: what comes before the prompt's text (the template's system
         turn and user header, or the tokenizer's BOS), the text, and what comes after it (the assistant's header).
-        With a chat template the three make up the rendering's own tokens.
+        With a chat template the three make up the tokens of its rendering (`rendered`, if done already).
 
         An empty prompt renders as an empty user turn, or else as BOS alone; with neither, as no token at all, which
         `first_empty_prompt` finds before any weights load."""
         if self.chat_template:
-            rendered = self._render_prompt(prompt)
+            rendered = self._render_prompt(prompt) if rendered is None else rendered
             before, text, _ = self._split_prompt(rendered, prompt)
             head, text_ids, tail = self._pieces(rendered, [len(before), len(before) + len(text)])
             return head, text_ids, tail
@@ -238,9 +240,10 @@ class Renderer:
                     "response's tokens cannot be told apart; train a model whose template does, or remove "
                     "chat_template from its tokenizer_config.json to train on the plain prompt and response"
                 )
-            before, text, _ = self._split_prompt(rendered, prompt)
-            bounds = [len(before), len(before) + len(text), len(rendered)]
-            head, text, tail, response_ids = self._pieces(whole, bounds)  # apply_chat_template's ids, in parts
+            # From where the prompt ends: a header ending in a space (`assistant: `) keeps its own token, as predict.py
+            # prompts with it, where apply_chat_template's whole dialogue joins it to the answer's first word.
+            head, text, tail = self.prompt_parts(prompt, rendered)
+            response_ids = self._ids(whole[len(rendered) :])
         else:
             # Prompt and response meet with no template between them: tokenized apart, so that the model learns the
             # response after the prompt's own tokens, the ones predict.py gives it.
@@ -271,7 +274,7 @@ class Renderer:
             raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
         render = self.tokenizer.apply_chat_template
         whole = render(messages, tokenize=False)
-        bounds, done = [], 0  # where each assistant turn starts and ends in the rendering
+        segments, done = [], 0  # (text, learned)
         for i, turn in enumerate(messages):
             if turn["role"] != "assistant":
                 continue
@@ -285,12 +288,16 @@ class Renderer:
                     "turns cannot be told apart; train a model whose template does, or give the data as "
                     "--prompt_column and --response_column"
                 )
-            bounds += [len(head), len(through)]
+            segments += [(whole[done : len(head)], False), (whole[len(head) : len(through)], True)]
             done = len(through)
+        segments.append((whole[done:], False))
+        # Each segment on its own, cut where a turn ends or an assistant's begins (as a prompt with the generation
+        # prompt ends): linear in the dialogue's length, where cutting one tokenization took one per boundary.
         ids, labels = [], []
-        for index, piece in enumerate(self._pieces(whole, bounds)):  # odd pieces: the assistant's turns
+        for text, learned in segments:
+            piece = self._ids(text) if text else []
             ids += piece
-            labels += piece if index % 2 else [IGNORE] * len(piece)
+            labels += piece if learned else [IGNORE] * len(piece)
         cut = len(ids) > self.max_length
         return ids[: self.max_length], labels[: self.max_length], cut
 
