@@ -517,3 +517,17 @@ def test_predictions_from_non_finite_logits_are_never_written(tmp_path, overflow
     assert not output.exists()
     assert predict(*args, *extra, "--mixed_precision", "no", "--disable_tqdm") == 0
     assert len(pd.read_csv(output)) == 2
+
+
+def test_tokens_a_model_s_generation_settings_ban_are_no_non_finite_logits(tmp_path, review_texts):
+    # no_repeat_ngram_size in the model's generation_config.json sets the banned tokens' scores to -inf before the
+    # watch for NaN logits saw them: every prediction was refused as "from NaN or inf logits in fp32", exit 3.
+    from tests.lm_models import save_tiny_llama
+
+    model = save_tiny_llama(tmp_path / "lm", review_texts)
+    settings = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**settings, "no_repeat_ngram_size": 2}))
+    output = tmp_path / "predicted.csv"
+    args = ["Tasty coffee, great", "Stale tea", "--model_name_or_path", model, "--output_file", output]
+    assert predict(*args, "--max_new_tokens", 20, "--mixed_precision", "no", "--disable_tqdm") == 0
+    assert len(pd.read_csv(output, keep_default_na=False)) == 2

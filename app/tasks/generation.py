@@ -45,9 +45,10 @@ def greedy_config(
 
 
 class NonFiniteWatch(LogitsProcessor):
-    """Marks the rows whose logits held a NaN or an inf at a step where they were still generating: greedy search
-    takes a token from them all the same (NaN's argmax is token 0), so fp16 overflow came out as text. Kept on the
-    device, read once per batch."""
+    """Marks the rows whose logits held a NaN or a +inf (or were all -inf) at a step where they were still
+    generating: greedy search takes a token from them all the same (NaN's argmax is token 0), so fp16 overflow came out
+    as text. A -inf among finite scores is a token banned by the model's own generation settings (no_repeat_ngram_size,
+    suppress_tokens, ...), which the processors before this one apply. Kept on the device, read once per batch."""
 
     def __init__(self, width: int, stops: torch.Tensor, rows: int, device: torch.device):
         self.width, self.stops = width, stops.to(device)
@@ -55,7 +56,8 @@ class NonFiniteWatch(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         going = ~torch.isin(input_ids[:, self.width :], self.stops).any(-1)  # a finished row's steps are padding
-        self.seen |= going & ~torch.isfinite(scores).all(-1)
+        broken = torch.isnan(scores).any(-1) | torch.isposinf(scores).any(-1) | torch.isneginf(scores).all(-1)
+        self.seen |= going & broken
         return scores
 
 
