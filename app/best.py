@@ -37,7 +37,9 @@ class BestModel:
         if not self.active:
             return None
         value, best = metrics[self.tag], self.state.best_metric
-        if math.isnan(value):  # fp16 overflowing before a fallback, or NaN weights (the loss check stops those)
+        # fp16 overflowing before a fallback, or NaN weights (the loss check stops those). A NaN loss marks the
+        # evaluation whatever the metric: NaN logits still give an accuracy (argmax 0), a number of nothing.
+        if math.isnan(value) or math.isnan(metrics.get(EVAL_LOSS, 0.0)):
             return None  # never the best, and nothing to weigh for patience: stopping would save the NaN model
         # Any number beats a NaN best that an earlier version recorded.
         better = best is None or math.isnan(best) or (value > best if self.greater_is_better else value < best)

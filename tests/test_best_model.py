@@ -417,6 +417,10 @@ def test_a_nan_evaluation_is_never_the_best_and_never_an_improvement():
     assert best.after_eval(4, {"eval/loss": float("nan")}) is None and state.best_step == 2
     assert best.after_eval(5, {"eval/loss": float("nan")}) is None, "patience 2 is not spent on NaN evaluations"
     assert best.after_eval(6, {"eval/loss": 5.4}) is None and (state.best_step, state.best_metric) == (6, 5.4)
+    # Tracked by accuracy: NaN logits still give one (argmax 0), the NaN loss marks the evaluation.
+    by_accuracy = BestModel(TrainConfig(load_best_model_at_end=True, metric_for_best_model="accuracy"), TrainState())
+    assert by_accuracy.after_eval(1, {"eval/loss": float("nan"), "eval/accuracy": 0.69}) is None
+    assert by_accuracy.state.best_step is None
     # A NaN best recorded by an earlier version's checkpoint gives way to the first number.
     state.best_metric = float("nan")
     assert best.after_eval(8, {"eval/loss": 7.0}) is None and (state.best_step, state.best_metric) == (8, 7.0)
