@@ -247,6 +247,21 @@ def test_generation_stops_at_the_templates_end_of_turn(qwen_base_layout, capsys)
     assert Renderer(AutoTokenizer.from_pretrained(qwen_base_layout["ends"]), 64).end_of_turn is not None
 
 
+def test_an_end_of_turn_added_as_a_plain_token_is_a_stop_too(tmp_path):
+    # ChatML's tokens added with add_tokens (not marked special), as community fine-tunes do: no end of turn was
+    # found, and answers ran on past <|im_end|>.
+    tokenizer = lm_models.templated_tokenizer(["great coffee, other tea"] * 20, "chatml")
+    tokenizer.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        saved = json.loads((tmp_path / name).read_text())
+        for token in [*saved.get("added_tokens", []), *saved.get("added_tokens_decoder", {}).values()]:
+            token["special"] = token["content"] == "<|endoftext|>"
+        (tmp_path / name).write_text(json.dumps(saved))
+    plain = AutoTokenizer.from_pretrained(tmp_path)
+    assert plain.convert_ids_to_tokens(plain.all_special_ids) == ["<|endoftext|>"], "the test's premise"
+    assert Renderer(plain, 64).end_of_turn == plain.convert_tokens_to_ids("<|im_end|>")
+
+
 @pytest.mark.parametrize("model, expected", [("ends", 1.0), ("runs_on", 0.0)])
 def test_exact_match_counts_only_answers_that_end(qwen_base_layout, model, expected):
     # Cut at the longest reference plus one token, "great\ngreat" stripped was "great": 1.0 for a model whose answers

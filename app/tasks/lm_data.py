@@ -206,10 +206,11 @@ class Renderer:
         except Exception:  # a template's own refusal of this dialogue: the data's own is said with its row
             return None
         at = rendered.find(PROMPT_MARKER)
-        added = self.tokenizer.added_tokens_decoder
-        special = set(self.tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+        # Added tokens count whether marked special or not: ChatML's added with add_tokens, as community fine-tunes
+        # do, are not, and the answers ran on past them.
+        marks = set(self.tokenizer.all_special_ids) | set(self.tokenizer.added_tokens_decoder)
         after = self._ids(rendered[at + len(PROMPT_MARKER) :]) if at >= 0 else []
-        return next((token for token in after if token in special), None)
+        return next((token for token in after if token in marks), None)
 
     def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
         """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next
