@@ -108,13 +108,15 @@ def untracked_by_a_resume(cfg: TrainConfig, recorded: dict) -> list[str]:
     ]
 
 
-def check_best_checkpoint(cfg: TrainConfig, state: TrainState, resumed: Path) -> None:
+def check_best_checkpoint(cfg: TrainConfig, record, resumed: Path) -> None:
     """With --load_best_model_at_end, the run's best checkpoint so far is loaded at the end: checked now, as the one
-    resumed from is, and not found gone or damaged after the training. UsageError if it cannot be loaded."""
+    resumed from is, and not found gone or damaged after the training. UsageError if it cannot be loaded.
+    `record`: the checkpoint resumed from (storage/checkpoints.CheckpointRecord)."""
+    state = record.state
     if not cfg.load_best_model_at_end or state.best_step is None or state.best_step == state.opt_step:
         return
-    best = best_checkpoint(state, resumed)
-    if problem := weights_unusable(best) or another_line(best, state):
+    best = best_checkpoint(state, resumed, commands=record.commands)
+    if problem := weights_unusable(best) or another_line(best, state, record.commands):
         raise UsageError(
             f"--load_best_model_at_end: the run's best checkpoint so far, step {state.best_step}, cannot be loaded: "
             f"{problem}; restore it, or resume with --load_best_model_at_end false (the model saved is then the last "

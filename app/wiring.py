@@ -121,7 +121,7 @@ def load_inputs(
         check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config))
         check_resume_labels(resume.record.labels, class_names(task), resume.path)
         check_resume_best(cfg, resume.record.state, resume.path)
-        on_main_process(accelerator, lambda: check_best_checkpoint(cfg, resume.record.state, resume.path))
+        on_main_process(accelerator, lambda: check_best_checkpoint(cfg, resume.record, resume.path))
         check_resume_length(cfg.max_steps, resume.record.state.opt_step, resume.path)
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:

@@ -424,3 +424,23 @@ def test_a_nan_evaluation_is_never_the_best_and_never_an_improvement():
     # A NaN best recorded by an earlier version's checkpoint gives way to the first number.
     state.best_metric = float("nan")
     assert best.after_eval(8, {"eval/loss": 7.0}) is None and (state.best_step, state.best_metric) == (8, 7.0)
+
+
+def test_a_best_of_another_line_with_the_same_step_and_metric_is_told_apart_by_its_commands(tmp_path):
+    # By accuracy on a small validation set, the line that replaced the best's folder scored the same at that step:
+    # (best_step, best_metric) matched, and a branch from the set-aside line loaded the other line's weights.
+    from app.state import TrainState
+    from app.storage.checkpoints import CheckpointRecord, best_checkpoint
+
+    root = tmp_path / "run" / "checkpoints"
+    aside = root / "replaced-after-step-1"
+    started, replaced = "app/train.py --max_steps 8", "app/train.py --max_steps 12 --resume_from_checkpoint step-1"
+    best = TrainState(opt_step=2, best_step=2, best_metric=0.6875, best_checkpoint=str(root / "step-2"))
+    for folder, commands in [(aside / "step-2", [started]), (root / "step-2", [started, replaced])]:
+        folder.mkdir(parents=True)
+        CheckpointRecord("r", "no", 1, best, commands=commands).write(folder)
+    later = TrainState(opt_step=6, best_step=2, best_metric=0.6875, best_checkpoint=str(root / "step-2"))
+    assert best_checkpoint(later, aside / "step-6", commands=[started]) == aside / "step-2"
+    branch = [started, "app/train.py --output_dir branch --resume_from_checkpoint replaced-after-step-1/step-6"]
+    assert best_checkpoint(later, aside / "step-6", tmp_path / "branch", branch) == aside / "step-2"
+    assert best_checkpoint(later, root / "step-6", commands=[started, replaced]) == root / "step-2"

@@ -206,7 +206,7 @@ class Checkpoints:
 
     def best(self, state: TrainState) -> Path:
         """Where the checkpoint of the best step is (best_checkpoint)."""
-        return best_checkpoint(state, self.resumed, self.root)
+        return best_checkpoint(state, self.resumed, self.root, self.record.commands)
 
     def save(self, state: TrainState) -> Path:
         """Write a checkpoint of this step on every rank, publish it atomically, then prune. Collective."""
@@ -339,34 +339,36 @@ def _step_folders(root: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def best_checkpoint(state: TrainState, resumed: Path | None, root: Path | None = None) -> Path:
+def best_checkpoint(
+    state: TrainState, resumed: Path | None, root: Path | None = None, commands: list | None = None
+) -> Path:
     """The checkpoint of `state.best_step`: where the run saved it, as the state records it through resumes and
     branches; else (the run's folder moved, or a state that does not record it) in this run's checkpoints folder
     `root`, beside the checkpoint `resumed` from, or in that one's run (a resume from a set-aside line). A folder of
-    that name that another line wrote (`another_line`) is passed over. The first place if it is in none, for the
-    message."""
+    that name that another line wrote (`another_line`, of the run's `commands`) is passed over. The first place if it
+    is in none, for the message."""
     name = f"step-{state.best_step}"
     recorded = Path(state.best_checkpoint) if state.best_checkpoint else None
     places = [recorded] if recorded and recorded.name == name else []
     places += [root / name] if root else []
     places += [resumed.parent / name, output_dir_of(resumed) / "checkpoints" / name] if resumed else []
-    return next((path for path in places if path.is_dir() and not another_line(path, state)), places[0])
+    return next((path for path in places if path.is_dir() and not another_line(path, state, commands)), places[0])
 
 
-def another_line(path: Path, state: TrainState) -> str | None:
-    """Why checkpoint `path`, of the best step's name, is not the best of the run whose state is `state`, or None.
-    A resume from an earlier step wrote a new checkpoint of that name where the recorded best was (the recorded one
-    set aside): its own state records another best metric. A checkpoint whose state cannot be read passes."""
+def another_line(path: Path, state: TrainState, commands: list | None = None) -> str | None:
+    """Why checkpoint `path`, of the best step's name, is not the best of the run whose state is `state` and whose
+    command lines are `commands` (the start's, then each resume's), or None. A resume from an earlier step wrote a new
+    checkpoint of that name where the recorded best was (the recorded one set aside): its own commands are not the
+    start of the run's (that resume's is among them), or its state records another best. A checkpoint whose record
+    cannot be read passes."""
     try:
-        own = CheckpointRecord.read(path).state
+        own = CheckpointRecord.read(path)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if (own.best_step, own.best_metric) == (state.best_step, state.best_metric):
+    lineage = own.commands and commands and list(own.commands) != list(commands[: len(own.commands)])
+    if not lineage and (own.state.best_step, own.state.best_metric) == (state.best_step, state.best_metric):
         return None
-    return (
-        f"{path} is another line's step {state.best_step} (a resume from an earlier step replaced the run's there; "
-        f"its best: {own.best_metric} at step {own.best_step}, the run's: {state.best_metric})"
-    )
+    return f"{path} is another line's step {state.best_step}: a resume from an earlier step replaced the run's there"
 
 
 def weights_unusable(path: Path) -> str | None:
