@@ -259,6 +259,19 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
     assert json.loads((tmp_path / "out" / "checkpoints" / "step-5" / "trainer_state.json").read_text())["fallback"]
 
 
+def test_a_fallback_to_a_checkpoint_after_skipped_steps_counts_them_in_the_summary(
+    quick_args, overflow_model_dir, capsys, monkeypatch
+):
+    # Back to step-2, whose fp16 steps were both skipped: the summary said "(loss scaling off)", the model card
+    # "2 skipped".
+    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: True)
+    args = [*with_model(quick_args, overflow_model_dir), "--amp", "--max_consecutive_skips", "2", "--eval_steps", "0"]
+    assert run_app([*args, "--on_scale_collapse", "fallback", "--save_steps", "1", "--max_steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "going back to step-2 (optimizer step 2)" in out, out
+    assert "  optimizer steps  6 (4 applied, 2 skipped)" in out, out
+
+
 def test_fallback_without_a_loss_scale_says_it_has_nothing_to_do_and_saves_no_start(tmp_path, quick_args, capsys):
     # In bf16 or fp32 no loss scale can collapse: the flag was ignored without a word, and a step-0 checkpoint written.
     assert run_app([*quick_args, "--max_steps", 2, "--mixed_precision", "no", "--on_scale_collapse", "fallback"]) == 0

@@ -82,7 +82,7 @@ def summary_table(
         peak_memory += f"; estimated at start: {size(estimate.total_bytes)} for weights, gradients and AdamW state"
     steps = (
         f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"
-        if telemetry.loss_scaling_logged
+        if telemetry.loss_scaling_logged or state.skipped_steps  # the fp16 steps before a fallback kept their skips
         else f"{state.opt_step} (loss scaling off)"  # nothing was skipped, nor could be
     )
     rows = [
