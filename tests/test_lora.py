@@ -17,7 +17,7 @@ import torch
 import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from app.storage.checkpoints import STATE_FILE
 from app.telemetry import tags
@@ -782,3 +782,25 @@ def test_predict_merges_adapters_into_the_base_as_it_was_trained_the_same_model_
     assert predicted.keys() == merged.keys()
     differ = [name for name in merged if not torch.equal(predicted[name], merged[name])]
     assert not differ, differ[:5]
+
+
+def test_weights_transformers_renames_while_loading_are_not_new_modules():
+    # An older BERT's LayerNorm.gamma/beta and a GPT-NeoX's embed_out load as LayerNorm.weight/bias and lm_head: taken
+    # as stored they looked new, and --use_peft trained every LayerNorm, or Pythia's whole output head, in full.
+    from transformers import BertConfig, GPTNeoXConfig
+
+    from app.adapters.lora import new_modules
+
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+    with torch.device("meta"):
+        bert = AutoModelForSequenceClassification.from_config(BertConfig(vocab_size=100, **small))
+        neox = AutoModelForCausalLM.from_config(GPTNeoXConfig(vocab_size=100, tie_word_embeddings=False, **small))
+    legacy = {
+        key.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        for key in bert.state_dict()
+        if not key.startswith("classifier.")
+    }
+    assert any(key.endswith("LayerNorm.gamma") for key in legacy), "the test's premise"
+    assert new_modules(bert, legacy) == ["classifier"]
+    pythia = {"embed_out.weight" if key == "lm_head.weight" else key for key in neox.state_dict()}
+    assert new_modules(neox, pythia) == []

@@ -99,6 +99,7 @@ def new_modules(model: torch.nn.Module, stored: set[str] | None) -> list[str]:
     head, a pooler the checkpoint lacks): outermost names only. `stored`: the checkpoint's tensor names, or None when
     they cannot be read without loading (then: what lies outside the base model, e.g. `classifier`)."""
     prefix = getattr(model, "base_model_prefix", "")
+    stored = as_loaded(model, stored) if stored is not None else None
     missing = []
     for name, _ in model.named_parameters():  # tied weights are named once, where they are stored
         bare = name.removeprefix(f"{prefix}.")
@@ -110,6 +111,23 @@ def new_modules(model: torch.nn.Module, stored: set[str] | None) -> list[str]:
         if not any(module.startswith(f"{outer}.") for outer in outermost):
             outermost.append(module)
     return sorted(outermost)
+
+
+def as_loaded(model: torch.nn.Module, stored: set[str]) -> set[str]:
+    """The checkpoint's tensor names as transformers renames them while loading (its conversion mapping): a
+    GPT-NeoX's `embed_out` is `lm_head`, an older BERT's `LayerNorm.gamma` is `LayerNorm.weight`. Taken as stored,
+    they looked new, and LoRA trained those modules in full. The stored names too, where transformers has no mapping
+    API (before 5)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, rename_source_key
+
+        transforms = get_model_conversion_mapping(model)
+    except Exception:  # another transformers: its names as stored
+        return stored
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    renamings = [t for t in transforms if not isinstance(t, WeightConverter)]
+    return stored | {rename_source_key(name, renamings, converters)[0] for name in stored}
 
 
 def _matches(name: str, wanted: str) -> bool:
