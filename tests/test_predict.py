@@ -12,6 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -531,3 +532,32 @@ def test_tokens_a_model_s_generation_settings_ban_are_no_non_finite_logits(tmp_p
     args = ["Tasty coffee, great", "Stale tea", "--model_name_or_path", model, "--output_file", output]
     assert predict(*args, "--max_new_tokens", 20, "--mixed_precision", "no", "--disable_tqdm") == 0
     assert len(pd.read_csv(output, keep_default_na=False)) == 2
+
+
+@pytest.mark.parametrize("model", ["gpt2 without a pad token", "llama whose config names another pad token"])
+def test_a_decoder_classifier_pads_with_a_token_its_head_skips(
+    tmp_path, tiny_gpt2_dir, tiny_llama_dir, review_files, model, capfd
+):
+    # GPT-2's tokenizer has no pad token: a batch could not be padded, a traceback after the weights loaded. A config
+    # whose pad_token_id is not the tokenizer's: the head read padding as the last token, and a text's probability
+    # changed with the batch it was in.
+    folder = tmp_path / "base"
+    shutil.copytree(tiny_gpt2_dir if model.startswith("gpt2") else tiny_llama_dir, folder)
+    if model.startswith("llama"):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": 2}))
+    out = tmp_path / "out"
+    flags = ["--model_name_or_path", folder, "--train_file", review_files["train"], "--validation_file"]
+    flags += [review_files["validation"], "--task", "sequence_classification", "--max_steps", 2, "--max_length", 32]
+    flags += ["--output_dir", out, "--logdir", tmp_path / "runs", "--mixed_precision", "no", "--disable_tqdm"]
+    assert run_app(flags) == 0, capfd.readouterr().err[-2000:]
+    said = capfd.readouterr().out
+    assert ("note: the tokenizer has no pad token" in said) == model.startswith("gpt2"), said
+    assert ("the classifier reads the last token before the tokenizer's padding" in said) == model.startswith("llama")
+    found = {}
+    for batch in (1, 16):
+        output = tmp_path / f"batch-{batch}.csv"
+        args = ["--model_name_or_path", out, "--input_file", review_files["validation"], "--output_file", output]
+        assert predict(*args, "--per_device_eval_batch_size", batch, "--mixed_precision", "no", "--disable_tqdm") == 0
+        found[batch] = pd.read_csv(output)["probability"].to_numpy()
+    assert np.allclose(found[1], found[16], atol=1e-6), "a text's probability changed with its batch"

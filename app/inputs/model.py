@@ -15,6 +15,7 @@ from typing import Callable
 
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
@@ -291,3 +292,13 @@ def check_max_length(max_length: int, config: PretrainedConfig, tokenizer, pair:
             f"--max_length {max_length} leaves no room for text: the tokenizer adds {special} special token(s) to "
             f"each {'pair of texts' if pair else 'text'}; use --max_length {least} or more"
         )
+
+
+def is_decoder(model_config: PretrainedConfig) -> bool:
+    """A decoder-only model type (GPT-2, Llama, ...): trained as a causal LM unless asked otherwise; as a classifier,
+    its head reads the last token that is not padding."""
+    kind = model_config.model_type
+    decoder = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+        kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_config.is_decoder
+    )
+    return decoder and not model_config.is_encoder_decoder

@@ -26,7 +26,7 @@ from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
 from app.errors import UsageError
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
-from app.inputs.model import headless, load_weights
+from app.inputs.model import headless, is_decoder, load_weights
 from app.inputs.reading import check_label_cells, check_text_cells, file_row, header_hint, row_of
 from app.tasks.first_token import compute_the_first_token_alone
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
@@ -310,7 +310,9 @@ class SequenceClassification:
         columns = resolve_columns(cfg)
         check_columns(raw, columns)
         trained_head = model_config.id2label if has_trained_head(model_config) else None
-        return cls(columns, infer_labels(raw, columns.label, trained_head), tokenizer, cfg.max_length)
+        task = cls(columns, infer_labels(raw, columns.label, trained_head), tokenizer, cfg.max_length)
+        task.notes += pad_as_the_head_reads(tokenizer, model_config)
+        return task
 
     def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
         """Token ids and integer labels; the main process tokenizes first so that the others read its cache."""
@@ -336,6 +338,8 @@ class SequenceClassification:
         config.label2id = {label: i for i, label in id2label.items()}
         # Fixed up front so that torch.compile does not recompile when the loss first sets it.
         config.problem_type = "single_label_classification"
+        if is_decoder(config):  # its head reads the last token before the padding the tokenizer adds
+            config.pad_token_id = self.tokenizer.pad_token_id
         return config
 
     def empty_model(self, model_config: PretrainedConfig) -> torch.nn.Module:
@@ -402,6 +406,29 @@ def macro_f1(predicted: torch.Tensor, labels: torch.Tensor) -> float:
     return torch.stack(scores).mean().item()
 
 
+def pad_as_the_head_reads(tokenizer, model_config: PretrainedConfig) -> list[str]:
+    """Give a tokenizer without a pad token its EOS to pad with (GPT-2's and Llama's come without one: a batch of
+    two texts could not be padded), and say where a decoder's config names another pad token than the tokenizer's:
+    its head reads the last token that is not that one, so it read padding as text, and its answers changed with the
+    batch size. Returns the notes. UsageError where there is nothing to pad with."""
+    notes = []
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise UsageError(
+                "the tokenizer has no pad token to pad a batch with, nor an EOS token to pad with; set pad_token in "
+                "the model's tokenizer_config.json"
+            )
+        tokenizer.pad_token = tokenizer.eos_token
+        notes.append(f"note: the tokenizer has no pad token: batches are padded with its EOS, {tokenizer.eos_token}")
+    configured = model_config.pad_token_id
+    if is_decoder(model_config) and configured is not None and configured != tokenizer.pad_token_id:
+        notes.append(
+            f"note: the model config's pad_token_id {configured} is not the tokenizer's pad token "
+            f"({tokenizer.pad_token_id}): the classifier reads the last token before the tokenizer's padding"
+        )
+    return notes
+
+
 class LabelPredictor:
     """predict.py's output for a sequence classifier: each text's most likely label and its probability."""
 
@@ -411,6 +438,10 @@ class LabelPredictor:
         self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, say: Callable
     ):
         self.model = load_trained(model_path, AutoModelForSequenceClassification, say)  # full, or a base with adapters
+        for note in pad_as_the_head_reads(tokenizer, self.model.config):
+            say(note)
+        if is_decoder(self.model.config):  # as in training: the last token before the tokenizer's padding
+            self.model.config.pad_token_id = tokenizer.pad_token_id
         compute_the_first_token_alone(self.model)
         self.model.to(device).eval()
         self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size

@@ -12,11 +12,11 @@ import torch
 from accelerate import Accelerator
 from datasets import DatasetDict
 from transformers import PretrainedConfig
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, metric_tag
 from app.errors import UsageError
+from app.inputs.model import is_decoder
 from app.tasks.causal_lm import CausalLM
 from app.tasks.classification import SequenceClassification
 
@@ -70,10 +70,7 @@ def resolve_task(requested: str | None, model_config: PretrainedConfig) -> tuple
         if architecture.endswith("ForSequenceClassification"):
             return "sequence_classification", f"the model config's architecture is {architecture}"
     kind = model_config.model_type
-    decoder = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
-        kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_config.is_decoder
-    )
-    if decoder and not model_config.is_encoder_decoder:
+    if is_decoder(model_config):
         return "causal_lm", f"model type {kind} is a decoder, which transformers loads as a causal LM"
     return "sequence_classification", f"model type {kind} is not a decoder, so it gets a classification head"
 
