@@ -623,3 +623,40 @@ def test_the_line_that_says_why_a_run_stopped_comes_before_its_process_group_end
         monkeypatch.setattr(Training, "loss", loss_then_sigterm)
     assert run_app([*quick_args, *extra]) == (2 if "--label_column" in extra else 143)
     assert len(said_by_then) == 1 and line in said_by_then[0], said_by_then
+
+
+@pytest.mark.parametrize(
+    "kind, flags, expected",
+    [
+        (
+            "mamba",  # a traceback from AutoModelForSequenceClassification, its folders left behind
+            [],
+            "error: model type mamba has no sequence-classification head in transformers "
+            "(AutoModelForSequenceClassification); use a model that has one (or train it with --task causal_lm)\n",
+        ),
+        (
+            "albert",  # transformers' refusal came after the weights had loaded
+            ["--gradient_checkpointing"],
+            "error: --gradient_checkpointing: AlbertForSequenceClassification does not support it in transformers; "
+            "drop the flag, or lower --per_device_train_batch_size to save memory\n",
+        ),
+    ],
+)
+def test_an_architecture_that_cannot_do_what_is_asked_is_one_line_before_anything_is_written(
+    tmp_path, tiny_model_dir, review_files, kind, flags, expected, capfd
+):
+    from transformers import AlbertConfig, AlbertModel, MambaConfig, MambaModel
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    small = {"vocab_size": tokenizer.vocab_size, "hidden_size": 32, "num_hidden_layers": 1}
+    if kind == "mamba":
+        model = MambaModel(MambaConfig(state_size=4, expand=2, **small))
+    else:
+        model = AlbertModel(AlbertConfig(num_attention_heads=2, intermediate_size=64, embedding_size=16, **small))
+    model.save_pretrained(tmp_path / kind)
+    tokenizer.save_pretrained(tmp_path / kind)
+    args = [*data_flags(tmp_path / kind, review_files), "--task", "sequence_classification", *flags]
+    capfd.readouterr()
+    assert run_app([*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--max_steps", 1]) == 2
+    assert capfd.readouterr().err == expected
+    assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()

@@ -42,6 +42,11 @@ def plan_model(
     that name no layer, a base dtype autocast cannot compute with, or float16 weights beyond fp16's range."""
     dtype, why = base_model.base_dtype(cfg.dtype, policy, cfg.use_peft)
     empty = task.empty_model(model_config)
+    if cfg.gradient_checkpointing and not getattr(empty, "supports_gradient_checkpointing", False):
+        raise UsageError(  # transformers' own refusal came after the weights had loaded and the folders were made
+            f"--gradient_checkpointing: {type(empty).__name__} does not support it in transformers; drop the flag, "
+            "or lower --per_device_train_batch_size to save memory"
+        )
     if not cfg.use_peft:
         return ModelPlan(dtype, why, None, None, Footprint(0, dtype, sum(p.numel() for p in empty.parameters())))
     new = new_modules(empty, base_model.stored_keys(model_path))

@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from datasets import DatasetDict
 from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from app.adapters.base import stored_shapes
 from app.adapters.trained import holds_adapters, load_trained
@@ -307,6 +308,13 @@ class SequenceClassification:
         cls, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig
     ) -> SequenceClassification:
         """Check the columns and labels of `raw` (UsageError if they don't fit), before anything heavy."""
+        kind = model_config.model_type
+        if kind not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:  # else a traceback once the folders were made
+            also = " (or train it with --task causal_lm)" if is_decoder(model_config) else ""
+            raise UsageError(
+                f"model type {kind} has no sequence-classification head in transformers "
+                f"(AutoModelForSequenceClassification); use a model that has one{also}"
+            )
         columns = resolve_columns(cfg)
         check_columns(raw, columns)
         trained_head = model_config.id2label if has_trained_head(model_config) else None
