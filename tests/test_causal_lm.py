@@ -122,7 +122,8 @@ def test_training_ids_are_apply_chat_templates_and_the_labels_its_assistant_turn
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
     renderer = Renderer(tokenizer, max_length=128)
     ids, labels, _, _ = renderer.pair(prompt, response)
-    assert (ids, labels) == renderer.conversation(messages)[:2]
+    if template != "spaced":  # a conversation's header ending in a space joins the answer, as in the whole dialogue
+        assert (ids, labels) == renderer.conversation(messages)[:2]
     prompt_alone = tokenizer.apply_chat_template(messages[:1], add_generation_prompt=True, return_dict=True)
     assert renderer.prompt_ids(prompt) == prompt_alone["input_ids"]
     first = next(i for i, label in enumerate(labels) if label != IGNORE)
@@ -135,6 +136,23 @@ def test_training_ids_are_apply_chat_templates_and_the_labels_its_assistant_turn
         assert ids == whole, tokenizer.convert_ids_to_tokens(ids)
     else:  # the same text; the space may be a token of its own before the answer
         assert tokenizer.decode(ids) == tokenizer.decode(whole)
+
+
+@pytest.mark.parametrize("template", lm_models.TEMPLATES)
+def test_a_conversation_of_several_turns_is_apply_chat_templates_ids(template):
+    # Turn by turn, a SentencePiece tokenizer (Llama 2's template) began each later user turn with a "▁" ("▁[INST]"
+    # where the whole dialogue gives "[", "INST]"): prompts that multi-turn inference never gives.
+    tokenizer = lm_models.templated_tokenizer(TEMPLATE_TEXTS, template)
+    messages = [
+        {"role": "user", "content": "I rely on fast shipping"},
+        {"role": "assistant", "content": "great"},
+        {"role": "user", "content": "fast shipping"},
+        {"role": "assistant", "content": "coffee."},
+    ]
+    ids, labels, _ = Renderer(tokenizer, max_length=256).conversation(messages)
+    assert ids == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
+    learned = [tokenizer.decode([t for t, label in zip(ids, labels) if label != IGNORE])]
+    assert "great" in learned[0] and "coffee." in learned[0] and "shipping" not in learned[0]
 
 
 def test_packing_loses_and_repeats_no_token(tiny_gpt2_dir):

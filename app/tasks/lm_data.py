@@ -11,10 +11,10 @@ where it does not (prompts, padding, user turns):
   and most pretraining do). `--packing false` keeps one document per row.
 
 With a chat template, a prompt's ids are those of its rendering with the generation prompt, tokenized once, as
-`tokenizer.apply_chat_template(..., add_generation_prompt=True)` gives them and predict.py prompts with them; its
-parts (template, prompt text, header) are told apart by tokenizing the rendering up to each boundary. The answer, and
-each turn of a conversation, is tokenized from where its prompt ends: the model learns to continue the very tokens it
-is prompted with. Where no token straddles that point (ChatML, Llama 3, Mistral), the whole is `apply_chat_template`'s.
+`tokenizer.apply_chat_template(..., add_generation_prompt=True)` gives them and predict.py prompts with them; the
+answer is tokenized from where the prompt ends, so the model learns to continue the very tokens it is prompted with.
+Where no token straddles that point (ChatML, Llama 3, Mistral), the whole is `apply_chat_template`'s. A conversation's
+ids are `apply_chat_template`'s, its assistant turns told apart by the tokens' offsets (a fast tokenizer's).
 """
 
 from __future__ import annotations
@@ -138,14 +138,18 @@ class Renderer:
         """`text` tokenized once, in pieces cut at the character positions `bounds` (ascending).
 
         Tokenized piece by piece, the text split inside a turn where a template's space met a prompt's first word
-        (`[INST] on`: `Ġ`, `on` where the whole gives `Ġon`), so training saw ids that no rendering tokenizes to. Each
-        cut is where the text's tokens and those of the text up to the bound part ways: a token that straddles the
-        bound goes to the piece after it."""
-        ids, cuts = self._ids(text), []
-        for bound in bounds:
-            upto = self._ids(text[:bound]) if bound else []
-            common = next((i for i, (a, b) in enumerate(zip(upto, ids)) if a != b), min(len(upto), len(ids)))
-            cuts.append(max(common, cuts[-1] if cuts else 0))
+        (`[INST] on`: `Ġ`, `on` where the whole gives `Ġon`), and a SentencePiece tokenizer began each piece with a
+        `▁`: ids that no rendering tokenizes to. A token that straddles a bound goes to the piece after it."""
+        if self.tokenizer.is_fast:  # one pass: a token ending past a bound is after it (linear in the text)
+            encoded = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+            ids, ends = encoded["input_ids"], [end for _, end in encoded["offset_mapping"]]
+            cuts = [next((i for i, end in enumerate(ends) if end > bound), len(ids)) for bound in bounds]
+        else:  # a slow tokenizer has no offsets: the tokens of the text up to each bound (one tokenization each)
+            ids, cuts = self._ids(text), []
+            for bound in bounds:
+                upto = self._ids(text[:bound]) if bound else []
+                cuts.append(next((i for i, (a, b) in enumerate(zip(upto, ids)) if a != b), min(len(upto), len(ids))))
+        cuts = [max(cuts[: i + 1]) for i in range(len(cuts))]  # never backwards
         return [ids[start:end] for start, end in zip([0, *cuts], [*cuts, len(ids)])]
 
     def prompt_parts(self, prompt: str, rendered: str | None = None) -> tuple[list[int], list[int], list[int]]:
@@ -275,7 +279,7 @@ class Renderer:
             raise UsageError("--messages_column needs a tokenizer with a chat template; this one has none")
         render = self.tokenizer.apply_chat_template
         whole = render(messages, tokenize=False)
-        segments, done = [], 0  # (text, learned)
+        bounds, done = [], 0  # where each assistant turn begins and ends in the rendering
         for i, turn in enumerate(messages):
             if turn["role"] != "assistant":
                 continue
@@ -289,16 +293,14 @@ class Renderer:
                     "turns cannot be told apart; train a model whose template does, or give the data as "
                     "--prompt_column and --response_column"
                 )
-            segments += [(whole[done : len(head)], False), (whole[len(head) : len(through)], True)]
+            bounds += [len(head), len(through)]
             done = len(through)
-        segments.append((whole[done:], False))
-        # Each segment on its own, cut where a turn ends or an assistant's begins (as a prompt with the generation
-        # prompt ends): linear in the dialogue's length, where cutting one tokenization took one per boundary.
+        # The dialogue's own tokens, apply_chat_template's, cut where each assistant turn begins and ends (tokenized
+        # turn by turn, a SentencePiece tokenizer put a "▁" before every later user turn).
         ids, labels = [], []
-        for text, learned in segments:
-            piece = self._ids(text) if text else []
+        for index, piece in enumerate(self._pieces(whole, bounds)):  # odd pieces: the assistant's turns
             ids += piece
-            labels += piece if learned else [IGNORE] * len(piece)
+            labels += piece if index % 2 else [IGNORE] * len(piece)
         cut = len(ids) > self.max_length
         return ids[: self.max_length], labels[: self.max_length], cut
 
