@@ -561,3 +561,35 @@ def test_a_decoder_classifier_pads_with_a_token_its_head_skips(
         assert predict(*args, "--per_device_eval_batch_size", batch, "--mixed_precision", "no", "--disable_tqdm") == 0
         found[batch] = pd.read_csv(output)["probability"].to_numpy()
     assert np.allclose(found[1], found[16], atol=1e-6), "a text's probability changed with its batch"
+
+
+@pytest.mark.parametrize("kind", ["xlm", "gemma3"])
+def test_classifiers_whose_configs_lack_a_field_of_their_own_train_and_predict(
+    tmp_path, tiny_model_dir, tiny_llama_dir, review_files, kind, capfd
+):
+    # XLM's config has no is_decoder, Gemma 3's (text and vision) no pad_token_id of its own: a traceback in
+    # train.py and predict.py once the pad token was checked for every classifier.
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, XLMConfig, XLMModel
+
+    folder = tmp_path / kind
+    torch.manual_seed(0)
+    if kind == "xlm":
+        tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+        config = XLMConfig(vocab_size=tokenizer.vocab_size, emb_dim=32, n_layers=1, n_heads=2, pad_token_id=0)
+        XLMModel(config).save_pretrained(folder)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+        text = {"vocab_size": len(tokenizer), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+        text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "pad_token_id": 0}
+        vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
+        vision |= {"image_size": 28, "patch_size": 14}
+        config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+        Gemma3ForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out = tmp_path / "out"
+    flags = ["--model_name_or_path", folder, "--train_file", review_files["train"], "--validation_file"]
+    flags += [review_files["validation"], "--task", "sequence_classification", "--max_steps", 1, "--max_length", 32]
+    flags += ["--output_dir", out, "--logdir", tmp_path / "runs", "--mixed_precision", "no", "--disable_tqdm"]
+    assert run_app(flags) == 0, capfd.readouterr().err[-2000:]
+    assert predict("great coffee", "--model_name_or_path", out, "--mixed_precision", "no", "--disable_tqdm") == 0

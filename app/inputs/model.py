@@ -298,7 +298,7 @@ def is_decoder(model_config: PretrainedConfig) -> bool:
     """A decoder-only model type (GPT-2, Llama, ...): trained as a causal LM unless asked otherwise; as a classifier,
     its head reads the last token that is not padding."""
     kind = model_config.model_type
-    decoder = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
-        kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or model_config.is_decoder
+    decoder = kind in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (  # XLM's config has no is_decoder
+        kind not in MODEL_FOR_MASKED_LM_MAPPING_NAMES or getattr(model_config, "is_decoder", False)
     )
-    return decoder and not model_config.is_encoder_decoder
+    return decoder and not getattr(model_config, "is_encoder_decoder", False)

@@ -347,7 +347,7 @@ class SequenceClassification:
         # Fixed up front so that torch.compile does not recompile when the loss first sets it.
         config.problem_type = "single_label_classification"
         if is_decoder(config):  # its head reads the last token before the padding the tokenizer adds
-            config.pad_token_id = self.tokenizer.pad_token_id
+            config.get_text_config().pad_token_id = self.tokenizer.pad_token_id  # where the head reads it (Gemma 3)
         return config
 
     def empty_model(self, model_config: PretrainedConfig) -> torch.nn.Module:
@@ -428,7 +428,7 @@ def pad_as_the_head_reads(tokenizer, model_config: PretrainedConfig) -> list[str
             )
         tokenizer.pad_token = tokenizer.eos_token
         notes.append(f"note: the tokenizer has no pad token: batches are padded with its EOS, {tokenizer.eos_token}")
-    configured = model_config.pad_token_id
+    configured = getattr(model_config.get_text_config(), "pad_token_id", None)  # a composite config's text part's
     if is_decoder(model_config) and configured is not None and configured != tokenizer.pad_token_id:
         notes.append(
             f"note: the model config's pad_token_id {configured} is not the tokenizer's pad token "
@@ -449,7 +449,7 @@ class LabelPredictor:
         for note in pad_as_the_head_reads(tokenizer, self.model.config):
             say(note)
         if is_decoder(self.model.config):  # as in training: the last token before the tokenizer's padding
-            self.model.config.pad_token_id = tokenizer.pad_token_id
+            self.model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
         compute_the_first_token_alone(self.model)
         self.model.to(device).eval()
         self.tokenizer, self.max_length, self.batch_size = tokenizer, max_length, batch_size
