@@ -57,7 +57,10 @@ def amp_padding() -> int:
 
 
 def default_launcher() -> list[str]:
+    """One process, with every value accelerate launch would otherwise default (and warn of in a banner) given, as
+    `make train` gives them; precision is each run's own flag."""
     launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "1"]
+    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     if not torch.cuda.is_available():  # accelerate launch gives a CPU process one thread unless told otherwise
         launcher += ["--num_cpu_threads_per_process", str(os.cpu_count() or 1)]
     return launcher

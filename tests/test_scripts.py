@@ -600,3 +600,20 @@ def test_bench_attention_times_the_apps_attention_against_torchs_math_path(tmp_p
     ):
         assert ratio == pytest.approx(ms[app] / ms["torch_own"], abs=1e-3)
         assert f"{said_as} {ratio}" in said
+
+
+def test_compare_amp_s_launcher_passes_every_value_accelerate_would_warn_of(tmp_path):
+    # Every comparison opened with accelerate launch's banner ("The following values were not passed ..."), which
+    # make train avoids by passing them all.
+    from tests import forked
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import compare_amp
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    script = tmp_path / "hello.py"
+    script.write_text("print('launched')\n")
+    result = forked.run([*compare_amp.default_launcher(), str(script)], env=clean_env(tmp_path), timeout=120)
+    assert result.returncode == 0 and "launched" in result.stdout, result.stderr[-2000:]
+    assert "were not passed" not in result.stderr, result.stderr[-2000:]
