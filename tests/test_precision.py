@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -192,8 +191,9 @@ def test_launcher_and_app_flags_map_to_what_runs(tmp_path, quick_args):
         ]
         return name, launch(tmp_path, launcher_flags, args, **env)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        results = dict(pool.map(run_case, cases.items()))
+    # One launch at a time: two forked from this process's threads at once now and then lost one's exit status to the
+    # fork server (exit code 255, nothing said), a fault of the test's harness, not of the app.
+    results = dict(map(run_case, cases.items()))
     for name, (_, _, _, expected_line, expected_note) in cases.items():
         result = results[name]
         assert result.returncode == 0, f"{name}: {result.stderr[-2000:]}"
