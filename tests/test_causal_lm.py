@@ -81,17 +81,13 @@ def test_with_a_chat_template_a_long_prompt_loses_text_not_the_template(tiny_lla
     assert text.startswith("<|im_start|>user\n") and "the end<|im_end|>\n<|im_start|>assistant\ngreat" in text
 
 
-def test_conversations_learn_the_assistant_turns_only(tiny_llama_dir):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
-    messages = [
-        {"role": "user", "content": "Review: tasty."},
-        {"role": "assistant", "content": "great"},
-        {"role": "user", "content": "Sure?"},
-        {"role": "assistant", "content": "Yes."},
-    ]
-    ids, labels, cut = Renderer(tokenizer, max_length=128).conversation(messages)
-    assert not cut
-    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tokenize=False)
+def dialogue(*contents: str) -> list[dict]:
+    """A conversation whose turns alternate user, assistant, user, ..."""
+    return [{"role": ("user", "assistant")[i % 2], "content": content} for i, content in enumerate(contents)]
+
+
+def learned_spans(tokenizer, ids: list[int], labels: list[int]) -> list[str]:
+    """The decoded runs of tokens that carry a label."""
     spans, current = [], []
     for token, label in zip(ids, labels):
         if label == IGNORE and current:
@@ -99,8 +95,16 @@ def test_conversations_learn_the_assistant_turns_only(tiny_llama_dir):
             current = []
         elif label != IGNORE:
             current.append(token)
-    spans += [tokenizer.decode(current)] if current else []
-    assert spans == ["great<|im_end|>\n", "Yes.<|im_end|>\n"]
+    return spans + ([tokenizer.decode(current)] if current else [])
+
+
+def test_conversations_learn_the_assistant_turns_only(tiny_llama_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    messages = dialogue("Review: tasty.", "great", "Sure?", "Yes.")
+    ids, labels, cut = Renderer(tokenizer, max_length=128).conversation(messages)
+    assert not cut
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(messages, tokenize=False)
+    assert learned_spans(tokenizer, ids, labels) == ["great<|im_end|>\n", "Yes.<|im_end|>\n"]
 
 
 TEMPLATE_TEXTS = ["[INST] I rely on fast shipping [/INST] great coffee.", "Hello there, 2+2=4? user: assistant:"] * 20
@@ -143,16 +147,11 @@ def test_a_conversation_of_several_turns_is_apply_chat_templates_ids(template):
     # Turn by turn, a SentencePiece tokenizer (Llama 2's template) began each later user turn with a "▁" ("▁[INST]"
     # where the whole dialogue gives "[", "INST]"): prompts that multi-turn inference never gives.
     tokenizer = lm_models.templated_tokenizer(TEMPLATE_TEXTS, template)
-    messages = [
-        {"role": "user", "content": "I rely on fast shipping"},
-        {"role": "assistant", "content": "great"},
-        {"role": "user", "content": "fast shipping"},
-        {"role": "assistant", "content": "coffee."},
-    ]
+    messages = dialogue("I rely on fast shipping", "great", "fast shipping", "coffee.")
     ids, labels, _ = Renderer(tokenizer, max_length=256).conversation(messages)
     assert ids == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
-    learned = [tokenizer.decode([t for t, label in zip(ids, labels) if label != IGNORE])]
-    assert "great" in learned[0] and "coffee." in learned[0] and "shipping" not in learned[0]
+    spans = [span.strip() for span in learned_spans(tokenizer, ids, labels)]
+    assert len(spans) == 2 and spans[0].startswith("great") and spans[1].startswith("coffee."), spans
 
 
 def test_packing_loses_and_repeats_no_token(tiny_gpt2_dir):
