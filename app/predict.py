@@ -51,7 +51,7 @@ from app.cli import (
 from app.config import TrainConfig, refuse_empty_values
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
-from app.inputs.data import read_table
+from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
 from app.inputs.model import check_max_length, check_weight_files, load_model_config, load_tokenizer, max_positions
 from app.inputs.reading import header_hint, stdin_lines
 from app.storage.folders import CONFIG_FILE, recorded_config
@@ -79,7 +79,8 @@ class PredictConfig:
     )
     text_column: Optional[str] = flag(
         "Column of --input_file with the text (a classifier's input, or a causal LM's prompt). Default: a "
-        "classifier's --text_column as it was trained (its training_args.yaml), else text.",
+        "classifier's --text_column as it was trained (its training_args.yaml; review for the embedded reviews), "
+        "else text.",
         default=None,
     )
     text_pair_column: Optional[str] = flag(
@@ -217,7 +218,8 @@ def columns_as_trained(cfg: PredictConfig) -> PredictConfig:
     other way round it would predict from half its input, or from an input it never saw."""
     trained = recorded_config(Path(cfg.model_name_or_path))
     named = lambda key: trained[key] if isinstance(trained.get(key), str) else None  # noqa: E731
-    text = cfg.text_column or named("text_column") or "text"
+    embedded = trained and not (trained.get("train_file") or trained.get("dataset_name"))  # its texts: `review`
+    text = cfg.text_column or named("text_column") or (EMBEDDED_TEXT_COLUMN if embedded else "text")
     if cfg.text_pair_column and trained and named("text_pair_column") is None:
         raise UsageError(
             f"{cfg.model_name_or_path} was trained on single texts (its {CONFIG_FILE} names no text_pair_column); "

@@ -593,3 +593,30 @@ def test_classifiers_whose_configs_lack_a_field_of_their_own_train_and_predict(
     flags += ["--output_dir", out, "--logdir", tmp_path / "runs", "--mixed_precision", "no", "--disable_tqdm"]
     assert run_app(flags) == 0, capfd.readouterr().err[-2000:]
     assert predict("great coffee", "--model_name_or_path", out, "--mixed_precision", "no", "--disable_tqdm") == 0
+
+
+def test_a_model_trained_on_the_embedded_reviews_reads_their_review_column_by_default(tmp_path, trained, capsys):
+    # Its training_args.yaml records no text_column (the embedded data's default, review): predict.py read `text`,
+    # and a user who exported those reviews was told the column is missing.
+    model_dir = tmp_path / "embedded"
+    shutil.copytree(trained, model_dir)
+    record = (model_dir / "training_args.yaml").read_text()
+    record = "\n".join(
+        f"{line.split(':')[0]}: null" if line.split(":")[0] in ("train_file", "validation_file") else line
+        for line in record.splitlines()
+    )
+    (model_dir / "training_args.yaml").write_text(record + "\n")
+    texts = ["Great coffee, would buy again.", "Stale and bitter."]
+    pd.DataFrame({"review": texts, "score": ["great", "other"]}).to_csv(tmp_path / "reviews.csv", index=False)
+    out = tmp_path / "predicted.csv"
+    flags = ["--input_file", tmp_path / "reviews.csv", "--mixed_precision", "no"]
+    assert predict("--model_name_or_path", model_dir, *flags, "--output_file", out) == 0
+    got = pd.read_csv(out)
+    assert list(got["review"]) == texts
+    expected = reference(model_dir, texts).max(-1).values.double()
+    assert (torch.tensor(got["probability"].values) - expected).abs().max() < 1e-6
+    capsys.readouterr()
+    # A file of the user's own, with `text`: told which column the model reads and what the file has.
+    pd.DataFrame({"text": texts}).to_csv(tmp_path / "own.csv", index=False)
+    assert predict("--model_name_or_path", model_dir, "--input_file", tmp_path / "own.csv") == 2
+    assert capsys.readouterr().err == "error: --text_column 'review' is not in the input; its columns are: text\n"
