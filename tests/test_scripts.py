@@ -202,18 +202,11 @@ def test_compare_amp_writes_both_runs_a_full_report_and_a_png(
     ],
     ids=["gpu_check steps", "bench rounds", "gpu_check default json", "bench json"],
 )
-def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp_path, script, args, said):
+def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp_path, run_here, script, args, said):
     # ZeroDivisionError tracebacks, and a --json in a missing folder found after the benchmark's minutes of runs.
     (tmp_path / "gpu_check.json").mkdir()  # where gpu_check writes by default: a folder, found before the runs
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), *args],
-        env=clean_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert said in run_here(script, *args, exit_code=2)  # a traceback would fail the test, not exit 2
+    assert list(tmp_path.iterdir()) == [tmp_path / "gpu_check.json"], "nothing written"
 
 
 @pytest.mark.parametrize(
@@ -227,17 +220,9 @@ def test_a_benchmarks_bad_numbers_and_json_folder_are_refused_before_it_runs(tmp
     ],
     ids=["amp", "dashes", "its own dashed", "yaml", "misspelt"],
 )
-def test_compare_amp_refuses_flags_it_sets_itself_and_flags_no_run_takes(tmp_path, flags, said):
+def test_compare_amp_refuses_flags_it_sets_itself_and_flags_no_run_takes(tmp_path, run_here, flags, said):
     (tmp_path / "owned.yaml").write_text("output_dir: mine\nresume_from_checkpoint: latest\n")
-    result = subprocess.run(
-        [sys.executable, str(SCRIPTS / "compare_amp.py"), *flags],
-        env=clean_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 2 and said in result.stderr, result.stderr
+    assert said in run_here("compare_amp.py", *flags, exit_code=2)
     assert list(tmp_path.iterdir()) == [tmp_path / "owned.yaml"], "nothing written"
 
 
