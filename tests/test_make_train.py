@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.conftest import ROOT, clean_env
 
 BANNER = "were not passed to `accelerate launch`"
@@ -31,9 +32,8 @@ def test_make_train_opens_with_the_precision_decision_not_a_launcher_banner(tmp_
     command = make_train_command()
     assert command[1] == "launch" and "app/train.py" in command, command
     quick = [*quick_args, "--max_steps", "1", "--eval_steps", "0", "--max_eval_samples", "8"]
-    result = subprocess.run(
-        [*command, *map(str, quick)], cwd=ROOT, env=clean_env(tmp_path), capture_output=True, text=True, timeout=240
-    )
+    # The launcher forked (tests/forked.py): the same launch, without importing torch and transformers again.
+    result = forked.run([*command, *map(str, quick)], cwd=ROOT, env=clean_env(tmp_path), timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert BANNER not in result.stdout + result.stderr, result.stderr[:3000]
     assert result.stdout.splitlines()[0].startswith("precision: "), result.stdout[:1000]
