@@ -12,7 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from app.inputs import gguf
-from tests.conftest import ROOT, clean_env, run_app
+from tests import forked
+from tests.conftest import clean_env, run_app
 from tests.lm_models import save_tiny_gguf
 
 
@@ -51,18 +52,17 @@ def test_the_conversion_is_the_files_model_and_is_made_once(tiny_gguf, tmp_path)
 def test_two_runs_converting_at_once_leave_one_complete_folder(tiny_gguf):
     folder, name = str(tiny_gguf.parent), tiny_gguf.name
     target = gguf.converted_folder(folder, name)
-    script = (
-        "import sys; from app.inputs import gguf; from pathlib import Path; "
-        f"print(gguf.convert({folder!r}, {name!r}, Path({str(target)!r}), print))"
+    script = tiny_gguf.parents[1] / "convert.py"
+    script.write_text(
+        "from pathlib import Path\nfrom app.inputs import gguf\n"
+        f"print(gguf.convert({folder!r}, {name!r}, Path({str(target)!r}), print))\n"
     )
-    env = clean_env(tiny_gguf.parent, XDG_CACHE_HOME=str(target.parents[2]), PYTHONPATH=str(ROOT))
-    racers = [
-        subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        for _ in range(2)
-    ]
+    env = clean_env(tiny_gguf.parent, XDG_CACHE_HOME=str(target.parents[2]))
+    # Two processes of their own, forked from the suite's server (tests/forked.py): torch is imported already.
+    racers = [forked.popen([sys.executable, script], env=env, stdout=subprocess.PIPE) for _ in range(2)]
     outputs = [racer.communicate(timeout=240) for racer in racers]
-    assert all(racer.returncode == 0 for racer in racers), [err.decode()[-2000:] for _, err in outputs]
-    assert all(out.decode().strip().endswith(str(target)) for out, _ in outputs)
+    assert all(racer.returncode == 0 for racer in racers), [err[-2000:] for _, err in outputs]
+    assert all(out.strip().endswith(str(target)) for out, _ in outputs)
     assert sorted(p.name for p in target.parent.iterdir()) == [target.name], "no staging folder is left"
     assert AutoModelForCausalLM.from_pretrained(target) is not None
 
