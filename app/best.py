@@ -38,7 +38,7 @@ class BestModel:
             return None
         value, best = metrics[self.tag], self.state.best_metric
         # fp16 overflowing before a fallback, or NaN weights (the loss check stops those). A NaN loss marks the
-        # evaluation whatever the metric: NaN logits still give an accuracy (argmax 0), a number of nothing.
+        # evaluation whatever the metric: some logits NaN give an accuracy of the rest, a number of part of the data.
         if math.isnan(value) or math.isnan(metrics.get(EVAL_LOSS, 0.0)):
             return None  # never the best, and nothing to weigh for patience: stopping would save the NaN model
         # Any number beats a NaN best that an earlier version recorded.

@@ -358,3 +358,13 @@ def test_the_overflow_report_of_several_processes_names_the_first_that_found_one
         "another batch)"
     )
     assert diagnose.overflow_said([None], False) == "overflow report: no batch to replay"
+
+
+def test_an_evaluation_whose_logits_overflow_predicts_nothing(quick_args, overflow_model_dir, tmp_path, capsys):
+    # Every fp16 logit NaN: argmax read each as class 0 and reported its share of the labels (0.6875) as the accuracy.
+    args = with_model(quick_args, overflow_model_dir)
+    assert run_app([*args, "--amp", "--max_steps", "2", "--on_scale_collapse", "warn", "--eval_steps", "0"]) == 0
+    scalars = tb.scalars(tmp_path / "runs" / "test")
+    assert math.isnan(scalars[tags.EVAL_LOSS][2]), "the logits of this evaluation do not overflow"
+    assert scalars[tags.EVAL_ACCURACY][2] == 0.0 and scalars[tags.EVAL_F1][2] == 0.0
+    assert "  eval/accuracy    0.0000\n" in capsys.readouterr().out

@@ -383,7 +383,10 @@ class SequenceClassification:
             with policy.autocast():
                 logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
             per_example = F.cross_entropy(logits.float(), batch["labels"], reduction="none")
-            gathered = accelerator.gather_for_metrics((per_example, logits.argmax(dim=-1), batch["labels"]))
+            # NaN or inf logits predict nothing: argmax would read them as class 0, the majority class here and there,
+            # and report its share as the accuracy of a model whose every output overflowed.
+            predicted = logits.argmax(dim=-1).masked_fill(~logits.isfinite().all(dim=-1), NO_PREDICTION)
+            gathered = accelerator.gather_for_metrics((per_example, predicted, batch["labels"]))
             for store, values in zip((losses, predictions, references), gathered):
                 store.append(values)
         model.train()
@@ -404,10 +407,16 @@ def class_names(task) -> list[str] | None:
     return list(task.labels.names) if isinstance(task, SequenceClassification) else None
 
 
+NO_PREDICTION = -1  # an example whose logits are not finite: wrong whatever its label, and no class of its own
+
+
 def macro_f1(predicted: torch.Tensor, labels: torch.Tensor) -> float:
-    """F1 averaged over the classes that occur in the labels or the predictions (as sklearn's average="macro")."""
+    """F1 averaged over the classes that occur in the labels or the predictions (as sklearn's average="macro");
+    NO_PREDICTION counts as a miss of the example's label, not as a class."""
     scores = []
     for cls in torch.unique(torch.cat([predicted, labels])):
+        if cls == NO_PREDICTION:
+            continue
         true_pos = ((predicted == cls) & (labels == cls)).sum()
         errors = (predicted == cls).sum() + (labels == cls).sum() - 2 * true_pos  # false positives + false negatives
         scores.append(2 * true_pos / (2 * true_pos + errors))
