@@ -6,6 +6,7 @@ import math
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -302,3 +303,22 @@ def test_train_lr_is_the_rate_each_logged_step_updated_with(tmp_path, quick_args
     # HF's linear schedule, 3 warmup steps of 6: step k updates at the rate after k - 1 updates.
     used = {k: 6e-5 * ((k - 1) / 3 if k - 1 < 3 else (6 - (k - 1)) / 3) for k in range(1, 7)}
     assert logged == {step: pytest.approx(used[step], rel=1e-6) for step in (2, 4, 6)}, logged
+
+
+def test_the_time_a_log_step_spends_logging_counts_in_the_throughput(tmp_path, quick_args, monkeypatch):
+    # The clock restarted at the end of each log step: what logging cost (the memory probe, the reads, ~20 scalars,
+    # tqdm) was in no interval, and with --logging_steps 1 the throughput read 12% above the wall clock's.
+    from app.telemetry.writer import TensorBoardWriter
+
+    write = TensorBoardWriter.log
+
+    def slow_log(self, scalars, step):  # a logging step that takes 0.2 s, as a slow disk or a busy host might
+        time.sleep(0.2)
+        write(self, scalars, step)
+
+    monkeypatch.setattr(TensorBoardWriter, "log", slow_log)
+    args = [*quick_args, "--mixed_precision", "no", "--max_steps", "5", "--eval_steps", "0"]
+    assert run_app(args) == 0
+    step_ms = tb.scalars(tmp_path / "runs" / "test")[tags.PERF_STEP_TIME_MS]
+    # Each one-step interval from step 3 on follows a log step's 0.2 s (step 2's follows the warm-up, untimed).
+    assert all(step_ms[step] >= 200 for step in (3, 4, 5)), step_ms

@@ -178,11 +178,11 @@ class Telemetry:
         self._synchronize()  # the warm-up step's kernels finish before the clock starts
         self._zero_timing()
 
-    def _zero_timing(self) -> None:
+    def _zero_timing(self, since: float | None = None) -> None:
         self._samples = self._padded_tokens = self._timed_steps = 0
         self._real_tokens.zero_()
         self._timed_seconds = 0.0
-        self._clock = time.perf_counter()
+        self._clock = time.perf_counter() if since is None else since
 
     @contextlib.contextmanager
     def paused(self):
@@ -206,7 +206,8 @@ class Telemetry:
         )
         counts = torch.cat([self._loss_sum.double().view(1), self._real_tokens.double().view(1), host_counts])
         summed = self.accelerator.reduce(counts, "sum").tolist()  # host sync: the one read of this interval
-        seconds = self._timed_seconds + time.perf_counter() - self._clock
+        now = time.perf_counter()
+        seconds = self._timed_seconds + now - self._clock
         loss_sum, real_tokens, items, samples, padded_tokens = summed
         memory = self._memory()
         memory = dict(
@@ -258,13 +259,15 @@ class Telemetry:
             samples_per_s=f"{scalars.get(PERF_SAMPLES_PER_SEC, 0):.1f}",
             refresh=False,
         )
-        self._reset_interval(state)
+        # The next interval is timed from this read on: the logging above is part of a logged step's cost, and timed
+        # from the end of it, --logging_steps 1 reported a throughput 12% above the wall clock's on a tiny model.
+        self._reset_interval(state, since=now)
 
-    def _reset_interval(self, state) -> None:
+    def _reset_interval(self, state, since: float | None = None) -> None:
         self._loss_sum.zero_()
         self._items = 0
         self._last_log = (state.opt_step, state.skipped_steps)
-        self._zero_timing()  # no synchronize: the read in log() already waited for the device
+        self._zero_timing(since)  # no synchronize: the read in log() already waited for the device
 
     def rewind(self, state) -> None:
         """Continue from an earlier `state` (a fallback to a checkpoint): its interval, the bar moved back. A fallback
