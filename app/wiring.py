@@ -425,6 +425,7 @@ def build_training(
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)
     checkpoints.remove_staging()
     state = TrainState()
+    writer = writer or NullWriter()
     if resume:
         checkpoints.load(resume.path)
         follow_the_schedule(schedule)  # for this run's length, which may not be the checkpoint's
@@ -434,6 +435,7 @@ def build_training(
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
         if set_aside := checkpoints.set_aside_later(resume.path, state.opt_step):
             notes.append(set_aside)
+            writer.set_aside_replaced_line(checkpoints.replaced_line.name)  # its curves, as its checkpoints
         if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "
@@ -444,7 +446,7 @@ def build_training(
 
     telemetry = Telemetry(
         accelerator,
-        writer or NullWriter(),
+        writer,
         model,
         policy,
         total_steps,

@@ -570,3 +570,35 @@ def test_a_resume_with_another_seed_keeps_the_runs_held_out_rows_and_records_its
     ) in out.splitlines()
     assert "held out from the training data at random with --seed 42;" in out
     assert yaml.safe_load((tmp_path / "out" / "training_args.yaml").read_text())["seed"] == 42
+
+
+@pytest.fixture
+def five_steps(finished, tmp_path):
+    """A run of 5 steps logged and saved at each (checkpoints step-3 to step-5 kept), in folders of its own."""
+    folder, flags = finished
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    flags = [{folder / "out": out, folder / "runs": runs}.get(arg, arg) for arg in flags]
+    flags = [*flags, "--max_steps", 5, "--logging_steps", 1, "--save_steps", 1, "--save_total_limit", 3]
+    assert run_app(flags) == 0
+    return out, runs / "r", flags
+
+
+def test_a_resume_takes_what_the_killed_run_logged_past_its_checkpoint_out_of_the_event_files(five_steps):
+    # SummaryWriter's purge step hid step 5's first points from EventAccumulator, but TensorBoard's server ignores
+    # it: it drew both step 5s, the killed run's and the resumed run's.
+    out, run_dir, flags = five_steps
+    shutil.rmtree(out / "checkpoints" / "step-5")  # killed after step 5 logged, before its checkpoint was written
+    assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0
+    assert [step for step, _ in tb.raw_points(run_dir, tags.TRAIN_LOSS)] == [1, 2, 3, 4, 5]
+    assert not list(run_dir.glob(".*")), "no file left half-written"
+
+
+def test_a_resume_from_an_older_checkpoint_moves_the_replaced_lines_points_beside_its_checkpoints(five_steps):
+    out, run_dir, flags = five_steps
+    replaced = tb.raw_points(run_dir, tags.TRAIN_LOSS)[3:]
+    assert run_app([*flags, "--resume_from_checkpoint", out / "checkpoints" / "step-3"]) == 0
+    assert (out / "checkpoints" / "replaced-after-step-3").is_dir()
+    assert [step for step, _ in tb.raw_points(run_dir, tags.TRAIN_LOSS)] == [1, 2, 3, 4, 5]
+    # The line it replaced: a TensorBoard run of its own, its points as they were logged.
+    assert tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS) == replaced
+    assert sorted(tb.scalars(run_dir / "replaced-after-step-3")[tags.TRAIN_LOSS]) == [4, 5]
