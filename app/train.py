@@ -142,6 +142,13 @@ def fine_tune(
 
     # ---- every input check, before any weights load; then the folders -------------------------------------------
     inputs = load_inputs(cfg, accelerator, policy, resume)
+    if cfg.overwrite_output_dir and (signum := stop.agreed()):  # a Ctrl-C on seeing the folder must keep its run
+        on_main_process(accelerator, claims.remove_created)
+        raise TrainingHalted(
+            f"stopped by signal {signum} before --overwrite_output_dir removed anything: {paths.output_dir} is as it "
+            "was",
+            stop.exit_code(signum),
+        )
     on_main_process(accelerator, lambda: folders.prepare(paths, cfg))  # its bad input stops every rank
     purge_step = resume.record.state.opt_step + 1 if resume else None
     writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)  # the file opens at its first write

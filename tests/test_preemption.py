@@ -21,7 +21,7 @@ from app.host.runtime import HostCollective
 from app.storage.checkpoints import completed_checkpoints
 from app.tasks.classification import SequenceClassification
 from tests import forked
-from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, run_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, folder_state, run_app
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 
@@ -180,3 +180,22 @@ def test_a_user_s_own_accelerate_use_cpu_is_not_taken_for_the_launcher(monkeypat
         assert stop.training_line() == "training: SIGTERM or Ctrl-C saves a checkpoint, then stops"
     finally:
         stop.restore()
+
+
+@pytest.mark.slow
+def test_a_signal_before_an_overwrite_removes_anything_keeps_the_earlier_run(tmp_path, quick_args, capfd):
+    # The earlier model and checkpoints were removed, then a step-0 checkpoint saved, and exit 130: a Ctrl-C on
+    # seeing the wrong --output_dir lost the run it meant to keep.
+    args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--max_eval_samples", "8", "--save_steps", "2"]
+    assert run_app(args) == 0
+    before = folder_state(tmp_path / "out")
+    child = start_run(tmp_path, [*args, "--overwrite_output_dir", "--run_name", "again"])
+    child.wait_for("precision: ")  # printed once the handler is installed, before loading and tokenizing
+    child.process.send_signal(signal.SIGINT)
+    output = child.finish()
+    assert child.process.returncode == 130, output[-3000:]
+    assert f"stopped by signal 2 before --overwrite_output_dir removed anything: {tmp_path / 'out'} is as it was" in (
+        output
+    )
+    assert folder_state(tmp_path / "out") == before
+    assert not (tmp_path / "runs" / "again").exists()
