@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification, BertModel
 
+from app.telemetry import tags
+from tests import tb
 from tests.conftest import data_flags, python_app, run_app
 
 
@@ -472,6 +474,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "column 'text' is empty in row 2 of the validation data (rows counted from 1, after the header)",
         ),
         ("fp16 under deepspeed", ["--amp"], {"ACCELERATE_USE_DEEPSPEED": "true"}, "refused, not delegated"),
+        (  # Accelerate divided every loss by it, without a word: --max_grad_norm clipped at 4x the norm asked for
+            "the launcher's accumulation",
+            [],
+            {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"},
+            "accelerate launch --gradient_accumulation_steps 4 (ACCELERATE_GRADIENT_ACCUMULATION_STEPS) is not read "
+            "here: the app accumulates by its own flag; give --gradient_accumulation_steps 4 after app/train.py",
+        ),
         # "$UNSET": the embedded model trained in place of the one meant, a run went to the default folders
         *(
             (f"an empty --{flag}", [f"--{flag}", ""], {}, f"--{flag} is empty; give a value, or leave the flag out")
@@ -660,3 +669,15 @@ def test_an_architecture_that_cannot_do_what_is_asked_is_one_line_before_anythin
     assert run_app([*args, "--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--max_steps", 1]) == 2
     assert capfd.readouterr().err == expected
     assert not (tmp_path / "out").exists() and not (tmp_path / "runs").exists()
+
+
+def test_the_launchers_accumulation_equal_to_the_apps_divides_no_loss(quick_args, tmp_path, monkeypatch):
+    # The same number from `accelerate launch --gradient_accumulation_steps 2` and the app's flag: Accelerate's
+    # backward divided each loss by 2 on top of the loop's own weighting, and the gradients were half what they were.
+    args = [*quick_args, "--mixed_precision", "no", "--max_steps", "2", "--eval_steps", "0", "--save_steps", "0"]
+    args += ["--gradient_accumulation_steps", "2"]
+    assert run_app([*args, "--run_name", "app"]) == 0
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "2")
+    assert run_app([*args, "--run_name", "launcher", "--output_dir", tmp_path / "out2"]) == 0
+    norms = [tb.scalars(tmp_path / "runs" / name)[tags.TRAIN_GRAD_NORM] for name in ("app", "launcher")]
+    assert norms[0] == norms[1], norms

@@ -13,7 +13,13 @@ from typing import TypeVar
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import DistributedType, broadcast_object_list, parse_flag_from_env, set_seed
+from accelerate.utils import (
+    DistributedType,
+    GradientAccumulationPlugin,
+    broadcast_object_list,
+    parse_flag_from_env,
+    set_seed,
+)
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
@@ -33,8 +39,8 @@ def pinned_batches() -> bool:
 
 def build_accelerator(cfg: TrainConfig) -> Accelerator:
     """The Accelerator for this run, after checking that the launched processes really form one job."""
+    refuse_launcher_accumulation(cfg.gradient_accumulation_steps)
     accelerator = connect_accelerator(
-        # Gradient accumulation is the loop's own (app/loop.py), so Accelerate never divides the loss by it.
         # A fixed shuffle order per (seed, epoch), the same on every rank: the basis of an exact resume.
         dataloader_config=DataLoaderConfiguration(
             use_seedable_sampler=True, data_seed=cfg.seed, non_blocking=pinned_batches()
@@ -42,6 +48,22 @@ def build_accelerator(cfg: TrainConfig) -> Accelerator:
     )
     set_seed(cfg.seed)
     return accelerator
+
+
+LAUNCHER_ACCUMULATION = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"  # accelerate launch --gradient_accumulation_steps
+
+
+def refuse_launcher_accumulation(steps: int) -> None:
+    """The launcher's --gradient_accumulation_steps is not read (the loop accumulates by the app's flag): one that
+    asks for another number would be ignored without a word. UsageError naming the app's flag."""
+    launched = os.environ.get(LAUNCHER_ACCUMULATION)
+    if launched is None or launched.strip() == str(steps):
+        return
+    raise UsageError(
+        f"accelerate launch --gradient_accumulation_steps {launched} ({LAUNCHER_ACCUMULATION}) is not read here: "
+        f"the app accumulates by its own flag; give --gradient_accumulation_steps {launched} after app/train.py "
+        "instead, and drop the launcher's"
+    )
 
 
 def connect_accelerator(**options) -> Accelerator:
@@ -55,6 +77,9 @@ def connect_accelerator(**options) -> Accelerator:
             # Compiling is --torch_compile's (app/wiring.py): a launcher's dynamo_backend would compile the model in
             # prepare(), and save_pretrained would write its weights under the wrapper's `_orig_mod.` names.
             dynamo_backend="no",
+            # Gradient accumulation is the loop's own (app/loop.py): Accelerate's backward would divide every loss by
+            # the launcher's --gradient_accumulation_steps (ACCELERATE_GRADIENT_ACCUMULATION_STEPS) on top of it.
+            gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1),
             **options,
         )
     except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
