@@ -468,9 +468,13 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     if known.config == "":  # else no config at all would be read, without a word
         raise UsageError("--config is empty; give a YAML file, or leave the flag out")
     from_yaml = _read_yaml(Path(known.config)) if known.config else {}
-    # Two ways to ask for one thing: the command line's wins over the YAML's. So does a data format, and adapters
-    # switched off (--use_peft false) take the YAML's adapter settings with them.
-    replaced = [PRECISION_FLAGS] if PRECISION_FLAGS & set(given) else []
+    # Two ways to ask for one thing (a precision, a length): the command line's wins over the YAML's. So does a data
+    # format, and adapters switched off (--use_peft false) take the YAML's adapter settings with them.
+    # `--amp false` asks for no precision: the YAML's mixed_precision stays (dropped, `auto` chose one of its own).
+    asks_for_a_precision = "mixed_precision" in given or ("amp" in given and known.amp)
+    replaced = [PRECISION_FLAGS] if asks_for_a_precision else []
+    if "num_train_epochs" in given:  # the YAML's max_steps would override the epochs the command line asks for
+        replaced.append(frozenset({"max_steps"}))
     # A column given empty unsets itself alone: it chooses no format ("$UNSET" would else drop the YAML's columns).
     chosen = {name for name in given if getattr(known, name, None) != ""}
     replaced += [other for named in DATA_FORMATS if named & chosen for other in DATA_FORMATS if other != named]

@@ -311,3 +311,26 @@ def test_a_loss_scale_below_the_alarms_is_refused_only_where_a_scaler_may_run():
             TrainConfig(min_loss_scale=131072, **asked).validate()
     for asked in ({"mixed_precision": "bf16"}, {"mixed_precision": "no"}):  # no scaler: nothing to collapse
         TrainConfig(min_loss_scale=131072, **asked).validate()
+
+
+@pytest.mark.parametrize(
+    "in_yaml, on_the_command_line, expected",
+    [
+        # The YAML's mixed_precision was dropped for any precision flag, and `auto` picked bf16 (fp16 on a GPU).
+        ('mixed_precision: "no"', ["--amp", "false"], {"amp": False, "mixed_precision": "no"}),
+        ("amp: true", ["--amp", "false"], {"amp": False, "mixed_precision": None}),
+        # A copied training_args.yaml of a --max_steps run: its steps overrode the epochs asked for, without a word.
+        ("max_steps: 5", ["--num_train_epochs", "2"], {"max_steps": -1, "num_train_epochs": 2.0}),
+        ("num_train_epochs: 3", ["--max_steps", "4"], {"max_steps": 4, "num_train_epochs": 3.0}),
+    ],
+    ids=["amp false keeps the yaml's precision", "amp false over amp", "epochs over steps", "steps over epochs"],
+)
+def test_the_command_line_asks_for_a_length_or_precision_and_the_yaml_keeps_the_rest(
+    tmp_path, in_yaml, on_the_command_line, expected
+):
+    from app.config import parse_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{in_yaml}\nlearning_rate: 1.0e-4\n")
+    cfg = parse_config(["--config", str(path), *on_the_command_line])
+    assert {name: getattr(cfg, name) for name in expected} == expected and cfg.learning_rate == 1e-4
