@@ -90,6 +90,48 @@ OTHER_NAMES = {
     "tokenizer_config.json",
     "dataset_num_proc": "drop it: the data is tokenized in one process, and datasets caches it for the next run",
     "packing_strategy": "drop it: --packing joins the documents into one stream cut into blocks of --max_length",
+    # HF Trainer's and the accelerate examples' names whose nearest flag here means something else
+    "max_train_steps": "use --max_steps (--max_train_samples counts examples, not steps)",
+    "num_warmup_steps": "use --warmup_ratio, a fraction of the optimizer steps",
+    "checkpointing_steps": "use --save_steps N: a checkpoint every N optimizer steps (--gradient_checkpointing "
+    "recomputes activations)",
+    "with_tracking": "drop it: TensorBoard event files are always written, under --logdir",
+    "do_train": "drop it: app/train.py always trains, then evaluates on the validation data",
+    "do_eval": "drop it: app/train.py always evaluates, every --eval_steps and at the end",
+    "do_predict": "use app/predict.py with the output folder",
+    "group_by_length": "use --train_sampling_strategy group_by_length (transformers 5's name for it)",
+    "tokenizer_name": "drop it: the tokenizer is the one in --model_name_or_path's folder",
+    "cache_dir": "drop it: models and datasets are cached where Hugging Face caches them (HF_HOME)",
+    "overwrite_cache": "drop it: the tokenized data is cached by the data's and the tokenizer's contents, so a change "
+    "tokenizes again",
+    "preprocessing_num_workers": "drop it: the data is tokenized in one process, and datasets caches it for the next "
+    "run",
+    "dataloader_num_workers": "drop it: the data is tokenized once, before training; batches come from memory",
+    "data_seed": "drop it: --seed sets the data order too",
+    "save_safetensors": "drop it: models are always saved as safetensors",
+    "remove_unused_columns": "drop it: only the columns the task's --*_column flags name are read",
+    # Lightning's Trainer
+    "max_epochs": "use --num_train_epochs",
+    "accumulate_grad_batches": "use --gradient_accumulation_steps",
+    "gradient_clip_val": "use --max_grad_norm",
+    "gradient_clipping": "use --max_grad_norm",
+    "enable_checkpointing": "use --save_steps N: a checkpoint every N optimizer steps (0: only on a signal)",
+    "every_n_train_steps": "use --save_steps N: a checkpoint every N optimizer steps",
+    "limit_train_batches": "use --max_steps, or --max_train_samples for fewer examples",
+    "precision": "use --mixed_precision fp16, bf16 or no",
+    "devices": "processes are accelerate launch's: accelerate launch --num_processes N app/train.py",
+    "strategy": "the backend is accelerate launch's: accelerate launch --config_file accelerate_configs/... "
+    "app/train.py",
+    # accelerate launch's own flags, given after the script (and an accelerate config's keys in a --config YAML)
+    **dict.fromkeys(
+        ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "multi_gpu", "cpu"),
+        "a flag of accelerate launch: give it before app/train.py (accelerate launch --num_processes 2 app/train.py)",
+    ),
+    **dict.fromkeys(
+        ("config_file", "compute_environment", "distributed_type"),
+        "an accelerate launch config goes to the launcher: accelerate launch --config_file FILE app/train.py; "
+        "--config takes this app's flags as YAML keys",
+    ),
 }
 
 

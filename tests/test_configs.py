@@ -285,7 +285,7 @@ def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():
     from app.cli import OTHER_NAMES
     from app.config import TrainConfig
 
-    flags = {field.name for field in dataclasses.fields(TrainConfig)}
+    flags = {field.name for field in dataclasses.fields(TrainConfig)} | {"config"}
     launcher = {option.lstrip("-") for action in launch_command_parser()._actions for option in action.option_strings}
     assert not flags & set(OTHER_NAMES)
     for name, advice in OTHER_NAMES.items():
@@ -334,3 +334,20 @@ def test_the_command_line_asks_for_a_length_or_precision_and_the_yaml_keeps_the_
     path.write_text(f"{in_yaml}\nlearning_rate: 1.0e-4\n")
     cfg = parse_config(["--config", str(path), *on_the_command_line])
     assert {name: getattr(cfg, name) for name in expected} == expected and cfg.learning_rate == 1e-4
+
+
+@pytest.mark.parametrize(
+    "name, nearest, meant",
+    [
+        ("max_train_steps", "--max_train_samples", "--max_steps"),  # the accelerate examples' flag: steps, not samples
+        ("checkpointing_steps", "--gradient_checkpointing", "--save_steps"),
+        ("gradient_clip_val", "--gradient_checkpointing", "--max_grad_norm"),  # Lightning's
+        ("max_epochs", "--max_steps", "--num_train_epochs"),
+    ],
+)
+def test_a_flag_of_another_trainer_gets_its_meaning_here_not_the_nearest_spelling(name, nearest, meant, capsys):
+    from app.train import main
+
+    assert main([f"--{name}", "1"]) == 2
+    said = capsys.readouterr().err
+    assert f"; use {meant}" in said and f"did you mean {nearest}" not in said, said
