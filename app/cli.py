@@ -4,17 +4,20 @@ wrapper that turns the app's errors into exit codes, and the process's end."""
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import difflib
 import os
 import sys
 import threading
 import typing
 from dataclasses import field
-from typing import Callable
+from typing import Callable, TypeVar
 
 from transformers import HfArgumentParser
 
 from app.errors import DiskFull, TrainingHalted, UsageError, with_sources
+
+T = TypeVar("T")
 
 
 def flag(help_text: str, **extra) -> typing.Any:
@@ -147,6 +150,24 @@ PREDICT_OTHER_NAMES = {
     "deepspeed": "drop it: predict.py runs the model as it is, on one process or under accelerate launch",
     "local_rank": OTHER_NAMES["local_rank"],
 }
+
+
+# Flags that name a file or folder, of either script.
+PATH_FLAGS = (
+    *("model_name_or_path", "dataset_name", "train_file", "validation_file", "output_dir", "logdir"),
+    *("resume_from_checkpoint", "input_file", "output_file"),
+)
+
+
+def expand_home(cfg: T) -> T:
+    """`~/runs` in a path flag as the user's home, as HF's TrainingArguments reads output_dir: a shell expands it in
+    `--output_dir ~/x` but not in `--output_dir=~/x` or a YAML, where a folder named `~` was made in the working one."""
+    home = {
+        name: os.path.expanduser(value)
+        for name in PATH_FLAGS
+        if isinstance(value := getattr(cfg, name, None), str) and value.startswith("~")
+    }
+    return dataclasses.replace(cfg, **home) if home else cfg
 
 
 def unknown_flag_advice(

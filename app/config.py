@@ -22,7 +22,7 @@ import numpy
 import yaml
 
 from app import errors
-from app.cli import OneLineParser, flag, unknown_flag_advice
+from app.cli import OneLineParser, expand_home, flag, unknown_flag_advice
 from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
@@ -467,7 +467,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         )
     if known.config == "":  # else no config at all would be read, without a word
         raise UsageError("--config is empty; give a YAML file, or leave the flag out")
-    from_yaml = _read_yaml(Path(known.config)) if known.config else {}
+    from_yaml = _read_yaml(Path(known.config).expanduser()) if known.config else {}
     # Two ways to ask for one thing (a precision, a length): the command line's wins over the YAML's. So does a data
     # format, and adapters switched off (--use_peft false) take the YAML's adapter settings with them.
     # `--amp false` asks for no precision: the YAML's mixed_precision stays (dropped, `auto` chose one of its own).
@@ -490,7 +490,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         raise UsageError(
             f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
         )
-    cfg = TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+    cfg = expand_home(TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names}))
     # `--prompt_column ""`: no column has an empty name (pandas names an empty header "Unnamed: 0"), so it unsets one
     # that a --config named.
     cfg = dataclasses.replace(

@@ -44,6 +44,7 @@ from app.cli import (
     OneLineParser,
     exit_code_of,
     exit_process,
+    expand_home,
     flag,
     outlive_readers,
     unknown_flag_advice,
@@ -158,7 +159,7 @@ def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
             "or use --input_file"
         )
     names = {f.name for f in dataclasses.fields(PredictConfig)}
-    cfg = PredictConfig(**{k: v for k, v in vars(namespace).items() if k in names})
+    cfg = expand_home(PredictConfig(**{k: v for k, v in vars(namespace).items() if k in names}))
     cfg.validate(namespace.texts)
     return cfg, namespace.texts
 

@@ -351,3 +351,19 @@ def test_a_flag_of_another_trainer_gets_its_meaning_here_not_the_nearest_spellin
     assert main([f"--{name}", "1"]) == 2
     said = capsys.readouterr().err
     assert f"; use {meant}" in said and f"did you mean {nearest}" not in said, said
+
+
+def test_a_home_folder_in_a_path_flag_or_a_yaml_is_the_users_home(tmp_path, monkeypatch):
+    # A shell expands `--output_dir ~/x`, not `--output_dir=~/x` nor a YAML's `~/x`: the run wrote to a folder named
+    # `~` in the working folder while its header said `model: ~/x`, the user's home.
+    from app.config import parse_config
+    from app.predict import parse_args
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "run.yaml").write_text("output_dir: ~/out\ntrain_file: ~/data/train.csv\n")
+    cfg = parse_config(["--config=~/run.yaml", "--logdir=~/runs", "--max_steps", "2"])
+    home = tmp_path / "home"
+    assert (cfg.output_dir, cfg.train_file, cfg.logdir) == (f"{home}/out", f"{home}/data/train.csv", f"{home}/runs")
+    predicting, _ = parse_args(["a text", "--model_name_or_path=~/out", "--output_file=~/predicted.csv"])
+    assert (predicting.model_name_or_path, predicting.output_file) == (f"{home}/out", f"{home}/predicted.csv")
