@@ -68,9 +68,11 @@ def test_bad_input_leaves_an_existing_output_dir_as_it_was(tmp_path, quick_args,
 def test_what_a_failed_start_left_does_not_block_the_same_command_again(tmp_path, quick_args, capfd):
     """A start that died before its first checkpoint (a crash, an OOM kill) leaves its config and an empty
     checkpoints folder; the same command again must run, not advise a resume that has nothing to resume."""
+    from app.config import TrainConfig
+
     out = tmp_path / "out"
     (out / "checkpoints").mkdir(parents=True)
-    (out / "training_args.yaml").write_text("learning_rate: 5.0e-05\n")
+    (out / "training_args.yaml").write_text(TrainConfig(learning_rate=5e-5).to_yaml())  # as a run writes it
     assert run_app([*quick_args, "--max_steps", "1", "--max_eval_samples", "8"]) == 0
     assert (out / "model.safetensors").is_file()
 
@@ -349,3 +351,18 @@ def test_overwrite_output_dir_follows_no_link_to_a_model_and_empties_linked_chec
             run_app([*quick_args, "--max_steps", "1", "--max_eval_samples", "8", "--overwrite_output_dir"])
     assert not (out / "merged").exists() and (elsewhere / "merged" / "config.json").is_file(), "the link alone goes"
     assert (out / "checkpoints").is_symlink() and list((elsewhere / "checkpoints").iterdir()) == []
+
+
+def test_a_training_args_yaml_of_the_users_own_is_no_failed_start_and_is_kept(tmp_path, quick_args, capfd):
+    # `--config exp1/training_args.yaml --output_dir exp1`: taken for what a failed start leaves, the folder was
+    # reused and the user's file, comments and all, replaced by the resolved config.
+    folder = tmp_path / "exp1"
+    folder.mkdir()
+    (folder / "training_args.yaml").write_text("# my settings\nlearning_rate: 3.0e-4\nmax_steps: 1\n")
+    before = folder_state(folder)
+    assert run_app([*quick_args, "--config", folder / "training_args.yaml", "--output_dir", folder]) == 2
+    assert capfd.readouterr().err == (
+        f"error: --output_dir {folder} is not empty (it holds training_args.yaml); pass --overwrite_output_dir to "
+        "replace what is there, or another --output_dir\n"
+    )
+    assert folder_state(folder) == before

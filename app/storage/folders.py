@@ -275,7 +275,10 @@ def _work_in(folder: Path) -> list[str]:
         raise UsageError(f"--output_dir {folder} cannot be read: {e.strerror}") from None
     checkpoints = folder / "checkpoints"
     saved = checkpoints.is_dir() and any(not is_staging(p) for p in checkpoints.iterdir())
-    return [] if set(found) <= _LEFT_BY_A_FAILED_START and not saved else found
+    # A training_args.yaml of the user's own (`--config exp1/training_args.yaml --output_dir exp1`) is no start's: a
+    # run writes every flag, and reused, the folder lost the user's file, comments and all, to the resolved config.
+    users_config = CONFIG_FILE in found and recorded_config(folder).keys() != set(TrainConfig.__dataclass_fields__)
+    return [] if set(found) <= _LEFT_BY_A_FAILED_START and not saved and not users_config else found
 
 
 def check_log_dir(paths: RunPaths, resuming: bool) -> None:
