@@ -125,6 +125,11 @@ def fine_tune(
     ):
         accelerator.print(line)
     paths = on_main_process(accelerator, lambda: claim_run_folders(cfg, policy.label, resume, claims))
+    if paths.continues and cfg.overwrite_output_dir:  # HF scripts pass both; the resume wins, and says so
+        accelerator.print(
+            f"note: --overwrite_output_dir is not applied: --resume_from_checkpoint continues the run in "
+            f"{paths.output_dir}, and keeps its files"
+        )
     if (
         resume
         and paths.output_dir.resolve() == resume.output_dir.resolve()

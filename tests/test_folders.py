@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
@@ -366,3 +367,28 @@ def test_a_training_args_yaml_of_the_users_own_is_no_failed_start_and_is_kept(tm
         "replace what is there, or another --output_dir\n"
     )
     assert folder_state(folder) == before
+
+
+def test_the_recorded_config_holds_no_action_on_the_folders_and_a_resume_says_it_keeps_them(
+    tmp_path, quick_args, capfd
+):
+    # training_args.yaml recorded overwrite_output_dir: true: a copy of it passed to --config, to run the same again
+    # with another learning rate, deleted the run. Under a resume the flag did nothing, without a word.
+    args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--max_eval_samples", "8", "--save_steps", "1"]
+    assert run_app(args) == 0
+    assert run_app([*args, "--overwrite_output_dir", "--run_name", "again"]) == 0
+    recorded = yaml.safe_load((tmp_path / "out" / "training_args.yaml").read_text())
+    assert (recorded["overwrite_output_dir"], recorded["resume_from_checkpoint"]) == (False, None)
+    capfd.readouterr()
+    resumed = [*args, "--run_name", "again", "--max_steps", "3", "--resume_from_checkpoint", "latest"]
+    assert run_app([*resumed, "--overwrite_output_dir"]) == 0
+    assert (
+        f"note: --overwrite_output_dir is not applied: --resume_from_checkpoint continues the run in "
+        f"{tmp_path / 'out'}, and keeps its files\n"
+    ) in capfd.readouterr().out
+    recorded = yaml.safe_load((tmp_path / "out" / "training_args.yaml").read_text())
+    assert (recorded["overwrite_output_dir"], recorded["resume_from_checkpoint"], recorded["max_steps"]) == (
+        False,
+        None,
+        3,
+    )

@@ -10,6 +10,7 @@ run created, so it leaves nothing behind; however else the run ends, the claims 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import os
 import shutil
@@ -475,5 +476,8 @@ def recorded_config(folder: Path) -> dict:
 
 def write_config(cfg: TrainConfig, folder: Path) -> None:
     """The resolved config as `training_args.yaml`, the name HF Trainer users know (its `training_args.bin`, in YAML
-    that `--config` reads back). The one config file of an output folder; predict.py reads `max_length` from it."""
-    (folder / CONFIG_FILE).write_text(cfg.to_yaml())
+    that `--config` reads back). The one config file of an output folder; predict.py reads `max_length` from it.
+    What one command does to the folders is not recorded: `--config` with a copy of it, to run the same again with a
+    change, would have deleted this run (--overwrite_output_dir) or resumed it (--resume_from_checkpoint)."""
+    once = dataclasses.replace(cfg, overwrite_output_dir=False, resume_from_checkpoint=None)
+    (folder / CONFIG_FILE).write_text(once.to_yaml())
