@@ -21,16 +21,27 @@ from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_a
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real filesystem of 20 MB: one checkpoint fits, a second one does not."""
-    mount = tmp_path / "small_disk"
+def mounted(tmp_path, size: str):
+    """A real filesystem of `size` under tmp_path, unmounted at the end; the test is skipped where it cannot be."""
+    mount = tmp_path / f"disk-{size}"
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mount)], capture_output=True)
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
     if made.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here (needs root): {made.stderr.decode().strip()}")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of 20 MB: one checkpoint fits, a second one does not."""
+    yield from mounted(tmp_path, "20m")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real filesystem of 16 KB: a run's config and its first TensorBoard points fit, not many more."""
+    yield from mounted(tmp_path, "16k")
 
 
 def last_line(stderr: str) -> str:
@@ -143,3 +154,18 @@ def test_what_the_run_writes_is_as_readable_as_the_umask_allows(
     assert tmp_path / "out" / "checkpoints" / "step-1" / "model.safetensors" in written
     modes = {str(p.relative_to(tmp_path)): oct(stat.S_IMODE(p.stat().st_mode)) for p in written}
     assert set(modes.values()) == {oct(mode)}, modes
+
+
+def test_a_full_disk_under_the_logdir_ends_the_curves_with_a_warning_not_the_run(
+    tmp_path, tiny_disk, tiny_model_dir, review_files, capfd
+):
+    # Two tracebacks (the event file's thread, then the next add_scalar) and exit 1: the steps since the last
+    # checkpoint were lost, though the model's own disk had room.
+    args = [*data_flags(tiny_model_dir, review_files), "--output_dir", tmp_path / "out", "--logdir", tiny_disk]
+    args += ["--per_device_train_batch_size", "8", "--max_length", "32", "--max_steps", "40", "--logging_steps", "1"]
+    assert run_app([*args, "--eval_steps", "0", "--max_eval_samples", "8", "--mixed_precision", "no"]) == 0
+    err = capfd.readouterr().err  # the progress bar's too: the warning stands on a line of its own
+    assert "Traceback" not in err, err[-3000:]
+    warned = [line for line in err.splitlines() if line.startswith("warning: the disk under")]
+    assert len(warned) == 1 and "training goes on" in warned[0], err[-3000:]
+    assert (tmp_path / "out" / "model.safetensors").is_file()

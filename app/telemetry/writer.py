@@ -4,26 +4,31 @@ an event file left in a run's folder holds (only a start, or curves)."""
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
+from typing import Callable
 
-from app.storage.disk import write_text_atomically
+from app.errors import first_line
+from app.storage.disk import is_full_disk, write_text_atomically
 
 
 class TensorBoardWriter:
-    """Scalars, text and hparams into one event file at `log_dir`; the main process only."""
+    """Scalars, text and hparams into one event file at `log_dir`; the main process only. A full disk under it ends
+    the curves with one warning, not the run: training, its checkpoints and its model may have a disk of their own."""
 
     def __init__(self, log_dir: Path, purge_step: int | None = None):
         self.log_dir, self.purge_step = log_dir, purge_step
         self.replaced_line: str | None = None  # a resume from an older checkpoint: where the line it replaces goes
         self._opened = None
+        self._full = False  # the disk filled: nothing more is written
 
     def set_aside_replaced_line(self, name: str) -> None:
         """What the run logged past the checkpoint it resumes from goes to `log_dir/name` (a run of its own in
         TensorBoard, beside the checkpoints set aside under that name), not away."""
         self.replaced_line = name
 
-    @property
-    def _writer(self):
+    def _open(self):
         """The event file, opened at the first write, after what the run logged from purge_step on (past the
         checkpoint it resumes from) is taken out of its event files: a resume that fails before it writes anything
         changes nothing."""
@@ -35,30 +40,54 @@ class TensorBoardWriter:
                 purge_events(self.log_dir, self.purge_step, aside)
             # The purge step too, for what no rewrite reached (a damaged file): readers that honour it hide the rest.
             self._opened = SummaryWriter(str(self.log_dir), purge_step=self.purge_step)
+            _quiet_writer_threads()
         return self._opened
 
+    def _write(self, write: Callable, step: int) -> None:
+        if self._full:
+            return
+        try:
+            write(self._open())
+        except OSError as error:  # raised here, or by the writer's thread and raised again at its next write
+            if not is_full_disk(error, self.log_dir, None):
+                raise
+            self._full = True
+            from tqdm import tqdm
+
+            tqdm.write(  # on a line of its own, beside the progress bar
+                f"warning: the disk under {self.log_dir} is full ({first_line(error)}): TensorBoard's curves stop at "
+                f"step {step}; training goes on",
+                file=sys.stderr,
+            )
+
     def log(self, scalars: dict[str, float], step: int) -> None:
-        for tag, value in scalars.items():
-            self._writer.add_scalar(tag, value, step)
+        def add(writer) -> None:
+            for tag, value in scalars.items():
+                writer.add_scalar(tag, value, step)
+
+        self._write(add, step)
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None:
-        self._writer.add_text(tag, markdown, step)
+        self._write(lambda writer: writer.add_text(tag, markdown, step), step)
 
     def layout(self, layout: dict) -> None:
         """The Custom Scalars tab's charts (telemetry/layout.py); written at start, once per run."""
-        self._writer.add_custom_scalars(layout)
+        self._write(lambda writer: writer.add_custom_scalars(layout), 0)
 
     def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
         """The HPARAMS tab's row for this run; its metric columns read the scalars already logged under these tags."""
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
-        # SummaryWriter.add_hparams would open a second event file in a sub-run; write into this run's file instead.
-        for summary in hparams_summaries(hparams, {tag: 0.0 for tag in metric_tags}):
-            self._writer.file_writer.add_summary(summary)
+        def add(writer) -> None:
+            # SummaryWriter.add_hparams would open a second event file in a sub-run; write into this run's file.
+            for summary in hparams_summaries(hparams, {tag: 0.0 for tag in metric_tags}):
+                writer.file_writer.add_summary(summary)
+
+        self._write(add, 0)
 
     def close(self) -> None:
         if self._opened is not None:
-            self._opened.close()
+            self._write(lambda writer: writer.close(), 0)
 
 
 class NullWriter:
@@ -80,6 +109,21 @@ class NullWriter:
 def open_writer(log_dir: Path, main_process: bool, purge_step: int | None = None) -> TensorBoardWriter | NullWriter:
     """The main process writes to `log_dir`; the others get a NullWriter."""
     return TensorBoardWriter(log_dir, purge_step) if main_process else NullWriter()
+
+
+def _quiet_writer_threads() -> None:
+    """The event file's writing thread prints its OSError's traceback when it dies; the writer's next call raises the
+    error again, where the app says it in one line. Other threads' errors are printed as before."""
+    if getattr(threading.excepthook, "quiets_writer_threads", False):
+        return
+    printed = threading.excepthook
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ != "_AsyncWriterThread" or not isinstance(args.exc_value, OSError):
+            printed(args)
+
+    hook.quiets_writer_threads = True
+    threading.excepthook = hook
 
 
 def purge_events(log_dir: Path, step: int, aside: Path | None = None) -> None:
