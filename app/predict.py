@@ -27,6 +27,7 @@ import csv
 import dataclasses
 import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from textwrap import shorten
@@ -50,11 +51,12 @@ from app.cli import (
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
-from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, first_line
+from app.errors import NUMERIC_FAULT_EXIT_CODE, DiskFull, TrainingHalted, UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
 from app.inputs.model import check_max_length, check_weight_files, load_model_config, load_tokenizer, max_positions
 from app.inputs.reading import header_hint, stdin_lines
+from app.storage.disk import free_bytes, is_full_disk, size
 from app.storage.folders import CONFIG_FILE, recorded_config
 from app.tasks import lm_data
 from app.tasks.causal_lm import TextGenerator, check_decoder
@@ -307,12 +309,26 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
     if path is None:
         table.to_csv(sys.stdout, index=False, quoting=quoting)
         return
-    tmp = Path(path).with_name(f".{Path(path).name}.{os.getpid()}.tmp")
-    if Path(path).suffix.lower() == ".jsonl":
-        table.to_json(tmp, orient="records", lines=True, force_ascii=False)
-    else:
-        table.to_csv(tmp, index=False, quoting=quoting)
-    os.replace(tmp, path)
+    # A short name of its own beside the file: `.{name}.tmp` of a name near the limit (255 bytes) was too long.
+    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=Path(path).resolve().parent)
+    os.close(handle)
+    try:
+        if Path(path).suffix.lower() == ".jsonl":
+            table.to_json(tmp, orient="records", lines=True, force_ascii=False)
+        else:
+            table.to_csv(tmp, index=False, quoting=quoting)
+        os.replace(tmp, path)
+    except OSError as error:
+        if not is_full_disk(error, Path(tmp).parent, None):
+            raise
+        kept = "; the file there is as it was" if Path(path).exists() else ""
+        raise DiskFull(
+            f"no space left on device for --output_file {path}: it needs more than the "
+            f"{size(Path(tmp).stat().st_size)} written before the disk filled, {size(free_bytes(Path(tmp).parent))} "
+            f"are free{kept}"
+        ) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def _any_cell_holds(table: pd.DataFrame, text: str) -> bool:

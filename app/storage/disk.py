@@ -68,7 +68,9 @@ def free_bytes(path: Path) -> int:
 
 
 def size(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"  # "0.0 MB" of a small file said nothing
 
 
 def short_of_space(folder: Path, needed: int | None, what: str) -> str | None:
