@@ -48,6 +48,7 @@ from app.cli import (
     expand_home,
     flag,
     outlive_readers,
+    say_why,
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
@@ -448,6 +449,9 @@ def _main(argv: list[str] | None) -> int:
     accelerator = connect_accelerator()
     try:
         return predict_and_write(cfg, texts, accelerator, policy, notes)
+    except (UsageError, TrainingHalted) as halt:
+        say_why(halt)  # before the process group ends: torchrun stops rank 0 once another rank has exited
+        raise
     finally:
         end_accelerator(accelerator)
 

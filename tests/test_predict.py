@@ -651,3 +651,15 @@ def test_an_output_file_name_near_the_limit_is_written(trained, tmp_path, capsys
     assert predict("a text", "--model_name_or_path", trained, "--output_file", out, "--mixed_precision", "no") == 0
     assert pd.read_csv(out)["text"].tolist() == ["a text"]
     assert [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+def test_the_error_line_is_said_before_the_process_group_ends(trained, review_files, capsys, monkeypatch):
+    # Said after it: under accelerate launch, rank 1 exited first, torchrun stopped rank 0 before its line (2 runs in
+    # 10 printed no error, only torchrun's summary naming local_rank 1).
+    import app.predict
+
+    said_by_then = []
+    monkeypatch.setattr(app.predict, "end_accelerator", lambda _: said_by_then.append(capsys.readouterr().err))
+    flags = ["--input_file", review_files["validation"], "--text_column", "nope"]
+    assert predict("--model_name_or_path", trained, *flags) == 2
+    assert said_by_then[0].startswith("error: --text_column 'nope' is not in the input"), said_by_then
