@@ -230,6 +230,12 @@ def columns_as_trained(cfg: PredictConfig) -> PredictConfig:
             "drop --text_pair_column"
         )
     pair = cfg.text_pair_column or named("text_pair_column")
+    if pair == text:  # one flag given, the other as trained: the model read one column twice, without a word
+        as_trained = "" if cfg.text_column and cfg.text_pair_column else f" (one of them as {CONFIG_FILE} records it)"
+        raise UsageError(
+            f"--text_column and --text_pair_column both name the column {text!r}{as_trained}: each role takes its own "
+            "column; give the other one too"
+        )
     if pair and not cfg.input_file:
         raise UsageError(
             f"{cfg.model_name_or_path} was trained on text pairs (--text_column {text} --text_pair_column {pair}): "

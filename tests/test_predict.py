@@ -454,6 +454,12 @@ def test_a_pair_model_predicts_from_both_texts_by_default_and_refuses_half_its_i
         f"error: {trained} was trained on single texts (its training_args.yaml names no text_pair_column); drop "
         "--text_pair_column\n"
     )
+    # One column given, the other as trained, and both the same: the model read (hypothesis, hypothesis).
+    assert predict("--model_name_or_path", model_dir, *source_flags, "--text_column", "hypothesis") == 2
+    assert capsys.readouterr().err == (
+        "error: --text_column and --text_pair_column both name the column 'hypothesis' (one of them as "
+        "training_args.yaml records it): each role takes its own column; give the other one too\n"
+    )
 
 
 def test_predict_says_how_many_texts_it_cut_to_max_length(trained, review_files, capsys):
