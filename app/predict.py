@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # `python app/predict.py` from a checkout, withou
 
 import csv
 import dataclasses
+import json
 import math
 import os
 import tempfile
@@ -321,7 +322,9 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
     os.close(handle)
     try:
         if Path(path).suffix.lower() == ".jsonl":
-            table.to_json(tmp, orient="records", lines=True, force_ascii=False)
+            with open(tmp, "w", encoding="utf-8") as file:
+                for row in table.to_dict(orient="records"):
+                    file.write(json.dumps({str(k): _as_json(v) for k, v in row.items()}, ensure_ascii=False) + "\n")
         else:
             table.to_csv(tmp, index=False, quoting=quoting)
         os.replace(tmp, path)
@@ -336,6 +339,18 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
         ) from None
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def _as_json(value):
+    """A cell as JSON writes it back: Python's floats in full (pandas' to_json rounds to 10 digits, 1e-12 to 0.0),
+    times as ISO text (not milliseconds since 1970), a missing cell as null."""
+    if isinstance(value, (list, dict)):
+        return value
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):  # NaN, None, pandas' NA and NaT
+        return None
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value.tolist() if hasattr(value, "tolist") else value  # numpy's scalars and arrays, as Python's
 
 
 def _any_cell_holds(table: pd.DataFrame, text: str) -> bool:

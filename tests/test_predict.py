@@ -669,3 +669,23 @@ def test_the_error_line_is_said_before_the_process_group_ends(trained, review_fi
     flags = ["--input_file", review_files["validation"], "--text_column", "nope"]
     assert predict("--model_name_or_path", trained, *flags) == 2
     assert said_by_then[0].startswith("error: --text_column 'nope' is not in the input"), said_by_then
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "json"])
+def test_a_json_inputs_own_values_come_back_as_written(tmp_path, trained, kind):
+    # Its time came back as milliseconds since 1970 (read by arrow as a timestamp), 1e-12 as 0.0 (pandas' to_json
+    # writes 10 decimals), and the probability cut to 10 decimals as well.
+    rows = [
+        {"id": 1, "when": "2024-01-02 10:00:00", "x": 1e-12, "tags": ["a", "b"], "text": "Fresh coffee"},
+        {"id": 2, "when": "2024-01-03 11:30:00", "x": None, "tags": [], "text": "Stale tea"},
+    ]
+    source = tmp_path / f"in.{kind}"
+    source.write_text("\n".join(map(json.dumps, rows)) + "\n" if kind == "jsonl" else json.dumps(rows))
+    out = tmp_path / "out.jsonl"
+    flags = ["--input_file", source, "--output_file", out, "--mixed_precision", "no"]
+    assert predict("--model_name_or_path", trained, *flags) == 0
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [{k: row[k] for k in rows[0]} for row in written] == rows
+    expected = reference(trained, [row["text"] for row in rows]).max(-1).values.double()
+    assert [row["probability"] for row in written] == pytest.approx(expected.tolist(), abs=1e-6)
+    assert any(len(repr(row["probability"]).split(".")[1]) > 10 for row in written), "cut to 10 decimals"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib.util
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -167,11 +168,29 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
         dataset = _read_files(kind, {"input": path})["input"]  # its checks and one-line errors
     if kind == "csv":
         return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False)
+    if kind == "json" and (rows := _json_rows(path)) is not None:
+        return pd.DataFrame(rows, dtype=object)  # each value as written: arrow read "2024-01-02 10:00" as a time
     table = dataset.to_pandas()
     for name, feature in dataset.features.items():  # whole numbers stay whole where a cell is empty: pandas would
         if isinstance(feature, Value) and "int" in feature.dtype and table[name].isna().any():  # make them floats
             table[name] = pd.Series(dataset[name], dtype=object)  # an ID 1001 would come back 1001.0
     return table
+
+
+def _json_rows(path: str) -> list[dict] | None:
+    """A .json or .jsonl file's records as Python reads them (a list of objects, or one object per line); None for
+    another layout, which datasets' reading gives instead."""
+    with open(path, encoding="utf-8-sig") as file:
+        text = file.read()
+    try:
+        whole = json.loads(text)
+        rows = whole if isinstance(whole, list) else None
+    except json.JSONDecodeError:
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError:
+            return None
+    return rows if rows is not None and all(isinstance(row, dict) for row in rows) else None
 
 
 def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
