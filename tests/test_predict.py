@@ -689,3 +689,12 @@ def test_a_json_inputs_own_values_come_back_as_written(tmp_path, trained, kind):
     expected = reference(trained, [row["text"] for row in rows]).max(-1).values.double()
     assert [row["probability"] for row in written] == pytest.approx(expected.tolist(), abs=1e-6)
     assert any(len(repr(row["probability"]).split(".")[1]) > 10 for row in written), "cut to 10 decimals"
+
+
+def test_a_text_after_a_switch_that_reads_as_yes_or_no_is_a_text(trained, capsys):
+    # "No" after --disable_tqdm was its value (false): the row was gone.
+    texts = ["No", "y", "Great coffee."]
+    assert predict("--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm", *texts) == 0
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)["text"].tolist() == texts
+    assert predict("--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm", "false", "ok") == 0
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out))["text"].tolist() == ["ok"]  # false, written so: a value
