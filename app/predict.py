@@ -56,7 +56,14 @@ from app.config import TrainConfig, refuse_empty_values
 from app.errors import NUMERIC_FAULT_EXIT_CODE, DiskFull, TrainingHalted, UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
-from app.inputs.model import check_max_length, check_weight_files, load_model_config, load_tokenizer, max_positions
+from app.inputs.model import (
+    check_max_length,
+    check_weight_files,
+    load_model_config,
+    load_tokenizer,
+    max_positions,
+    position_table,
+)
 from app.inputs.reading import header_hint, stdin_lines
 from app.storage.disk import free_bytes, is_full_disk, size
 from app.storage.folders import CONFIG_FILE, recorded_config
@@ -99,7 +106,8 @@ class PredictConfig:
     )
     max_new_tokens: Optional[int] = flag(
         "Causal LM: the most tokens generated per prompt (greedy; it stops at the end token). Default: the "
-        f"--max_new_tokens the model was trained with (its training_args.yaml), else {DEFAULT_NEW_TOKENS}.",
+        f"--max_new_tokens the model was trained with (its training_args.yaml), else {DEFAULT_NEW_TOKENS} (at most "
+        "half the model's positions).",
         default=None,
     )
     output_file: Optional[str] = flag(
@@ -307,7 +315,7 @@ def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, i
     default = "" if cfg.max_new_tokens else " (predict.py's default)"
     if not args.is_file():
         max_length = cfg.max_length or max_positions(model_config, tokenizer)
-        return max_length, cfg.max_new_tokens or DEFAULT_NEW_TOKENS, default
+        return max_length, cfg.max_new_tokens or default_new_tokens(model_config), default
     try:
         recorded = yaml.safe_load(args.read_text())
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -326,7 +334,14 @@ def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, i
             new_tokens,
             f" (the training run's, from {args}; predict.py's flag overrides it)",
         )
-    return cfg.max_length or trained, cfg.max_new_tokens or DEFAULT_NEW_TOKENS, default
+    return cfg.max_length or trained, cfg.max_new_tokens or default_new_tokens(model_config), default
+
+
+def default_new_tokens(model_config) -> int:
+    """DEFAULT_NEW_TOKENS, or half the model's positions where it has fewer: a GPT-2 of 64 positions was refused
+    the default, and the model card's command with it."""
+    positions = position_table(model_config)
+    return DEFAULT_NEW_TOKENS if positions is None else min(DEFAULT_NEW_TOKENS, positions // 2)
 
 
 def write_table(table: pd.DataFrame, path: str | None) -> None:

@@ -470,6 +470,9 @@ def test_generation_stays_within_learned_positions_in_evaluation_and_predict(
     long_prompt = " ".join(review_texts[:20])  # hundreds of tokens: cut from the left to leave room for the answer
     out = str(tmp_path / "out")
     assert predict([long_prompt, "--model_name_or_path", out, "--max_new_tokens", "16", "--disable_tqdm"]) == 0
+    capsys.readouterr()
+    # The model card's command, with predict.py's default: 128 new tokens were refused in 64 positions; half of them.
+    assert predict(["a text", "--model_name_or_path", out, "--disable_tqdm"]) == 0, capsys.readouterr().err
     assert predict([long_prompt, "--model_name_or_path", out, "--max_new_tokens", "64"]) == 2
     assert capsys.readouterr().err.endswith(
         "error: --max_new_tokens 64 leaves no room for a prompt in the model's 64 positions; use --max_new_tokens 63 "

@@ -454,6 +454,16 @@ def test_a_pair_model_predicts_from_both_texts_by_default_and_refuses_half_its_i
         f"error: {trained} was trained on single texts (its training_args.yaml names no text_pair_column); drop "
         "--text_pair_column\n"
     )
+    # The model card's command: a text alone, refused above; a file of pairs, with the columns named.
+    card = (model_dir / "README.md").read_text()
+    assert "where `pairs.csv` has the columns `premise` and `hypothesis`." in card
+    command = next(line.split() for line in card.splitlines() if "app/predict.py" in line)
+    assert command[:2] == ["python", "app/predict.py"] and "a text" not in " ".join(command)
+    shutil.copy(tmp_path / "input.csv", tmp_path / "pairs.csv")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        assert predict(*command[2:], "--mixed_precision", "no") == 0
+    capsys.readouterr()
     # One column given, the other as trained, and both the same: the model read (hypothesis, hypothesis).
     assert predict("--model_name_or_path", model_dir, *source_flags, "--text_column", "hypothesis") == 2
     assert capsys.readouterr().err == (

@@ -99,7 +99,15 @@ def write_model_card(
         "",
         "## Use it",
         "",
-        f'    python app/predict.py "a text" --model_name_or_path {output_dir}',
+        *(
+            [  # a text alone is refused: the model reads two
+                f"    python app/predict.py --model_name_or_path {output_dir} --input_file pairs.csv",
+                "",
+                f"where `pairs.csv` has the columns `{cfg.text_column or 'text'}` and `{cfg.text_pair_column}`.",
+            ]
+            if cfg.text_pair_column
+            else [f'    python app/predict.py "a text" --model_name_or_path {output_dir}']
+        ),
         "",
         # A GGUF base loads through predict.py, which converts it as training did
         *(_with_peft(task.pipeline_tag, base, output_dir) if adapters and not cfg.gguf_file else []),
