@@ -202,6 +202,7 @@ def read_input(
     num_processes: int,
     text_columns: tuple[str, ...],
     output_columns: tuple[str, ...],
+    defaulted: str | None = None,
 ) -> pd.DataFrame:
     """The rows to predict, with their own columns; the text columns checked.
 
@@ -209,6 +210,7 @@ def read_input(
         text_columns: the columns the model reads (texts, pairs or prompts); the first one takes texts given as
             arguments or on stdin.
         output_columns: the columns the predictions will go into, which the input must not have.
+        defaulted: a causal LM's prompt column that no flag named (predict.py's default, or the training's).
     """
     if cfg.input_file:
         table = read_table(cfg.input_file, "--input_file")
@@ -221,6 +223,14 @@ def read_input(
     else:
         table = pd.DataFrame({text_columns[0]: stdin_lines(sys.stdin.buffer)})  # blank lines too: rows stay aligned
     for name in text_columns:
+        if (
+            name == defaulted and name not in table.columns
+        ):  # the user named no column: say where prompts are looked for
+            raise UsageError(
+                f"the input has no column {name!r}, where the prompts are looked for by default; its columns are: "
+                f"{', '.join(map(str, table.columns))}; give --prompt_column with the column of prompts, one plain "
+                "text per row (a conversation's turns are not read)"
+            )
         if name not in table.columns:
             option = next((f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name), "column")
             raise UsageError(
@@ -397,6 +407,7 @@ def predict_and_write(
     cfg: PredictConfig, texts: list[str], accelerator, policy: PrecisionPolicy, notes: list[str]
 ) -> int:
     say = (lambda line: print(line, file=sys.stderr)) if accelerator.is_main_process else (lambda line: None)
+    defaulted = None  # a causal LM's prompt column that no flag named
     # ---- every check of the input, before any weights load or any line is printed ---------------------------------
     model_config = load_model_config(cfg.model_name_or_path)
     check_weight_files(cfg.model_name_or_path)
@@ -410,6 +421,7 @@ def predict_and_write(
         trained_column, chat = prompts_as_trained(cfg.model_name_or_path)
         if not (cfg.prompt_column or cfg.text_column):  # named, so that a file without it is told which flag to give
             cfg = dataclasses.replace(cfg, prompt_column=trained_column)
+            defaulted = trained_column
         text_columns = (cfg.prompt_column or cfg.text_column,)
         output_columns = TextGenerator.columns
     else:
@@ -431,7 +443,7 @@ def predict_and_write(
     tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)
     max_length, max_new_tokens, new_tokens_origin = trained_lengths(cfg, model_config, tokenizer)
     check_max_length(max_length, model_config, tokenizer, pair=len(text_columns) == 2)
-    table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns)
+    table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns, defaulted)
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":
         TextGenerator.check_inputs(

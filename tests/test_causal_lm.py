@@ -591,7 +591,11 @@ def test_predict_renders_and_reads_prompts_as_the_model_was_trained(
     pd.DataFrame({"other": ["a"]}).to_csv(without, index=False)
     capsys.readouterr()
     assert predict([*flags, "--input_file", str(without)]) == 2
-    assert capsys.readouterr().err == f"error: --prompt_column {read!r} is not in the input; its columns are: other\n"
+    assert capsys.readouterr().err == (  # no flag named the column: it named --prompt_column, which was not given
+        f"error: the input has no column {read!r}, where the prompts are looked for by default; its columns are: "
+        "other; give --prompt_column with the column of prompts, one plain text per row (a conversation's turns are "
+        "not read)\n"
+    )
 
 
 def test_empty_documents_are_left_out_for_what_they_are(tmp_path, tiny_gpt2_dir, capsys):
