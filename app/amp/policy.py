@@ -20,8 +20,8 @@ MODES = ("no", "fp16", "bf16")
 LAUNCHER_ENV = "ACCELERATE_MIXED_PRECISION"
 _DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CPU_FP16_NOTE = (
-    "fp16 on a CPU exercises the loss scaler but is rarely fast: CPUs without native fp16 emulate it, and even "
-    "those with AVX512-FP16 seldom beat fp32 (docs/benchmarks.md). It is kept because it was asked for"
+    "fp16 on a CPU is real but rarely fast: CPUs without native fp16 emulate it, and even those with AVX512-FP16 "
+    "seldom beat fp32 (docs/benchmarks.md). It is kept because it was asked for"
 )
 
 
