@@ -233,6 +233,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "a shard missing",
         "another model's config",
         "empty file",
+        "the model's config file for its folder",
         "empty stdin",
         "output is the input",
         "max_length beyond the model",
@@ -294,6 +295,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         (model / "config.json").write_text(json.dumps(config))
     elif case == "empty file":
         source = ["--input_file", tmp_path / "empty.csv"]
+    elif case == "the model's config file for its folder":  # "Repo id must be in the form ...", from the tokenizer
+        model = trained / "config.json"
     elif case == "output is the input":
         source = ["--input_file", tmp_path / "out" / ".." / "out" / "predicted.csv"]  # the same file, spelt otherwise
     elif case == "max_length beyond the model":
@@ -349,7 +352,9 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "model.safetensors.index.json names: copy the whole folder",
         "another model's config": "copied: its weight classifier.weight is [2, 32] in the weight files but [3, 32] by "
         "its config.json, which belongs to another model (another label count?)",
-        "empty file": "has no rows",
+        "empty file": f"{tmp_path / 'empty.csv'} has no rows to predict; add examples to it",
+        "the model's config file for its folder": f"--model_name_or_path {trained / 'config.json'} is a file of a "
+        f"model; give the folder that holds it ({trained})",
         "empty stdin": "the input has no texts to predict",
         "output is the input": "is the --input_file: the predictions would replace the file they are made from",
         "max_length beyond the model": "--max_length 129 is beyond the model's 128 positions; use --max_length 128 or",

@@ -216,7 +216,8 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
         raise
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
         if Path(path).stat().st_size == 0 or _row_count(path, kind) == 0:  # datasets cannot type a file without rows
-            raise UsageError(f"{path} has no rows, so the {split} split is empty; add examples to it") from None
+            said = "has no rows to predict" if split == "input" else f"has no rows, so the {split} split is empty"
+            raise UsageError(f"{path} {said}; add examples to it") from None
         raise UsageError(read_error(kind, path, e)) from None
     if kind == "csv":
         check_no_row_labels(dataset.column_names, path)

@@ -186,6 +186,10 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
             "--resume_from_checkpoint"
         )
     folder = Path(name)
+    if folder.is_file() and (folder.name == "config.json" or folder.suffix in (".safetensors", ".bin")):
+        raise UsageError(  # transformers read it as a config, or a hub id: "not a valid JSON file", "Repo id must ..."
+            f"--model_name_or_path {name} is a file of a model; give the folder that holds it ({folder.parent})"
+        )
     if folder.is_dir() and not gguf_file and not (folder / "config.json").is_file():
         if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
             raise UsageError(
