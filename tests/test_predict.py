@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -243,6 +244,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "unreadable training_args.yaml",
         "no tokenizer files",
         "a run that saved no model yet",
+        "a run still training",
         "weights cut short",
         "conversations",
         "numbers as texts",
@@ -313,6 +315,12 @@ def test_bad_input_one_line_exit_2_nothing_written(
     elif case == "a run that saved no model yet":
         model = tmp_path / "unfinished"
         (model / "checkpoints" / "step-2").mkdir(parents=True)
+    elif case == "a run still training":  # it was told to resume a run that was still going
+        from app.storage.lease import Lease
+
+        model = tmp_path / "training"
+        (model / "checkpoints" / "step-2").mkdir(parents=True)
+        Lease.take(model)  # held by this process, which is alive: as the training run's
     elif case == "conversations":  # the error spanned two lines, numpy's repr of the list
         turns = [{"role": "user", "content": f"Review {i}: fresh coffee."} for i in range(3)]
         conversations = tmp_path / "conversations.jsonl"
@@ -365,6 +373,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "it, or pass --max_length",
         "a run that saved no model yet": "holds no model yet (no config.json), only a run's checkpoints: resume that "
         "run with --resume_from_checkpoint, or give the output folder of a run that has ended",
+        "a run still training": f"--model_name_or_path {tmp_path / 'training'} holds no model yet (no config.json): "
+        f"its run is still training (process {os.getpid()} on",
         "conversations": "column 'text' holds a list in row 2 of the input ([{'role': 'user', 'content': 'Review 0: "
         "fresh coffee.'}, {'role': 'user', [...]); texts must be strings, one prompt each, not conversations",
         "numbers as texts": "column 'text' holds int in row 1 of the input (0); texts must be strings\n",

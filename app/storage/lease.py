@@ -144,6 +144,18 @@ class Lease:
         self.path.unlink(missing_ok=True)
 
 
+def live_holder(folder: Path) -> Holder | None:
+    """The run that holds `folder` now (its newest lease, not gone), or None."""
+    try:
+        newest = _generations(folder)[-1:]
+    except OSError:
+        return None
+    if not newest:
+        return None
+    holder, refreshed = _read(folder / f".claim-{newest[0]}.json")
+    return holder if holder is not None and refreshed is not None and holder.gone(refreshed) is None else None
+
+
 def _generations(folder: Path) -> list[int]:
     return sorted(int(m.group(1)) for name in os.listdir(folder) if (m := _LEASE.match(name)))
 
