@@ -7,6 +7,7 @@ import atexit
 import dataclasses
 import difflib
 import os
+import re
 import sys
 import threading
 import typing
@@ -36,8 +37,21 @@ class OneLineParser(HfArgumentParser):
     def error(self, message: str) -> typing.NoReturn:
         raise UsageError(f"{message.rstrip('.')}; see python {self.script} --help")  # transformers' end in "."
 
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse, with a negative number after a flag as its value: argparse reads `-1e-5` as a flag, and
+        `--learning_rate -1e-5` got "expected one argument" instead of the check of its value."""
+        args = list(sys.argv[1:] if args is None else args)
+        for i in range(len(args) - 1):
+            if str(args[i]).startswith("--") and "=" not in str(args[i]) and _NEGATIVE.match(str(args[i + 1])):
+                args[i], args[i + 1] = f"{args[i]}={args[i + 1]}", None
+        args = [arg for arg in args if arg is not None]
+        return super().parse_known_args(args, namespace)
+
     def flag_names(self) -> list[str]:
         return [option.lstrip("-") for action in self._actions for option in action.option_strings]
+
+
+_NEGATIVE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # -1, -0.5, -1e-5, -.5
 
 
 # What HF TrainingArguments and trl (and common shorthands) call a flag that this app names or covers another way:

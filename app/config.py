@@ -328,11 +328,14 @@ class TrainConfig:
                 "without an alarm; raise --init_loss_scale or lower --min_loss_scale"
             )
         if self.run_name is not None and (
-            not self.run_name.strip() or Path(self.run_name).name != self.run_name or self.run_name in (".", "..")
+            not self.run_name.strip()
+            or Path(self.run_name).name != self.run_name
+            or self.run_name in (".", "..")
+            or not self.run_name.isprintable()  # a newline or a tab, from a script's variable: folders of that name
         ):
             raise UsageError(
-                f"--run_name {self.run_name!r} must be a plain name, without / or ..: it names the run's folder in "
-                "--logdir (and outputs/); give locations with --logdir and --output_dir"
+                f"--run_name {self.run_name!r} must be a plain name, without / or .. or control characters: it names "
+                "the run's folder in --logdir (and outputs/); give locations with --logdir and --output_dir"
             )
         # The roles of one task's columns (the other task's flags are refused by the task itself).
         for roles in (("text_column", "text_pair_column", "label_column"), ("prompt_column", "response_column")):
@@ -453,9 +456,16 @@ def refuse_empty_values(cfg) -> None:
             raise UsageError(f"--{field.name} is empty; give a value, or leave the flag out")
 
 
+DESCRIPTION = (
+    "Fine-tune a transformer (a text classifier or a causal LM) with Accelerate, in fp32, bf16 or fp16 with loss "
+    "scaling, and its precision, loss scale, throughput and memory in TensorBoard. Flags as below; --config YAML "
+    "takes them as keys."
+)
+
+
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Build the config from a YAML (`--config`) and the command line, which wins. Raises UsageError."""
-    parser = OneLineParser(TrainConfig, "app/train.py", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(TrainConfig, "app/train.py", description=DESCRIPTION)
     parser.add_argument("--config", metavar="YAML", help="YAML file whose keys are these flags' names.")
     errors.set_config_sources({})  # until a --config is read
     known, _ = parser.parse_known_args(argv)
@@ -486,6 +496,11 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # Where a value came from, for a line that names a flag the user did not type (errors.with_sources).
     errors.set_config_sources({name: known.config for name in from_yaml if name not in given})
     namespace, unknown = parser.parse_known_args(argv)
+    if unknown and not unknown[0].startswith("-"):  # a word where a flag goes: a file meant for --train_file?
+        raise UsageError(
+            f"unexpected argument {unknown[0]!r}: app/train.py takes flags alone (--name value); a data file goes "
+            "with --train_file, a model with --model_name_or_path"
+        )
     if unknown:
         raise UsageError(
             f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
@@ -499,6 +514,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     spec = cfg.resume_from_checkpoint
     if spec is not None and str(spec).lower() in ("latest", "true") and not Path(str(spec)).exists():
         cfg = dataclasses.replace(cfg, resume_from_checkpoint="latest")  # true: HF Trainer's True
+    elif spec is not None and str(spec).lower() in ("false", "none") and not Path(str(spec)).exists():
+        cfg = dataclasses.replace(cfg, resume_from_checkpoint=None)  # HF Trainer's False and None: a new run
     # `q_proj,v_proj`, as peft's docs and many scripts write it, and `q_proj v_proj`, as trl's flag takes it.
     cfg = dataclasses.replace(
         cfg,

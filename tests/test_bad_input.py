@@ -206,7 +206,8 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "a run name that is a path",  # wrote outside --logdir; outputs/.. with --overwrite_output_dir, into the cwd
             ["--run_name", ".."],
             {},
-            "--run_name '..' must be a plain name, without / or ..: it names the run's folder in --logdir",
+            "--run_name '..' must be a plain name, without / or .. or control characters: it names the run's folder in "
+            "--logdir",
         ),
         (
             "one column in two roles",  # the model read the answer
@@ -487,6 +488,17 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             for flag in ("model_name_or_path", "output_dir", "logdir", "resume_from_checkpoint", "dataset_name")
         ),
         ("a blank --run_name", ["--run_name", " "], {}, "--run_name is empty; give a value"),  # a folder named " "
+        # Folders named with a newline, from a script's variable
+        ("a --run_name with a newline", ["--run_name", "a\nb"], {}, "must be a plain name, without / or .. or control"),
+        # argparse read -1e-5 as a flag: "expected one argument"
+        ("a negative learning rate", ["--learning_rate", "-1e-5"], {}, "--learning_rate must be above 0, got -1e-05"),
+        # "unknown flag 'train.csv'"
+        (
+            "a file where a flag goes",
+            ["--seed", "1", "train.csv"],
+            {},
+            "unexpected argument 'train.csv': app/train.py takes flags",
+        ),
         ("an empty --config", ["--config", ""], {}, "--config is empty; give a YAML file, or leave the flag out"),
         (
             "weights of other shapes than the config",  # transformers' size-mismatch traceback, folders left behind

@@ -182,6 +182,8 @@ def test_a_hand_written_yaml_may_say_mixed_precision_no_unquoted(tmp_path):
         ("resume_from_checkpoint: false", [], None),
         ("", ["--resume_from_checkpoint", "True"], "latest"),
         ("", ["--resume_from_checkpoint", "Latest"], "latest"),
+        ("", ["--resume_from_checkpoint", "false"], None),  # "no such folder", where the YAML's false was a new run
+        ("resume_from_checkpoint: latest", ["--resume_from_checkpoint", "False"], None),
     ],
 )
 def test_resume_from_checkpoint_true_in_any_spelling_is_latest(tmp_path, in_yaml, flags, expected):
