@@ -169,3 +169,18 @@ def test_a_full_disk_under_the_logdir_ends_the_curves_with_a_warning_not_the_run
     warned = [line for line in err.splitlines() if line.startswith("warning: the disk under")]
     assert len(warned) == 1 and "training goes on" in warned[0], err[-3000:]
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_an_output_dir_on_a_full_disk_is_one_line_and_leaves_nothing(
+    tmp_path, tiny_disk, tiny_model_dir, review_files, capfd
+):
+    # The folder and an empty draft of its lease (.claim-new-<token>.json) were left behind.
+    filler = tiny_disk / "filler"
+    with open(filler, "wb", buffering=0) as file:
+        with pytest.raises(OSError):
+            while True:
+                file.write(b"\0" * 4096)
+    args = [*data_flags(tiny_model_dir, review_files), "--output_dir", tiny_disk / "out", "--logdir", tmp_path / "runs"]
+    assert run_app([*args, "--max_steps", "1"]) == 2
+    assert capfd.readouterr().err.strip().startswith("error: ")
+    assert [p.name for p in tiny_disk.iterdir()] == ["filler"] and not (tmp_path / "runs").exists()

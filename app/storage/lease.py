@@ -181,8 +181,8 @@ def _unreadable_gone(refreshed: float) -> str | None:
 def _create(path: Path, holder: Holder) -> bool:
     """Create the lease file with its content in one step; False if it exists already."""
     draft = path.with_name(f".claim-new-{holder.token}.json")
-    draft.write_text(json.dumps(asdict(holder)))
     try:
+        draft.write_text(json.dumps(asdict(holder)))  # a full disk fails here: the empty draft goes too
         os.link(draft, path)  # atomic, and fails if the name exists: the whole race is decided here
         return True
     except FileExistsError:  # NFS may retry a link that worked and then report it as existing: ask the file
