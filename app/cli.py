@@ -3,6 +3,7 @@ wrapper that turns the app's errors into exit codes, and the process's end."""
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import dataclasses
 import difflib
@@ -15,6 +16,7 @@ from dataclasses import field
 from typing import Callable, TypeVar
 
 from transformers import HfArgumentParser
+from transformers.hf_argparser import string_to_bool
 
 from app.errors import DiskFull, TrainingHalted, UsageError, with_sources
 
@@ -38,14 +40,45 @@ class OneLineParser(HfArgumentParser):
         raise UsageError(f"{message.rstrip('.')}; see python {self.script} --help")  # transformers' end in "."
 
     def parse_known_args(self, args=None, namespace=None):
-        """As argparse, with a negative number after a flag as its value: argparse reads `-1e-5` as a flag, and
-        `--learning_rate -1e-5` got "expected one argument" instead of the check of its value."""
-        args = list(sys.argv[1:] if args is None else args)
-        for i in range(len(args) - 1):
-            if str(args[i]).startswith("--") and "=" not in str(args[i]) and _NEGATIVE.match(str(args[i + 1])):
+        """As argparse, with a negative number after a flag that takes a value as that value: argparse reads `-1e-5`
+        as a flag, and `--learning_rate -1e-5` got "expected one argument" instead of the check of its value."""
+        args = [str(arg) for arg in (sys.argv[1:] if args is None else args)]
+        end = args.index("--") if "--" in args else len(args)  # after "--", words alone
+        for i in range(end - 1):
+            action = self._option_string_actions.get(args[i])
+            if action is not None and action.nargs is None and _NEGATIVE.match(args[i + 1]):
                 args[i], args[i + 1] = f"{args[i]}={args[i + 1]}", None
-        args = [arg for arg in args if arg is not None]
-        return super().parse_known_args(args, namespace)
+        return super().parse_known_args([arg for arg in args if arg is not None], namespace)
+
+    def texts_after_switches(self, args: list[str]) -> list[str]:
+        """For a script that takes words after its flags (predict.py's texts): a switch (`--disable_tqdm`) takes the
+        word after it as its value when it reads as a yes or a no (`False`, as HF's flags take it), else that word is
+        a text. UsageError where a yes or a no is followed by more words: its value, or the first text ("No" was
+        taken for false, and its row was gone)."""
+        switches = {
+            option
+            for action in self._actions
+            if action.nargs == "?" and action.const is True
+            for option in action.option_strings
+        }
+        end = args.index("--") if "--" in args else len(args)
+        read = []
+        for i, word in enumerate(args):
+            read.append(word)
+            if i + 1 >= end or word not in switches or args[i + 1].startswith("-"):
+                continue
+            after = args[i + 1]
+            try:
+                string_to_bool(after)
+            except argparse.ArgumentTypeError:
+                read.append("true")  # not a yes or a no: a text, and the switch on
+                continue
+            if i + 2 < end and not args[i + 2].startswith("-"):
+                raise UsageError(
+                    f"{after!r} after {word} could be its value or a text: write {word}={after.lower()} for its "
+                    "value, or give the texts before the flags, or after --"
+                )
+        return read
 
     def flag_names(self) -> list[str]:
         return [option.lstrip("-") for action in self._actions for option in action.option_strings]

@@ -155,32 +155,13 @@ class PredictConfig:
                 raise UsageError(f"--{name} must be 1 or more, got {getattr(self, name)}")
 
 
-def texts_after_switches(argv: list[str], parser: OneLineParser) -> list[str]:
-    """A switch (--disable_tqdm, --compare_fp32, ...) takes the word after it as its value when that word reads as a
-    yes or a no: the text "No" after `--disable_tqdm` was taken for false, and its row was gone. Here a switch's
-    value is `true` or `false`, written so; any other word after it is a text."""
-    switches = {
-        option
-        for action in parser._actions
-        if action.nargs == "?" and action.const is True
-        for option in action.option_strings
-    }
-    read = []
-    for i, word in enumerate(argv):
-        read.append(word)
-        after = argv[i + 1] if i + 1 < len(argv) else None
-        if word in switches and after is not None and not after.startswith("-") and after not in ("true", "false"):
-            read.append("true")
-    return read
-
-
 def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     parser = OneLineParser(PredictConfig, "app/predict.py", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "texts", nargs="*", help="Texts or prompts (all before the flags or all after them), if no --input_file."
     )
     errors.set_config_sources({})  # no --config here: a train.py run in this process does not name its flags
-    argv = texts_after_switches(sys.argv[1:] if argv is None else argv, parser)
+    argv = parser.texts_after_switches(sys.argv[1:] if argv is None else [str(arg) for arg in argv])
     namespace, extras = parser.parse_known_args(argv)
     if extras and extras[0].startswith("-"):
         advice = unknown_flag_advice(extras[0], parser.flag_names(), "app/predict.py", PREDICT_OTHER_NAMES)

@@ -716,10 +716,21 @@ def test_a_json_inputs_own_values_come_back_as_written(tmp_path, trained, kind):
     assert any(len(repr(row["probability"]).split(".")[1]) > 10 for row in written), "cut to 10 decimals"
 
 
-def test_a_text_after_a_switch_that_reads_as_yes_or_no_is_a_text(trained, capsys):
-    # "No" after --disable_tqdm was its value (false): the row was gone.
-    texts = ["No", "y", "Great coffee."]
-    assert predict("--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm", *texts) == 0
-    assert pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)["text"].tolist() == texts
-    assert predict("--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm", "false", "ok") == 0
-    assert pd.read_csv(io.StringIO(capsys.readouterr().out))["text"].tolist() == ["ok"]  # false, written so: a value
+def test_a_word_after_a_switch_is_its_value_or_a_text_and_never_both_silently(trained, capsys):
+    # "No" after --disable_tqdm was its value (false) and its row was gone; "wonderful" there was "Truthy value
+    # expected"; a fix that took every word but true and false for a text turned `--disable_tqdm False` on.
+    flags = ["--model_name_or_path", trained, "--mixed_precision", "no"]
+    assert predict(*flags, "--disable_tqdm", "wonderful", "No") == 0  # not a yes or a no: a text, the switch on
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)["text"].tolist() == [
+        "wonderful",
+        "No",
+    ]
+    assert predict("Great coffee.", *flags, "--disable_tqdm", "False") == 0  # HF's way: its value
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out))["text"].tolist() == ["Great coffee."]
+    assert predict(*flags, "--disable_tqdm", "No", "Great coffee.") == 2  # its value, or the first of two texts?
+    assert capsys.readouterr().err == (
+        "error: 'No' after --disable_tqdm could be its value or a text: write --disable_tqdm=no for its value, or "
+        "give the texts before the flags, or after --\n"
+    )
+    assert predict(*flags, "--disable_tqdm", "--", "No", "-5") == 0  # after --, words alone
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)["text"].tolist() == ["No", "-5"]
