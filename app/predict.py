@@ -65,7 +65,7 @@ from app.inputs.model import (
     position_table,
 )
 from app.inputs.reading import header_hint, stdin_lines
-from app.storage.disk import free_bytes, is_full_disk, size
+from app.storage.disk import free_bytes, is_full_disk, size, umask
 from app.storage.folders import CONFIG_FILE, recorded_config
 from app.tasks import lm_data
 from app.tasks.causal_lm import TextGenerator, check_decoder
@@ -344,8 +344,9 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
         table.to_csv(sys.stdout, index=False, quoting=quoting)
         return
     # A short name of its own beside the file: `.{name}.tmp` of a name near the limit (255 bytes) was too long.
-    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=Path(path).resolve().parent)
+    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=Path(path).absolute().parent)
     os.close(handle)
+    os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would make the predictions the owner's alone
     try:
         if Path(path).suffix.lower() == ".jsonl":
             with open(tmp, "w", encoding="utf-8") as file:

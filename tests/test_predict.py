@@ -734,3 +734,15 @@ def test_a_word_after_a_switch_is_its_value_or_a_text_and_never_both_silently(tr
     )
     assert predict(*flags, "--disable_tqdm", "--", "No", "-5") == 0  # after --, words alone
     assert pd.read_csv(io.StringIO(capsys.readouterr().out), keep_default_na=False)["text"].tolist() == ["No", "-5"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_the_predictions_are_as_readable_as_the_umask_allows(trained, tmp_path, umask, mode):
+    # Written through a temporary file of mkstemp's, they were 0600: the owner's alone.
+    before = os.umask(umask)
+    try:
+        for name in ("p.csv", "p.jsonl"):
+            assert predict("a text", "--model_name_or_path", trained, "--output_file", tmp_path / name) == 0
+            assert (tmp_path / name).stat().st_mode & 0o777 == mode, name
+    finally:
+        os.umask(before)
