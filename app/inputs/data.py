@@ -178,19 +178,25 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
 
 
 def _json_rows(path: str) -> list[dict] | None:
-    """A .json or .jsonl file's records as Python reads them (a list of objects, or one object per line); None for
-    another layout, which datasets' reading gives instead."""
+    """A .json or .jsonl file's records as Python reads them: one object per line of a .jsonl, a .json's list of
+    objects, its object of columns (lists of one length) or its one object. None for another layout, which
+    datasets' reading gives instead."""
     with open(path, encoding="utf-8-sig") as file:
         text = file.read()
     try:
-        whole = json.loads(text)
-        rows = whole if isinstance(whole, list) else None
-    except json.JSONDecodeError:
-        try:
+        if path.lower().endswith(".jsonl"):  # a file of one line is one record, not a .json's object of columns
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError:
-            return None
-    return rows if rows is not None and all(isinstance(row, dict) for row in rows) else None
+        else:
+            rows = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(rows, dict):
+        columns = list(rows.values())
+        if columns and all(isinstance(c, list) for c in columns) and len({len(c) for c in columns}) == 1:
+            rows = [dict(zip(rows, values)) for values in zip(*columns)]
+        else:
+            rows = [rows]
+    return rows if isinstance(rows, list) and all(isinstance(row, dict) for row in rows) else None
 
 
 def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
