@@ -70,10 +70,11 @@ def test_what_a_failed_start_left_does_not_block_the_same_command_again(tmp_path
     """A start that died before its first checkpoint (a crash, an OOM kill) leaves its config and an empty
     checkpoints folder; the same command again must run, not advise a resume that has nothing to resume."""
     from app.config import TrainConfig
+    from app.storage.folders import write_config
 
     out = tmp_path / "out"
     (out / "checkpoints").mkdir(parents=True)
-    (out / "training_args.yaml").write_text(TrainConfig(learning_rate=5e-5).to_yaml())  # as a run writes it
+    write_config(TrainConfig(learning_rate=5e-5, run_name="test"), out)  # as a run writes it
     assert run_app([*quick_args, "--max_steps", "1", "--max_eval_samples", "8"]) == 0
     assert (out / "model.safetensors").is_file()
 
@@ -359,14 +360,18 @@ def test_a_training_args_yaml_of_the_users_own_is_no_failed_start_and_is_kept(tm
     # reused and the user's file, comments and all, replaced by the resolved config.
     folder = tmp_path / "exp1"
     folder.mkdir()
-    (folder / "training_args.yaml").write_text("# my settings\nlearning_rate: 3.0e-4\nmax_steps: 1\n")
-    before = folder_state(folder)
-    assert run_app([*quick_args, "--config", folder / "training_args.yaml", "--output_dir", folder]) == 2
-    assert capfd.readouterr().err == (
-        f"error: --output_dir {folder} is not empty (it holds training_args.yaml); pass --overwrite_output_dir to "
-        "replace what is there, or another --output_dir\n"
-    )
-    assert folder_state(folder) == before
+    for mine in (
+        "# my settings\nlearning_rate: 3.0e-4\nmax_steps: 1\n",
+        (ROOT / "configs" / "default.yaml").read_text(),
+    ):
+        (folder / "training_args.yaml").write_text(mine)  # a few keys, or a copy of the shipped config (every key)
+        before = folder_state(folder)
+        assert run_app([*quick_args, "--config", folder / "training_args.yaml", "--output_dir", folder]) == 2
+        assert capfd.readouterr().err.startswith(
+            f"error: --output_dir {folder} is not empty (it holds training_args.yaml); pass --overwrite_output_dir to "
+            "replace what is there, or another --output_dir"
+        )
+        assert folder_state(folder) == before
 
 
 def test_the_recorded_config_holds_no_action_on_the_folders_and_a_resume_says_it_keeps_them(

@@ -58,6 +58,7 @@ MODEL_FILES = (
 
 # What a start that failed before its first checkpoint leaves: nothing worth keeping, nothing to resume.
 _LEFT_BY_A_FAILED_START = {CONFIG_FILE, "checkpoints"}
+WRITTEN_BY = "# written by app/train.py"  # the first line of a run's training_args.yaml (a user's copy has its own)
 ASIDE = ".overwritten-"  # the folder that --overwrite_output_dir moves an earlier run into, then deletes
 
 
@@ -276,10 +277,19 @@ def _work_in(folder: Path) -> list[str]:
         raise UsageError(f"--output_dir {folder} cannot be read: {e.strerror}") from None
     checkpoints = folder / "checkpoints"
     saved = checkpoints.is_dir() and any(not is_staging(p) for p in checkpoints.iterdir())
-    # A training_args.yaml of the user's own (`--config exp1/training_args.yaml --output_dir exp1`) is no start's: a
-    # run writes every flag, and reused, the folder lost the user's file, comments and all, to the resolved config.
-    users_config = CONFIG_FILE in found and recorded_config(folder).keys() != set(TrainConfig.__dataclass_fields__)
+    # A training_args.yaml of the user's own (`--config exp1/training_args.yaml --output_dir exp1`, a copy of
+    # configs/default.yaml) is no start's: reused, the folder lost the user's file, comments and all.
+    users_config = CONFIG_FILE in found and not written_by_a_run(folder / CONFIG_FILE)
     return [] if set(found) <= _LEFT_BY_A_FAILED_START and not saved and not users_config else found
+
+
+def written_by_a_run(config: Path) -> bool:
+    """Whether a training_args.yaml opens with the line write_config gives it."""
+    try:
+        with open(config, encoding="utf-8") as file:
+            return file.readline().startswith(WRITTEN_BY)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def check_log_dir(paths: RunPaths, resuming: bool) -> None:
@@ -480,4 +490,4 @@ def write_config(cfg: TrainConfig, folder: Path) -> None:
     What one command does to the folders is not recorded: `--config` with a copy of it, to run the same again with a
     change, would have deleted this run (--overwrite_output_dir) or resumed it (--resume_from_checkpoint)."""
     once = dataclasses.replace(cfg, overwrite_output_dir=False, resume_from_checkpoint=None)
-    (folder / CONFIG_FILE).write_text(once.to_yaml())
+    (folder / CONFIG_FILE).write_text(f"{WRITTEN_BY} for run {cfg.run_name}: every flag as it ran\n{once.to_yaml()}")
