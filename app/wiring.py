@@ -435,7 +435,8 @@ def build_training(
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
         if set_aside := checkpoints.set_aside_later(resume.path, state.opt_step):
             notes.append(set_aside)
-            writer.set_aside_replaced_line(checkpoints.replaced_line.name)  # its curves, as its checkpoints
+            # its curves, as its checkpoints: from where the lines part (a set-aside checkpoint's step is later)
+            writer.set_aside_replaced_line(checkpoints.replaced_line.name, checkpoints.replaced_after)
         if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "

@@ -602,3 +602,17 @@ def test_a_resume_from_an_older_checkpoint_moves_the_replaced_lines_points_besid
     # The line it replaced: a TensorBoard run of its own, its points as they were logged.
     assert tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS) == replaced
     assert sorted(tb.scalars(run_dir / "replaced-after-step-3")[tags.TRAIN_LOSS]) == [4, 5]
+
+
+def test_a_resume_from_a_set_aside_checkpoint_moves_the_replacing_lines_points_from_where_the_lines_part(five_steps):
+    # Resumed from replaced-after-step-3/step-4, the line that had replaced it was set aside from step 3, but its
+    # curves from step 5 only: its step 4 stayed in the resumed line's curves.
+    out, run_dir, flags = five_steps
+    root = out / "checkpoints"
+    assert run_app([*flags, "--resume_from_checkpoint", root / "step-3"]) == 0  # line B replaces A after step 3
+    line_b = tb.raw_points(run_dir, tags.TRAIN_LOSS)[3:]
+    assert run_app([*flags, "--resume_from_checkpoint", root / "replaced-after-step-3" / "step-4"]) == 0  # A again
+    assert (root / "replaced-after-step-3-2").is_dir(), "B's checkpoints, set aside in turn"
+    assert tb.raw_points(run_dir / "replaced-after-step-3-2", tags.TRAIN_LOSS) == line_b
+    assert [step for step, _ in tb.raw_points(run_dir, tags.TRAIN_LOSS)] == [1, 2, 3, 5]  # A's 4: in its own folder
+    assert [step for step, _ in tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS)] == [4, 5]

@@ -153,6 +153,7 @@ class Checkpoints:
         self.record, self.position, self.trainable = record, position, trainable
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
         self.replaced_line: Path | None = None  # where set_aside_later moved the line this resume replaces
+        self.replaced_after = 0  # the step where the two lines part
         self.resumed: Path | None = None  # the checkpoint this run resumed from
         self.last_bytes: int | None = None  # its size: what the next one will need (main process)
 
@@ -195,7 +196,7 @@ class Checkpoints:
         aside.mkdir()
         for path in later:
             os.replace(path, aside / path.name)
-        self.replaced_line = aside
+        self.replaced_line, self.replaced_after = aside, parted
         return (
             f"note: the run had gone on past step-{parted}: its later checkpoints "
             f"({', '.join(path.name for path in later)}) are moved to {aside}, so that --resume_from_checkpoint latest "

@@ -23,10 +23,12 @@ class TensorBoardWriter:
         self._opened = None
         self._full = False  # the disk filled: nothing more is written
 
-    def set_aside_replaced_line(self, name: str) -> None:
-        """What the run logged past the checkpoint it resumes from goes to `log_dir/name` (a run of its own in
-        TensorBoard, beside the checkpoints set aside under that name), not away."""
-        self.replaced_line = name
+    def set_aside_replaced_line(self, name: str, parted: int) -> None:
+        """What the run logged past step `parted`, where the line it resumes leaves the line it replaces, goes to
+        `log_dir/name` (a run of its own in TensorBoard, beside the checkpoints set aside under that name), not
+        away. A checkpoint set aside earlier is later than `parted`: the replaced line's points between the two went
+        into the resumed line's curves."""
+        self.replaced_line, self.purge_step = name, parted + 1
 
     def _open(self):
         """The event file, opened at the first write, after what the run logged from purge_step on (past the
@@ -36,12 +38,22 @@ class TensorBoardWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             if self.purge_step is not None:
-                aside = self.log_dir / self.replaced_line if self.replaced_line else None
-                purge_events(self.log_dir, self.purge_step, aside)
+                purge_events(self.log_dir, self.purge_step, self._aside())
             # The purge step too, for what no rewrite reached (a damaged file): readers that honour it hide the rest.
             self._opened = SummaryWriter(str(self.log_dir), purge_step=self.purge_step)
             _quiet_writer_threads()
         return self._opened
+
+    def _aside(self) -> Path | None:
+        """The replaced line's folder: its checkpoints' name, numbered on where that name is taken (its checkpoints'
+        folder deleted, their curves kept), so that two lines never share a TensorBoard run."""
+        if not self.replaced_line:
+            return None
+        aside, attempt = self.log_dir / self.replaced_line, 1
+        while aside.exists():
+            attempt += 1
+            aside = self.log_dir / f"{self.replaced_line}-{attempt}"
+        return aside
 
     def _write(self, write: Callable, step: int) -> None:
         if self._full:
@@ -93,7 +105,7 @@ class TensorBoardWriter:
 class NullWriter:
     """The writer of the other ranks: accepts everything, writes nothing."""
 
-    def set_aside_replaced_line(self, name: str) -> None: ...
+    def set_aside_replaced_line(self, name: str, parted: int) -> None: ...
 
     def log(self, scalars: dict[str, float], step: int) -> None: ...
 
