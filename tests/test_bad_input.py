@@ -479,8 +479,8 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "the launcher's accumulation",
             [],
             {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "4"},
-            "accelerate launch --gradient_accumulation_steps 4 (ACCELERATE_GRADIENT_ACCUMULATION_STEPS) is not read "
-            "here: the app accumulates by its own flag; give --gradient_accumulation_steps 4 after app/train.py",
+            "ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 (from the launch config or the environment) is not read here: "
+            "the app accumulates by its own --gradient_accumulation_steps, 1; make the two equal",
         ),
         # "$UNSET": the embedded model trained in place of the one meant, a run went to the default folders
         *(
@@ -684,8 +684,8 @@ def test_an_architecture_that_cannot_do_what_is_asked_is_one_line_before_anythin
 
 
 def test_the_launchers_accumulation_equal_to_the_apps_divides_no_loss(quick_args, tmp_path, monkeypatch):
-    # The same number from `accelerate launch --gradient_accumulation_steps 2` and the app's flag: Accelerate's
-    # backward divided each loss by 2 on top of the loop's own weighting, and the gradients were half what they were.
+    # The same number from a DeepSpeed launch config (or the environment) and the app's flag: Accelerate's backward
+    # divided each loss by 2 on top of the loop's own weighting, and the gradients were half what they were.
     args = [*quick_args, "--mixed_precision", "no", "--max_steps", "2", "--eval_steps", "0", "--save_steps", "0"]
     args += ["--gradient_accumulation_steps", "2"]
     assert run_app([*args, "--run_name", "app"]) == 0

@@ -54,15 +54,15 @@ LAUNCHER_ACCUMULATION = "ACCELERATE_GRADIENT_ACCUMULATION_STEPS"  # accelerate l
 
 
 def refuse_launcher_accumulation(steps: int) -> None:
-    """The launcher's --gradient_accumulation_steps is not read (the loop accumulates by the app's flag): one that
-    asks for another number would be ignored without a word. UsageError naming the app's flag."""
+    """ACCELERATE_GRADIENT_ACCUMULATION_STEPS (a DeepSpeed launch config's gradient_accumulation_steps, or the
+    environment) is not read: the loop accumulates by the app's flag, and another number would be ignored without a
+    word. UsageError naming both."""
     launched = os.environ.get(LAUNCHER_ACCUMULATION)
     if launched is None or launched.strip() == str(steps):
         return
     raise UsageError(
-        f"accelerate launch --gradient_accumulation_steps {launched} ({LAUNCHER_ACCUMULATION}) is not read here: "
-        f"the app accumulates by its own flag; give --gradient_accumulation_steps {launched} after app/train.py "
-        "instead, and drop the launcher's"
+        f"{LAUNCHER_ACCUMULATION}={launched} (from the launch config or the environment) is not read here: the app "
+        f"accumulates by its own --gradient_accumulation_steps, {steps}; make the two equal, or unset the variable"
     )
 
 
