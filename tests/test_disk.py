@@ -184,3 +184,20 @@ def test_an_output_dir_on_a_full_disk_is_one_line_and_leaves_nothing(
     assert run_app([*args, "--max_steps", "1"]) == 2
     assert capfd.readouterr().err.strip().startswith("error: ")
     assert [p.name for p in tiny_disk.iterdir()] == ["filler"] and not (tmp_path / "runs").exists()
+
+
+def test_a_disk_that_fills_as_the_run_ends_says_where_the_curves_end(tiny_disk, capfd):
+    # "TensorBoard's curves stop at step 0; training goes on", said by the hparams or the close after training.
+    from app.telemetry.writer import TensorBoardWriter
+
+    writer = TensorBoardWriter(tiny_disk / "run")
+    for step in range(1, 6):
+        writer.log({"train/loss": 1.0 / step}, step)
+    with open(tiny_disk / "filler", "wb", buffering=0) as file:
+        with pytest.raises(OSError):
+            while True:
+                file.write(b"\0" * 4096)
+    writer.hparams({"note": "x" * 20000}, ["eval/loss"])
+    writer.close()
+    warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: the disk under")]
+    assert len(warned) == 1 and warned[0].endswith("TensorBoard's curves end after step 5"), warned

@@ -4,6 +4,8 @@ an event file left in a run's folder holds (only a start, or curves)."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +24,7 @@ class TensorBoardWriter:
         self.replaced_line: str | None = None  # a resume from an older checkpoint: where the line it replaces goes
         self._opened = None
         self._full = False  # the disk filled: nothing more is written
+        self._last_step: int | None = None  # of the last points written
 
     def set_aside_replaced_line(self, name: str, parted: int) -> None:
         """What the run logged past step `parted`, where the line it resumes leaves the line it replaces, goes to
@@ -55,7 +58,7 @@ class TensorBoardWriter:
             aside = self.log_dir / f"{self.replaced_line}-{attempt}"
         return aside
 
-    def _write(self, write: Callable, step: int) -> None:
+    def _write(self, write: Callable, closing: bool = False) -> None:
         if self._full:
             return
         try:
@@ -66,25 +69,29 @@ class TensorBoardWriter:
             self._full = True
             from tqdm import tqdm
 
+            where = f"after step {self._last_step}" if self._last_step is not None else "before the first step"
             tqdm.write(  # on a line of its own, beside the progress bar
-                f"warning: the disk under {self.log_dir} is full ({first_line(error)}): TensorBoard's curves stop at "
-                f"step {step}; training goes on",
+                f"warning: the disk under {self.log_dir} is full ({first_line(error)}): TensorBoard's curves end "
+                f"{where}{'' if closing else '; training goes on'}",
                 file=sys.stderr,
             )
+            with contextlib.suppress(OSError):  # its thread stops; what it holds cannot be written
+                self._opened.close()
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         def add(writer) -> None:
             for tag, value in scalars.items():
                 writer.add_scalar(tag, value, step)
 
-        self._write(add, step)
+        self._write(add)
+        self._last_step = step if not self._full else self._last_step
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None:
-        self._write(lambda writer: writer.add_text(tag, markdown, step), step)
+        self._write(lambda writer: writer.add_text(tag, markdown, step))
 
     def layout(self, layout: dict) -> None:
         """The Custom Scalars tab's charts (telemetry/layout.py); written at start, once per run."""
-        self._write(lambda writer: writer.add_custom_scalars(layout), 0)
+        self._write(lambda writer: writer.add_custom_scalars(layout))
 
     def hparams(self, hparams: dict, metric_tags: list[str]) -> None:
         """The HPARAMS tab's row for this run; its metric columns read the scalars already logged under these tags."""
@@ -95,11 +102,11 @@ class TensorBoardWriter:
             for summary in hparams_summaries(hparams, {tag: 0.0 for tag in metric_tags}):
                 writer.file_writer.add_summary(summary)
 
-        self._write(add, 0)
+        self._write(add, closing=True)
 
     def close(self) -> None:
         if self._opened is not None:
-            self._write(lambda writer: writer.close(), 0)
+            self._write(lambda writer: writer.close(), closing=True)
 
 
 class NullWriter:
@@ -124,14 +131,17 @@ def open_writer(log_dir: Path, main_process: bool, purge_step: int | None = None
 
 
 def _quiet_writer_threads() -> None:
-    """The event file's writing thread prints its OSError's traceback when it dies; the writer's next call raises the
-    error again, where the app says it in one line. Other threads' errors are printed as before."""
+    """The event file's writing thread prints its traceback when a full disk ends it; the writer's next call raises
+    the error again, where the app says it in one line. Other errors, and other threads', are printed as before."""
     if getattr(threading.excepthook, "quiets_writer_threads", False):
         return
     printed = threading.excepthook
 
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriterThread
+
     def hook(args) -> None:
-        if type(args.thread).__name__ != "_AsyncWriterThread" or not isinstance(args.exc_value, OSError):
+        full = getattr(args.exc_value, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+        if not (isinstance(args.thread, _AsyncWriterThread) and full):
             printed(args)
 
     hook.quiets_writer_threads = True
