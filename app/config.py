@@ -483,6 +483,11 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # `--amp false` asks for no precision: the YAML's mixed_precision stays (dropped, `auto` chose one of its own).
     asks_for_a_precision = "mixed_precision" in given or ("amp" in given and known.amp)
     replaced = [PRECISION_FLAGS] if asks_for_a_precision else []
+    if asks_for_a_precision is False and "amp" in given and from_yaml.get("mixed_precision") == "fp16":
+        raise UsageError(  # a copied training_args.yaml of an fp16 run: it would train in fp16 without a word
+            f"--amp false, but --config {known.config} asks for mixed_precision fp16; pass --mixed_precision no or "
+            "bf16 for another precision"
+        )
     if "num_train_epochs" in given:  # the YAML's max_steps would override the epochs the command line asks for
         replaced.append(frozenset({"max_steps"}))
     # A column given empty unsets itself alone: it chooses no format ("$UNSET" would else drop the YAML's columns).

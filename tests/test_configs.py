@@ -9,6 +9,7 @@ import pytest
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
+from app.errors import UsageError
 from tests.conftest import ROOT
 
 CONFIGS = sorted((ROOT / "accelerate_configs").glob("*.yaml"))
@@ -313,6 +314,17 @@ def test_a_loss_scale_below_the_alarms_is_refused_only_where_a_scaler_may_run():
             TrainConfig(min_loss_scale=131072, **asked).validate()
     for asked in ({"mixed_precision": "bf16"}, {"mixed_precision": "no"}):  # no scaler: nothing to collapse
         TrainConfig(min_loss_scale=131072, **asked).validate()
+
+
+def test_amp_false_over_a_yaml_that_asks_for_fp16_is_refused(tmp_path, capsys):
+    # A copied training_args.yaml of an fp16 run records amp: false and mixed_precision: fp16: with --amp false on
+    # top, it trained in fp16 without a word.
+    from app.config import parse_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text("amp: false\nmixed_precision: fp16\n")
+    with pytest.raises(UsageError, match=f"--amp false, but --config {path} asks for mixed_precision fp16; pass"):
+        parse_config(["--config", str(path), "--amp", "false"])
 
 
 @pytest.mark.parametrize(
