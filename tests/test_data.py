@@ -583,3 +583,24 @@ def test_a_validation_label_absent_from_the_whole_training_file_is_not_blamed_on
     with pytest.raises(UsageError) as refused:
         infer_labels(raw, "label", None)
     assert str(refused.value).endswith("add examples of it to the training data or drop its validation rows")
+
+
+@pytest.mark.parametrize("saved_as", ["save_to_disk", "parquet"])
+def test_the_class_names_of_a_datasets_classlabel_name_the_models_labels(tmp_path, tiny_model_dir, saved_as):
+    # A hub dataset's, a saved DatasetDict's or its parquet's ClassLabel: the model's labels were 0, 1, 2.
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+
+    features = Features({"text": Value("string"), "label": ClassLabel(names=["negative", "positive", "neutral"])})
+    rows = lambda n: {"text": [f"review {i}" for i in range(n)], "label": [i % 3 for i in range(n)]}  # noqa: E731
+    splits = DatasetDict(train=Dataset.from_dict(rows(30), features), validation=Dataset.from_dict(rows(9), features))
+    if saved_as == "save_to_disk":
+        splits.save_to_disk(tmp_path / "saved")
+        source = ["--dataset_name", tmp_path / "saved"]
+    else:
+        for split, rows_of_split in splits.items():
+            rows_of_split.to_parquet(tmp_path / f"{split}.parquet")
+        source = ["--train_file", tmp_path / "train.parquet", "--validation_file", tmp_path / "validation.parquet"]
+    args = ["--model_name_or_path", tiny_model_dir, *source, "--output_dir", tmp_path / "out"]
+    assert run_app([*args, "--logdir", tmp_path / "runs", "--max_steps", "1", "--disable_tqdm"]) == 0
+    config = AutoConfig.from_pretrained(tmp_path / "out")
+    assert config.id2label == {0: "negative", 1: "positive", 2: "neutral"}

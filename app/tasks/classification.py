@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import gather_object
-from datasets import DatasetDict
+from datasets import ClassLabel, DatasetDict
 from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
@@ -183,6 +183,10 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             raise UsageError(
                 f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1"
             )
+        declared = raw["train"].features.get(label_column)
+        if isinstance(declared, ClassLabel):  # datasets' class names (a hub dataset, save_to_disk, its parquet)
+            space = LabelSpace(tuple(declared.names), string_labels=False)  # as HF's run_glue names them
+            return _checked(raw, space, label_column, values, validation, fixed)
         absent = sorted(set(range(max(values) + 1)) - set(values))
         if absent and fixed is None:  # a class the head would have and never see: star ratings 1..5, or a gap
             raise UsageError(
@@ -208,6 +212,13 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             f"label column {label_column!r} must hold only ints or only strings; found {type(odd).__name__} {odd!r}: "
             "give classes as ints 0..N-1 or as strings"
         )
+    return _checked(raw, space, label_column, values, validation, fixed)
+
+
+def _checked(
+    raw: DatasetDict, space: LabelSpace, label_column: str, values: list, validation: list, fixed: dict | None
+) -> LabelSpace:
+    """The label space, fitted to a trained head, with two classes or more, and every validation label in it."""
     if fixed is not None:
         space = _fit_to_trained_head(space, fixed, label_column)
     elif len(space.names) < 2:  # a head of one class: loss 0 and accuracy 1 from the first step, having learned nothing
