@@ -301,14 +301,38 @@ def test_a_file_in_trls_formats_without_its_flags_names_them(tmp_path, tiny_gpt2
             "found {'from': 'human', 'value': 'Fresh?'} (ShareGPT's {from, value} turns: rename the keys, and human "
             "to user, gpt to assistant)",
         ),
-        ([{"role": "user", "content": "Fresh?"}], "the conversation has no assistant turn, so nothing in it would be"),
+        (  # "Assistant" or "model" for the model's turns
+            [{"role": "user", "content": "Fresh?"}, {"role": "Assistant", "content": "great"}],
+            "the conversation has no assistant turn (its roles: user, Assistant), so nothing in it would be learned; "
+            "the model's turns take the role assistant",
+        ),
         ([], "a conversation must be a list of {role, content} turns with string values, got an empty list"),
         (  # a traceback from the chat template's empty prompt before the first assistant turn, exit 1
             [{"role": "assistant", "content": "Hi"}, {"role": "user", "content": "Fresh?"}],
             "the conversation opens with an assistant turn; start it with a user (or system) turn",
         ),
+        (  # trained, without a word, as "answer with nothing"
+            [{"role": "user", "content": "Fresh?"}, {"role": "assistant", "content": " "}],
+            "assistant turn 2 of the conversation is empty; give it a text, or drop the turn",
+        ),
+        (  # a tool call that the template does not render: learned as an empty answer
+            [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather"}}]},
+                {"role": "tool", "content": "sunny"},
+                {"role": "assistant", "content": "It is sunny."},
+            ],
+            "assistant turn 2 of the conversation is empty but for a tool call, which is not trained here",
+        ),
+        (  # OpenAI's tool call with a null content
+            [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "get_weather"}}]},
+            ],
+            "(a tool call: tool calls are not trained here; drop such turns and the tool's replies)",
+        ),
     ],
-    ids=["a string", "sharegpt", "no assistant", "empty", "assistant first"],
+    ids=["a string", "sharegpt", "no assistant", "empty", "assistant first", "empty answer", "tool call", "null"],
 )
 def test_a_conversation_of_another_shape_is_one_line_naming_its_row(
     tmp_path, tiny_llama_dir, capsys, conversation, expected

@@ -100,11 +100,22 @@ def _conversation_problem(value) -> str | None:
             or not isinstance(turn.get("role"), str)
             or not isinstance(turn.get("content"), str)
         ):
-            sharegpt = isinstance(turn, dict) and {"from", "value"} <= turn.keys()
-            fix = " (ShareGPT's {from, value} turns: rename the keys, and human to user, gpt to assistant)"
-            return f"{shape}; found {turn!r}{fix if sharegpt else ''}"
+            fix = ""
+            if isinstance(turn, dict) and {"from", "value"} <= turn.keys():
+                fix = " (ShareGPT's {from, value} turns: rename the keys, and human to user, gpt to assistant)"
+            elif isinstance(turn, dict) and turn.get("tool_calls"):  # arrow gives every turn every key: None if unset
+                fix = " (a tool call: tool calls are not trained here; drop such turns and the tool's replies)"
+            return f"{shape}; found {turn!r}{fix}"
     if not any(turn["role"] == "assistant" for turn in value):
-        return "the conversation has no assistant turn, so nothing in it would be learned"
+        roles = ", ".join(dict.fromkeys(turn["role"] for turn in value))
+        return (
+            f"the conversation has no assistant turn (its roles: {roles}), so nothing in it would be learned; the "
+            "model's turns take the role assistant"
+        )
+    for number, turn in enumerate(value, start=1):
+        if turn["role"] == "assistant" and not turn["content"].strip():  # learned as "answer with nothing"
+            said = " but for a tool call, which is not trained here" if turn.get("tool_calls") else ""
+            return f"assistant turn {number} of the conversation is empty{said}; give it a text, or drop the turn"
     if value[0]["role"] == "assistant":  # nothing before it to answer, and no prompt to render it after
         return "the conversation opens with an assistant turn; start it with a user (or system) turn"
     return None
