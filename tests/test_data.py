@@ -604,3 +604,31 @@ def test_the_class_names_of_a_datasets_classlabel_name_the_models_labels(tmp_pat
     assert run_app([*args, "--logdir", tmp_path / "runs", "--max_steps", "1", "--disable_tqdm"]) == 0
     config = AutoConfig.from_pretrained(tmp_path / "out")
     assert config.id2label == {0: "negative", 1: "positive", 2: "neutral"}
+
+
+def test_a_file_given_as_dataset_name_is_one_line_not_the_hubs_retries(tmp_path, monkeypatch):
+    # Taken for a hub id: five retries (about 23 s), ten lines of "Retrying", then "Couldn't reach 'cls.csv'".
+    (tmp_path / "cls.csv").write_text("text,label\na,x\nb,y\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError) as refused:
+        data.load_raw(TrainConfig(dataset_name="cls.csv"))
+    assert str(refused.value) == (
+        "--dataset_name cls.csv is a file: give it with --train_file (and --validation_file), or give the folder of a "
+        "dataset's files"
+    )
+
+
+def test_a_datasets_test_split_taken_for_validation_is_said(tmp_path):
+    # A folder of train.csv and test.csv evaluated on test.csv, and chose the best model on it, without a word.
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    for split, n in (("train", 12), ("test", 4)):
+        (folder / f"{split}.csv").write_text("text,label\n" + "".join(f"review {i},{i % 2}\n" for i in range(n)))
+    cfg = TrainConfig(dataset_name=str(folder))
+    raw = data.load_raw(cfg)
+    assert len(raw["validation"]) == 4
+    assert data.held_out_note(raw, cfg) == [
+        f"note: --dataset_name {folder} has no validation split: its test split (4 rows) is the validation data"
+    ]
+    (folder / "validation.csv").write_text("text,label\nreview,1\n")
+    assert data.held_out_note(data.load_raw(cfg), cfg) == []

@@ -82,7 +82,9 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
     else:
         raw = _load_embedded_reviews()
     if "validation" in raw:
-        return Splits(raw)
+        splits = Splits(raw)
+        splits.validation_from = getattr(raw, "validation_from", "validation")
+        return splits
     rows, percent = len(raw["train"]), cfg.validation_split_percentage
     if rows and rows - math.ceil(rows * percent / 100) < 1:  # datasets' own error here is a traceback
         raise UsageError(
@@ -97,8 +99,14 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
 
 
 def held_out_note(raw: DatasetDict, cfg: TrainConfig) -> list[str]:
-    """Where the validation rows were drawn from the training data, said: the draw follows --seed, so evaluations of
-    runs with other seeds are on other rows."""
+    """Where the validation rows came from, when no validation data was named: a dataset's test split (evaluations,
+    and the best model, are chosen on it), or rows drawn from the training data (the draw follows --seed, so
+    evaluations of runs with other seeds are on other rows)."""
+    if getattr(raw, "validation_from", "validation") != "validation":
+        return [
+            f"note: --dataset_name {cfg.dataset_name} has no validation split: its {raw.validation_from} split "
+            f"({len(raw['validation'])} rows) is the validation data"
+        ]
     if not getattr(raw, "held_out", False):
         return []
     kept = f", of which --max_eval_samples keeps {len(raw['validation'])}," if "validation" in raw.cut else ""
@@ -116,6 +124,7 @@ class Splits(DatasetDict):
 
     held_out = False
     held_out_rows = 0
+    validation_from = "validation"  # the split of --dataset_name that is the validation data
     uncut_train: Dataset | None = None  # the training split before --max_train_samples
 
     def __init__(self, *args, **kwargs):
@@ -289,6 +298,11 @@ def _row_count(path: str, kind: str) -> int | None:
 
 
 def _load_named(name: str, config_name: str | None) -> DatasetDict:
+    if Path(name).is_file():  # datasets took it for a hub id: five retries, then "Couldn't reach"
+        raise UsageError(
+            f"--dataset_name {name} is a file: give it with --train_file (and --validation_file), or give the folder "
+            "of a dataset's files"
+        )
     hub.before_looking_up(name)
     try:
         csv_splits = _csv_splits_of_folder(name) if config_name is None else {}
@@ -317,12 +331,12 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
         columns = sorted({column for split in loaded.values() for column in split.column_names})
         for path in sorted(Path(name).rglob("*.csv")):
             check_no_row_labels(columns, str(path))
-    splits = {"train": loaded["train"]}
+    splits = DatasetDict(train=loaded["train"])
     for candidate in ("validation", "test"):
         if candidate in loaded:
-            splits["validation"] = loaded[candidate]
+            splits["validation"], splits.validation_from = loaded[candidate], candidate
             break
-    return DatasetDict(splits)
+    return splits
 
 
 def _csv_splits_of_folder(name: str) -> dict[str, list[str]]:
