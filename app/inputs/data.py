@@ -186,6 +186,20 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
     return table
 
 
+def _one_json_object(path: str) -> bool:
+    """Whether a .json file holds one object (its columns as lists, or records under a key) rather than records."""
+    if not path.lower().endswith(".json"):
+        return False
+    with open(path, encoding="utf-8-sig", errors="replace") as file:
+        if file.read(4096).lstrip()[:1] != "{":
+            return False
+        file.seek(0)
+        try:
+            return isinstance(json.load(file), dict)
+        except json.JSONDecodeError:  # JSON lines in a .json file, which datasets reads as records
+            return False
+
+
 def _json_rows(path: str) -> list[dict] | None:
     """A .json or .jsonl file's records as Python reads them: one object per line of a .jsonl, a .json's list of
     objects, its object of columns (lists of one length) or its one object. None for another layout, which
@@ -223,6 +237,11 @@ CSV_MISSING = {"keep_default_na": False, "na_values": [""]}
 
 
 def _read_file(kind: str, split: str, path: str) -> Dataset:
+    if split != "input" and _one_json_object(path):  # datasets reads it as one row: "holding out 10% of 1 row"
+        raise UsageError(
+            f"{path} is one JSON object, read as one row; write the {split} examples as a list of records "
+            '([{"text": ..., "label": ...}, ...]) or as JSON lines (.jsonl), one record per line'
+        )
     try:
         dataset = _read_csv_as_written([path], split) if kind == "csv" else None
         if not dataset:  # not csv; or a csv file that is read for its error, or that has no rows (datasets refuses)
