@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.config import TrainConfig  # noqa: E402
-from app.storage.disk import write_text_atomically  # noqa: E402
+from app.storage.disk import write_atomically  # noqa: E402
 from app.telemetry import tags  # noqa: E402
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         _print_table(figures, contenders)
         result.update(_medians(result["rounds"], contenders))
         if args.json:  # after every round, atomically: a session that ends early keeps the rounds it finished
-            write_text_atomically(args.json, json.dumps(result, indent=2))
+            write_atomically(args.json, json.dumps(result, indent=2))
     if args.repeats > 1:
         print(f"medians of {args.repeats} rounds (app vs: the median of the rounds' ratios)")
         _print_table(result, contenders)

@@ -378,3 +378,26 @@ def pytest_collection_modifyitems(items):
     them starting a 30-second test when the other has nothing left (`make test` adds --dist worksteal, which lets an
     idle worker take tests still queued on the other)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # a stable sort: the order within stays
+
+
+def mounted(tmp_path, size: str):
+    """A real filesystem of `size` under tmp_path, unmounted at the end; the test is skipped where it cannot be."""
+    mount = tmp_path / f"disk-{size}"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here (needs root): {made.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of 20 MB: one checkpoint fits, a second one does not."""
+    yield from mounted(tmp_path, "20m")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real filesystem of 16 KB: a run's config and its first TensorBoard points fit, not many more."""
+    yield from mounted(tmp_path, "16k")

@@ -13,35 +13,12 @@ import sys
 import pytest
 
 from app.storage.checkpoints import completed_checkpoints
-from app.storage.disk import write_text_atomically
+from app.storage.disk import write_atomically
 from app.storage.integrity import damage
 from tests import forked
 from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_app
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
-
-
-def mounted(tmp_path, size: str):
-    """A real filesystem of `size` under tmp_path, unmounted at the end; the test is skipped where it cannot be."""
-    mount = tmp_path / f"disk-{size}"
-    mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here (needs root): {made.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=True)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real filesystem of 20 MB: one checkpoint fits, a second one does not."""
-    yield from mounted(tmp_path, "20m")
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A real filesystem of 16 KB: a run's config and its first TensorBoard points fit, not many more."""
-    yield from mounted(tmp_path, "16k")
 
 
 def last_line(stderr: str) -> str:
@@ -128,11 +105,11 @@ def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, t
 def test_a_text_written_atomically_is_the_old_or_the_new_even_on_a_full_disk(small_disk):
     # What checkpoints' records and the benchmarks' per-round JSON are written with.
     record = small_disk / "record.json"
-    write_text_atomically(record, "old")
-    write_text_atomically(record, "new")
+    write_atomically(record, "old")
+    write_atomically(record, "new")
     assert record.read_text() == "new"
     with pytest.raises(OSError) as error:
-        write_text_atomically(record, "x" * (30 << 20))  # more than the 20 MB filesystem holds
+        write_atomically(record, "x" * (30 << 20))  # more than the 20 MB filesystem holds
     assert error.value.errno == errno.ENOSPC
     assert record.read_text() == "new" and [path.name for path in small_disk.iterdir()] == ["record.json"]
 

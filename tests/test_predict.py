@@ -10,7 +10,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -654,26 +653,22 @@ def test_a_model_trained_on_the_embedded_reviews_reads_their_review_column_by_de
     assert capsys.readouterr().err == "error: --text_column 'review' is not in the input; its columns are: text\n"
 
 
-def test_a_full_disk_under_the_output_file_is_one_line_exit_4_and_the_old_file_stays(trained, review_files, tmp_path):
+def test_a_full_disk_under_the_output_file_is_one_line_exit_4_and_the_old_file_stays(
+    trained, review_files, tmp_path, tiny_disk
+):
     # A traceback (exit 1), and the partial temporary file left beside the output.
-    from tests.test_disk import mounted
-
-    disk = next(mounted(tmp_path, "16k"))
-    try:
-        (disk / "old.csv").write_text("keep\n")
-        result = forked.run(
-            [sys.executable, PREDICT, "--model_name_or_path", trained, "--input_file", review_files["train"]]
-            + ["--output_file", disk / "old.csv", "--overwrite_output_file", "--mixed_precision", "no"],
-            env=clean_env(tmp_path),
-        )
-        assert result.returncode == 4, result.stderr[-2000:]
-        last = result.stderr.strip().splitlines()[-1]
-        said = f"error: no space left on device for --output_file {disk / 'old.csv'}: it needs more than the "
-        assert last.startswith(said) and " kB written before the disk filled, " in last, last
-        assert last.endswith("are free; the file there is as it was"), last
-        assert [p.name for p in disk.iterdir()] == ["old.csv"] and (disk / "old.csv").read_text() == "keep\n"
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+    (tiny_disk / "old.csv").write_text("keep\n")
+    result = forked.run(
+        [sys.executable, PREDICT, "--model_name_or_path", trained, "--input_file", review_files["train"]]
+        + ["--output_file", tiny_disk / "old.csv", "--overwrite_output_file", "--mixed_precision", "no"],
+        env=clean_env(tmp_path),
+    )
+    assert result.returncode == 4, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    said = f"error: no space left on device for --output_file {tiny_disk / 'old.csv'}: it needs more than the "
+    assert last.startswith(said) and " kB written before the disk filled, " in last, last
+    assert last.endswith("are free; the file there is as it was"), last
+    assert [p.name for p in tiny_disk.iterdir()] == ["old.csv"] and (tiny_disk / "old.csv").read_text() == "keep\n"
 
 
 def test_an_output_file_name_near_the_limit_is_written(trained, tmp_path, capsys):

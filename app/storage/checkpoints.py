@@ -77,7 +77,7 @@ class CheckpointRecord:
         )
 
     def write(self, checkpoint: Path) -> None:
-        disk.write_text_atomically(checkpoint / STATE_FILE, json.dumps(dataclasses.asdict(self), indent=2))
+        disk.write_atomically(checkpoint / STATE_FILE, json.dumps(dataclasses.asdict(self), indent=2))
 
     def resume_notes(self, precision: str, scaler_toggled: str | None) -> list[str]:
         """How a run resuming from this checkpoint differs in precision from the run that saved it, one line each.

@@ -44,13 +44,17 @@ def share_as_umask_allows(folder: Path) -> None:
             os.chmod(path, mode)
 
 
-def write_text_atomically(path: Path, text: str | bytes) -> None:
-    """`path` holds the old text or the new, never part of one: written beside it under a name of this process's,
-    then renamed over it (a rename within one folder is atomic). A failed write (a full disk) leaves no partial file.
-    TensorBoard reads every file whose name holds "tfevents", a partial one too: that word is not in the name."""
+def write_atomically(path: Path, text: str | bytes) -> None:
+    """`path` holds the old text (or bytes) or the new, never part of one: written beside it under a name of this
+    process's, then renamed over it (a rename within one folder is atomic). A failed write (a full disk) leaves no
+    partial file. TensorBoard reads every file whose name holds "tfevents", a partial one too: that word is not in
+    the name."""
     tmp = path.with_name(f".{path.name.replace('tfevents', 'partial')}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
+        if isinstance(text, bytes):
+            tmp.write_bytes(text)
+        else:
+            tmp.write_text(text)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -13,7 +13,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from app.storage.disk import write_text_atomically
+from app.storage.disk import write_atomically
 
 RECORD = "checkpoint_files.json"
 RANDOM_STATES = "random_states_{}.pkl"  # Accelerate's name for process i's RNG state
@@ -26,7 +26,7 @@ def write_record(folder: Path) -> int:
         for path in sorted(folder.rglob("*"))
         if path.is_file() and path.name != RECORD
     }
-    write_text_atomically(folder / RECORD, json.dumps({"files": files}, indent=1))
+    write_atomically(folder / RECORD, json.dumps({"files": files}, indent=1))
     return sum(entry["bytes"] for entry in files.values())
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from app.errors import first_line
-from app.storage.disk import is_full_disk, write_text_atomically
+from app.storage.disk import is_full_disk, write_atomically
 
 
 class TensorBoardWriter:
@@ -152,8 +152,8 @@ def purge_events(log_dir: Path, step: int, aside: Path | None = None) -> None:
     """Take every event at `step` or later out of the event files in `log_dir`, into a file of the same name in
     `aside` when given. SummaryWriter's purge step alone hides them from tensorboard's EventAccumulator, but
     TensorBoard 2.21's server ignores it and showed a killed run's points past its checkpoint beside the resumed
-    run's, at the same steps. Each file is rewritten whole and renamed over the old one; a file that cannot be read
-    to its end (a damaged one) is left as it is."""
+    run's, at the same steps. Each file is rewritten whole and renamed over the old one: a tail cut short (a kill
+    mid-write) is left out, as TensorBoard leaves it out; a file whose records cannot be read is left as it is."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
 
@@ -170,8 +170,8 @@ def purge_events(log_dir: Path, step: int, aside: Path | None = None) -> None:
             continue
         if aside is not None:  # with the file's first event, its version: how readers know its format
             aside.mkdir(parents=True, exist_ok=True)
-            write_text_atomically(aside / path.name, _framed(records[:1] + later))
-        write_text_atomically(path, _framed([record for record, at in zip(records, steps) if at < step]))
+            write_atomically(aside / path.name, _framed(records[:1] + later))
+        write_atomically(path, _framed([record for record, at in zip(records, steps) if at < step]))
 
 
 def _framed(records: list[bytes]) -> bytes:
