@@ -23,12 +23,8 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python app/predict.py` from a checkout, without installing the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import csv
 import dataclasses
-import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from textwrap import shorten
@@ -53,7 +49,7 @@ from app.cli import (
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
-from app.errors import NUMERIC_FAULT_EXIT_CODE, DiskFull, TrainingHalted, UsageError, first_line
+from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, first_line
 from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
 from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
 from app.inputs.model import (
@@ -65,8 +61,8 @@ from app.inputs.model import (
     position_table,
 )
 from app.inputs.reading import header_hint, stdin_lines
-from app.storage.disk import free_bytes, is_full_disk, size, umask
 from app.storage.folders import CONFIG_FILE, recorded_config
+from app.storage.predictions import check_output_file, write_table
 from app.tasks import lm_data
 from app.tasks.causal_lm import TextGenerator, check_decoder
 from app.tasks.classification import LabelPredictor, check_head_stored, has_trained_head
@@ -284,20 +280,6 @@ def is_empty_cell(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def check_output_file(path: str | None, overwrite: bool) -> None:
-    """Look, create nothing: the folder of --output_file must exist and be writable, and the file not exist (as
-    train.py keeps an output folder) unless --overwrite_output_file."""
-    if path is None:
-        return
-    if Path(path).is_file() and not overwrite:
-        raise UsageError(f"--output_file {path} exists; pass --overwrite_output_file to replace it, or name another")
-    folder = Path(path).resolve().parent
-    if not folder.is_dir():
-        raise UsageError(f"--output_file {path}: no folder {folder}; create it first")
-    if not os.access(folder, os.W_OK | os.X_OK) or Path(path).is_dir():
-        raise UsageError(f"--output_file {path} cannot be written")
-
-
 def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, int, str]:
     """--max_length and --max_new_tokens, by default as the model was trained (its training_args.yaml, in a folder
     saved by app/train.py): longer inputs would be texts it never learned from. Else the model's limit and
@@ -333,56 +315,6 @@ def default_new_tokens(model_config) -> int:
     the default, and the model card's command with it."""
     positions = position_table(model_config)
     return DEFAULT_NEW_TOKENS if positions is None else min(DEFAULT_NEW_TOKENS, positions // 2)
-
-
-def write_table(table: pd.DataFrame, path: str | None) -> None:
-    """CSV or JSON lines by extension, written to a temporary file and renamed: never a half-written file."""
-    # A lone carriage return in a cell ends a row for every CSV reader, but the csv module quotes only the characters
-    # of its line terminator ("\n"): such a table gets every text quoted, so each row reads back as one.
-    quoting = csv.QUOTE_NONNUMERIC if _any_cell_holds(table, "\r") else csv.QUOTE_MINIMAL
-    if path is None:
-        table.to_csv(sys.stdout, index=False, quoting=quoting)
-        return
-    # A short name of its own beside the file: `.{name}.tmp` of a name near the limit (255 bytes) was too long.
-    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=Path(path).absolute().parent)
-    os.close(handle)
-    os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would make the predictions the owner's alone
-    try:
-        if Path(path).suffix.lower() == ".jsonl":
-            with open(tmp, "w", encoding="utf-8") as file:
-                for row in table.to_dict(orient="records"):
-                    file.write(json.dumps({str(k): _as_json(v) for k, v in row.items()}, ensure_ascii=False) + "\n")
-        else:
-            table.to_csv(tmp, index=False, quoting=quoting)
-        os.replace(tmp, path)
-    except OSError as error:
-        if not is_full_disk(error, Path(tmp).parent, None):
-            raise
-        kept = "; the file there is as it was" if Path(path).exists() else ""
-        raise DiskFull(
-            f"no space left on device for --output_file {path}: it needs more than the "
-            f"{size(Path(tmp).stat().st_size)} written before the disk filled, {size(free_bytes(Path(tmp).parent))} "
-            f"are free{kept}"
-        ) from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-
-
-def _as_json(value):
-    """A cell as JSON writes it back: Python's floats in full (pandas' to_json rounds to 10 digits, 1e-12 to 0.0),
-    times as ISO text (not milliseconds since 1970), a missing cell as null."""
-    if isinstance(value, (list, dict)):
-        return value
-    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):  # NaN, None, pandas' NA and NaT
-        return None
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value.tolist() if hasattr(value, "tolist") else value  # numpy's scalars and arrays, as Python's
-
-
-def _any_cell_holds(table: pd.DataFrame, text: str) -> bool:
-    holds = lambda cell: isinstance(cell, str) and text in cell  # noqa: E731
-    return any(holds(name) or table[name].map(holds).any() for name in table.columns)  # the header's names too
 
 
 def predict_and_write(

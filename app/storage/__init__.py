@@ -11,6 +11,8 @@
                      text files written atomically
     final_model.py   the final model and tokenizer, gathered from shards and written atomically
     model_card.py    the output folder's README.md, from what the run did
+    predictions.py   predict.py's --output_file: checked before any weights load, written atomically as CSV or JSON
+                     lines, the input's own values as written
 
 Nothing here trains, and nothing here is handed the whole training: each function gets the paths, config and
 counters it writes.

@@ -1,0 +1,80 @@
+"""What predict.py writes: its --output_file checked before any weights load, and the predictions written as CSV or
+JSON lines, atomically, as readable as the umask allows, and with the input's own values as they were written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from app.errors import DiskFull, UsageError
+from app.storage.disk import free_bytes, is_full_disk, size, umask
+
+
+def check_output_file(path: str | None, overwrite: bool) -> None:
+    """Look, create nothing: the folder of --output_file must exist and be writable, and the file not exist (as
+    train.py keeps an output folder) unless --overwrite_output_file."""
+    if path is None:
+        return
+    if Path(path).is_file() and not overwrite:
+        raise UsageError(f"--output_file {path} exists; pass --overwrite_output_file to replace it, or name another")
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        raise UsageError(f"--output_file {path}: no folder {folder}; create it first")
+    if not os.access(folder, os.W_OK | os.X_OK) or Path(path).is_dir():
+        raise UsageError(f"--output_file {path} cannot be written")
+
+
+def write_table(table: pd.DataFrame, path: str | None) -> None:
+    """CSV or JSON lines by extension, written to a temporary file and renamed: never a half-written file."""
+    # A lone carriage return in a cell ends a row for every CSV reader, but the csv module quotes only the characters
+    # of its line terminator ("\n"): such a table gets every text quoted, so each row reads back as one.
+    quoting = csv.QUOTE_NONNUMERIC if _any_cell_holds(table, "\r") else csv.QUOTE_MINIMAL
+    if path is None:
+        table.to_csv(sys.stdout, index=False, quoting=quoting)
+        return
+    # A short name of its own beside the file: `.{name}.tmp` of a name near the limit (255 bytes) was too long.
+    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=Path(path).absolute().parent)
+    os.close(handle)
+    os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would make the predictions the owner's alone
+    try:
+        if Path(path).suffix.lower() == ".jsonl":
+            with open(tmp, "w", encoding="utf-8") as file:
+                for row in table.to_dict(orient="records"):
+                    file.write(json.dumps({str(k): _as_json(v) for k, v in row.items()}, ensure_ascii=False) + "\n")
+        else:
+            table.to_csv(tmp, index=False, quoting=quoting)
+        os.replace(tmp, path)
+    except OSError as error:
+        if not is_full_disk(error, Path(tmp).parent, None):
+            raise
+        kept = "; the file there is as it was" if Path(path).exists() else ""
+        raise DiskFull(
+            f"no space left on device for --output_file {path}: it needs more than the "
+            f"{size(Path(tmp).stat().st_size)} written before the disk filled, {size(free_bytes(Path(tmp).parent))} "
+            f"are free{kept}"
+        ) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _as_json(value):
+    """A cell as JSON writes it back: Python's floats in full (pandas' to_json rounds to 10 digits, 1e-12 to 0.0),
+    times as ISO text (not milliseconds since 1970), a missing cell as null."""
+    if isinstance(value, (list, dict)):
+        return value
+    if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):  # NaN, None, pandas' NA and NaT
+        return None
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value.tolist() if hasattr(value, "tolist") else value  # numpy's scalars and arrays, as Python's
+
+
+def _any_cell_holds(table: pd.DataFrame, text: str) -> bool:
+    holds = lambda cell: isinstance(cell, str) and text in cell  # noqa: E731
+    return any(holds(name) or table[name].map(holds).any() for name in table.columns)  # the header's names too
