@@ -443,3 +443,16 @@ def test_a_long_response_keeps_the_template_of_an_empty_or_trimmed_prompt(tiny_l
     assert head and tail and text == tokenizer(prompt.strip(), add_special_tokens=False)["input_ids"]
     ids, labels, _, response_cut = renderer.pair(prompt, "a rather long answer " * 10)
     assert response_cut and ids[: len(head)] == head and ids[len(head) + min(len(text), 1) :][: len(tail)] == tail
+
+
+def test_responses_cut_at_their_end_say_their_prompts_kept_one_token(tmp_path, tiny_llama_dir, capsys):
+    # "prompts were cut from the left" and "ends were cut": it did not say that the prompts kept one token, that the
+    # responses were learned with next to no context.
+    data = tmp_path / "long.jsonl"
+    rows = [{"prompt": f"What is {i} plus {i}?", "response": "four " * 60} for i in range(4)]
+    data.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    assert run_app(train_args(tmp_path, tiny_llama_dir, data, data)) == 0
+    assert (
+        "note: 4 of 4 train examples: responses were cut at their end, their prompts to the template and one token, "
+        "to fit --max_length 32"
+    ) in capsys.readouterr().out

@@ -144,8 +144,13 @@ class CausalLM:
         )
         with accelerator.main_process_first():
             tokenized = map_splits(raw, encode, batched=True, desc="Tokenizing")
+        ends = (  # a pair's response cut: its prompt kept the template and its last token alone
+            "responses were cut at their end, their prompts to the template and one token,"
+            if self.columns.kind == "prompt_response"
+            else "ends were cut"
+        )
         for split in ("train", "validation"):
-            for column, what in (("prompt_cut", "prompts were cut from the left"), ("end_cut", "ends were cut")):
+            for column, what in (("prompt_cut", "prompts were cut from the left"), ("end_cut", ends)):
                 if column in tokenized[split].column_names:
                     cut = sum(tokenized[split][column])
                     if cut:
