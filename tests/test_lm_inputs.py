@@ -456,3 +456,16 @@ def test_responses_cut_at_their_end_say_their_prompts_kept_one_token(tmp_path, t
         "note: 4 of 4 train examples: responses were cut at their end, their prompts to the template and one token, "
         "to fit --max_length 32"
     ) in capsys.readouterr().out
+
+
+def test_a_jsonl_column_of_mixed_types_is_refused_not_read_as_json(tmp_path, tiny_llama_dir, capsys):
+    # datasets typed the column Json and decoded its strings: "true" was True, "0042" 42, "null" None, and the error
+    # named row 1 ("holds bool True"), whose value is the string "true"; the culprit, 7, is in row 4.
+    data = tmp_path / "mixed.jsonl"
+    rows = [("a", "true"), ("b", "0042"), ("c", "null"), ("f", 7)]
+    data.write_text("".join(json.dumps({"prompt": p, "response": r}) + "\n" for p, r in rows))
+    assert run_app(train_args(tmp_path, tiny_llama_dir, data, data)) == 2
+    assert one_error_line(capsys) == (
+        f"error: {data}: column 'response' mixes strings and other values, and datasets reads its strings as JSON "
+        "(row 1's 'true' as True); 7 in row 4 is int; write every value of it as a string"
+    )

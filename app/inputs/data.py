@@ -255,7 +255,30 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
         raise UsageError(read_error(kind, path, e)) from None
     if kind == "csv":
         check_no_row_labels(dataset.column_names, path)
+    for name, feature in dataset.features.items():
+        if type(feature).__name__ == "Json":  # datasets' type for a JSON column of mixed types
+            _refuse_decoded_strings(path, name, dataset[name])
     return dataset
+
+
+def _refuse_decoded_strings(path: str, column: str, read: list) -> None:
+    """datasets types a JSON column of mixed types (strings and numbers) as Json and decodes its strings as JSON: the
+    text "true" became True, "0042" 42, "null" None, and a check of its cells named such a row for the number that
+    was in another. UsageError naming the string it changed and the first value that is not a string, from the file;
+    nothing where no string was changed (the checks of the cells name the odd one)."""
+    rows = _json_rows(path) or []
+    written = [record.get(column) for record in rows]
+    changed = next(
+        (row for row, (w, r) in enumerate(zip(written, read), start=1) if isinstance(w, str) and w != r), None
+    )
+    if changed is None:
+        return
+    odd = next(((row, w) for row, w in enumerate(written, start=1) if w is not None and not isinstance(w, str)), None)
+    where = f"; {odd[1]!r} in row {odd[0]} is {type(odd[1]).__name__}" if odd else ""
+    raise UsageError(
+        f"{path}: column {column!r} mixes strings and other values, and datasets reads its strings as JSON (row "
+        f"{changed}'s {written[changed - 1]!r} as {read[changed - 1]!r}){where}; write every value of it as a string"
+    )
 
 
 def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
