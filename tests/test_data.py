@@ -645,3 +645,16 @@ def test_a_json_file_of_one_object_is_one_line_not_one_row(tmp_path, layout):
         "\n".join(json.dumps({"text": t, "label": lab}) for t, lab in zip(texts, labels))
     )
     assert len(data.load_raw(TrainConfig(train_file=str(tmp_path / "lines.json")))["train"]) == 36  # JSON lines
+
+
+def test_one_split_saved_with_save_to_disk_says_how_to_save_a_dataset_of_splits(tmp_path):
+    # datasets' own line advised load_from_disk, which no flag of the app reaches.
+    from datasets import Dataset
+
+    Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]}).save_to_disk(tmp_path / "train")
+    with pytest.raises(UsageError) as refused:
+        data.load_raw(TrainConfig(dataset_name=str(tmp_path / "train")))
+    assert str(refused.value) == (
+        f"--dataset_name {tmp_path / 'train'} is one split saved with save_to_disk; save its splits together "
+        "(DatasetDict(train=..., validation=...).save_to_disk), or give files with --train_file"
+    )

@@ -363,6 +363,11 @@ def _load_named(name: str, config_name: str | None) -> DatasetDict:
             ) from None
         raise UsageError(f"--dataset_name {name!r} cannot be loaded: {first_line(e)}") from None
     except Exception as e:  # not found, wrong config: input errors here
+        if (Path(name) / "state.json").is_file():  # datasets' advice, load_from_disk, is not a flag of this app
+            raise UsageError(
+                f"--dataset_name {name} is one split saved with save_to_disk; save its splits together "
+                "(DatasetDict(train=..., validation=...).save_to_disk), or give files with --train_file"
+            ) from None
         raise UsageError(
             f"--dataset_name {name!r} cannot be loaded: {first_line(e)} "
             "(offline, a hub dataset must be cached; or use --train_file)"
