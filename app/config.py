@@ -352,6 +352,12 @@ class TrainConfig:
             raise UsageError(
                 f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
             )
+        split_default = TrainConfig.__dataclass_fields__["validation_split_percentage"].default
+        if self.validation_file and self.validation_split_percentage != split_default:  # else ignored without a word
+            raise UsageError(
+                "--validation_split_percentage holds rows out of the training data where no validation data is given; "
+                "with --validation_file, drop it"
+            )
         if not 0 <= self.seed <= MAX_SEED:  # numpy's seed, which Accelerate's set_seed also sets, takes 32 bits
             raise UsageError(f"--seed must be between 0 and {MAX_SEED} (2**32 - 1), got {self.seed}")
         if self.max_steps <= 0 and not self.num_train_epochs > 0:

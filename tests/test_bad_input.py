@@ -492,6 +492,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ("a --run_name with a newline", ["--run_name", "a\nb"], {}, "must be a plain name, without / or .. or control"),
         # argparse read -1e-5 as a flag: "expected one argument"
         ("a negative learning rate", ["--learning_rate", "-1e-5"], {}, "--learning_rate must be above 0, got -1e-05"),
+        (  # ignored without a word: the given validation file was the validation data
+            "a held-out share with a validation file",
+            ["--validation_split_percentage", "30"],
+            {},
+            "--validation_split_percentage holds rows out of the training data where no validation data is given; "
+            "with --validation_file, drop it",
+        ),
         # "unknown flag 'train.csv'"
         (
             "a file where a flag goes",
