@@ -658,3 +658,19 @@ def test_one_split_saved_with_save_to_disk_says_how_to_save_a_dataset_of_splits(
         f"--dataset_name {tmp_path / 'train'} is one split saved with save_to_disk; save its splits together "
         "(DatasetDict(train=..., validation=...).save_to_disk), or give files with --train_file"
     )
+
+
+def test_a_json_file_of_one_record_or_of_json_lines_is_read_as_records(tmp_path):
+    # One record alone was refused as "one JSON object"; JSON lines in a .json file were read by arrow for predict.py
+    # (a time made a timestamp) and escaped the check of strings read as JSON.
+    (tmp_path / "one.json").write_text(json.dumps({"text": "a review", "label": 1}))
+    rows = [
+        {"text": "a", "label": 0, "when": "2024-01-02 10:00"},
+        {"text": "b", "label": 1, "when": "2024-01-03 11:00"},
+    ]
+    (tmp_path / "lines.json").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    raw = data.load_raw(
+        TrainConfig(train_file=str(tmp_path / "lines.json"), validation_file=str(tmp_path / "one.json"))
+    )
+    assert len(raw["validation"]) == 1
+    assert data.read_table(str(tmp_path / "lines.json"), "--input_file")["when"].tolist() == [r["when"] for r in rows]

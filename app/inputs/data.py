@@ -187,17 +187,23 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
 
 
 def _one_json_object(path: str) -> bool:
-    """Whether a .json file holds one object (its columns as lists, or records under a key) rather than records."""
+    """Whether a .json file holds one object of columns (lists of one length) rather than records: datasets reads
+    it as one row. A record alone, or JSON lines in a .json file, are records."""
     if not path.lower().endswith(".json"):
         return False
     with open(path, encoding="utf-8-sig", errors="replace") as file:
-        if file.read(4096).lstrip()[:1] != "{":
-            return False
-        file.seek(0)
-        try:
-            return isinstance(json.load(file), dict)
-        except json.JSONDecodeError:  # JSON lines in a .json file, which datasets reads as records
-            return False
+        text = file.read().lstrip()
+    if text[:1] != "{":
+        return False
+    try:
+        whole, end = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError:
+        return False
+    columns = list(whole.values()) if not text[end:].strip() else []  # more after it: JSON lines
+    if not columns or not all(isinstance(c, list) for c in columns) or len({len(c) for c in columns}) != 1:
+        return False
+    turns = len(columns) == 1 and all(isinstance(t, dict) and "role" in t for t in columns[0])
+    return not turns  # one conversation's turns under its key are a record
 
 
 def _json_rows(path: str) -> list[dict] | None:
@@ -206,11 +212,15 @@ def _json_rows(path: str) -> list[dict] | None:
     datasets' reading gives instead."""
     with open(path, encoding="utf-8-sig") as file:
         text = file.read()
+    lines = lambda: [json.loads(line) for line in text.splitlines() if line.strip()]  # noqa: E731
     try:
         if path.lower().endswith(".jsonl"):  # a file of one line is one record, not a .json's object of columns
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            rows = lines()
         else:
-            rows = json.loads(text)
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError:  # JSON lines in a .json file, as datasets reads them too
+                rows = lines()
     except json.JSONDecodeError:
         return None
     if isinstance(rows, dict):
