@@ -469,3 +469,11 @@ def test_a_jsonl_column_of_mixed_types_is_refused_not_read_as_json(tmp_path, tin
         f"error: {data}: column 'response' mixes strings and other values, and datasets reads its strings as JSON "
         "(row 1's 'true' as True); 7 in row 4 is int; write every value of it as a string"
     )
+
+
+def test_a_column_of_mixed_types_that_the_run_does_not_read_is_left_alone(tmp_path, tiny_llama_dir):
+    # Refused for every column: an id column of "0042" and 7 stopped a run, and predict.py, that never read it.
+    data = tmp_path / "ids.jsonl"
+    rows = [{"prompt": "a", "response": "b", "id": "0042"}, {"prompt": "c", "response": "d", "id": 7}]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert run_app(train_args(tmp_path, tiny_llama_dir, data, data)) == 0

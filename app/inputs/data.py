@@ -29,7 +29,7 @@ from app.errors import UsageError, first_line
 from app.host.runtime import pinned_batches
 from app.inputs import hub
 from app.inputs.fingerprint import transform_fingerprint
-from app.inputs.reading import check_no_row_labels, read_error
+from app.inputs.reading import check_no_row_labels, json_rows, read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
 
 if TYPE_CHECKING:
@@ -84,6 +84,8 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
     if "validation" in raw:
         splits = Splits(raw)
         splits.validation_from = getattr(raw, "validation_from", "validation")
+        if cfg.train_file:
+            splits.files = {"train": cfg.train_file, "validation": cfg.validation_file}
         return splits
     rows, percent = len(raw["train"]), cfg.validation_split_percentage
     if rows and rows - math.ceil(rows * percent / 100) < 1:  # datasets' own error here is a traceback
@@ -125,6 +127,7 @@ class Splits(DatasetDict):
     held_out = False
     held_out_rows = 0
     validation_from = "validation"  # the split of --dataset_name that is the validation data
+    files: dict[str, str] = {}  # each split's file, where --train_file and --validation_file name them
     uncut_train: Dataset | None = None  # the training split before --max_train_samples
 
     def __init__(self, *args, **kwargs):
@@ -177,7 +180,7 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
         dataset = _read_files(kind, {"input": path})["input"]  # its checks and one-line errors
     if kind == "csv":
         return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False)
-    if kind == "json" and (rows := _json_rows(path)) is not None:
+    if kind == "json" and (rows := json_rows(path)) is not None:
         return pd.DataFrame(rows, dtype=object)  # each value as written: arrow read "2024-01-02 10:00" as a time
     table = dataset.to_pandas()
     for name, feature in dataset.features.items():  # whole numbers stay whole where a cell is empty: pandas would
@@ -204,32 +207,6 @@ def _one_json_object(path: str) -> bool:
         return False
     turns = len(columns) == 1 and all(isinstance(t, dict) and "role" in t for t in columns[0])
     return not turns  # one conversation's turns under its key are a record
-
-
-def _json_rows(path: str) -> list[dict] | None:
-    """A .json or .jsonl file's records as Python reads them: one object per line of a .jsonl, a .json's list of
-    objects, its object of columns (lists of one length) or its one object. None for another layout, which
-    datasets' reading gives instead."""
-    with open(path, encoding="utf-8-sig") as file:
-        text = file.read()
-    lines = lambda: [json.loads(line) for line in text.splitlines() if line.strip()]  # noqa: E731
-    try:
-        if path.lower().endswith(".jsonl"):  # a file of one line is one record, not a .json's object of columns
-            rows = lines()
-        else:
-            try:
-                rows = json.loads(text)
-            except json.JSONDecodeError:  # JSON lines in a .json file, as datasets reads them too
-                rows = lines()
-    except json.JSONDecodeError:
-        return None
-    if isinstance(rows, dict):
-        columns = list(rows.values())
-        if columns and all(isinstance(c, list) for c in columns) and len({len(c) for c in columns}) == 1:
-            rows = [dict(zip(rows, values)) for values in zip(*columns)]
-        else:
-            rows = [rows]
-    return rows if isinstance(rows, list) and all(isinstance(row, dict) for row in rows) else None
 
 
 def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
@@ -265,30 +242,7 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
         raise UsageError(read_error(kind, path, e)) from None
     if kind == "csv":
         check_no_row_labels(dataset.column_names, path)
-    for name, feature in dataset.features.items():
-        if type(feature).__name__ == "Json":  # datasets' type for a JSON column of mixed types
-            _refuse_decoded_strings(path, name, dataset[name])
     return dataset
-
-
-def _refuse_decoded_strings(path: str, column: str, read: list) -> None:
-    """datasets types a JSON column of mixed types (strings and numbers) as Json and decodes its strings as JSON: the
-    text "true" became True, "0042" 42, "null" None, and a check of its cells named such a row for the number that
-    was in another. UsageError naming the string it changed and the first value that is not a string, from the file;
-    nothing where no string was changed (the checks of the cells name the odd one)."""
-    rows = _json_rows(path) or []
-    written = [record.get(column) for record in rows]
-    changed = next(
-        (row for row, (w, r) in enumerate(zip(written, read), start=1) if isinstance(w, str) and w != r), None
-    )
-    if changed is None:
-        return
-    odd = next(((row, w) for row, w in enumerate(written, start=1) if w is not None and not isinstance(w, str)), None)
-    where = f"; {odd[1]!r} in row {odd[0]} is {type(odd[1]).__name__}" if odd else ""
-    raise UsageError(
-        f"{path}: column {column!r} mixes strings and other values, and datasets reads its strings as JSON (row "
-        f"{changed}'s {written[changed - 1]!r} as {read[changed - 1]!r}){where}; write every value of it as a string"
-    )
 
 
 def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:

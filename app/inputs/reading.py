@@ -149,6 +149,10 @@ def check_text_cells(raw, split: str, column: str, may_be_empty: bool = False, b
     """Every cell of a text column holds a string. An empty cell (None: how an empty CSV field is read), or with
     `blank_is_empty` a string of spaces alone (how JSON writes one), is refused with its row where a text is needed;
     `may_be_empty` lets it through (an empty prompt), as the empty text."""
+    path = getattr(raw, "files", {}).get(split)
+    mixed = type(raw[split].features.get(column)).__name__ == "Json"  # datasets' type for a JSON column of mixed types
+    if mixed and path and not getattr(raw, "held_out", False):  # the file's rows in order, at most cut short
+        refuse_decoded_strings(path, column, raw[split][column])
     for row, value in enumerate(raw[split][column], start=1):
         blank = blank_is_empty and isinstance(value, str) and not value.strip()
         if (value is None or blank) and not may_be_empty:
@@ -158,3 +162,49 @@ def check_text_cells(raw, split: str, column: str, may_be_empty: bool = False, b
                 f"column {column!r} holds {type(value).__name__} {value!r} in {row_of(raw, split, row)}; texts must be "
                 "strings"
             )
+
+
+def json_rows(path: str) -> list[dict] | None:
+    """A .json or .jsonl file's records as Python reads them: one object per line of a .jsonl, a .json's list of
+    objects, its object of columns (lists of one length) or its one object. None for another layout, which
+    datasets' reading gives instead."""
+    with open(path, encoding="utf-8-sig") as file:
+        text = file.read()
+    lines = lambda: [json.loads(line) for line in text.splitlines() if line.strip()]  # noqa: E731
+    try:
+        if path.lower().endswith(".jsonl"):  # a file of one line is one record, not a .json's object of columns
+            rows = lines()
+        else:
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError:  # JSON lines in a .json file, as datasets reads them too
+                rows = lines()
+    except json.JSONDecodeError:
+        return None
+    if isinstance(rows, dict):
+        columns = list(rows.values())
+        if columns and all(isinstance(c, list) for c in columns) and len({len(c) for c in columns}) == 1:
+            rows = [dict(zip(rows, values)) for values in zip(*columns)]
+        else:
+            rows = [rows]
+    return rows if isinstance(rows, list) and all(isinstance(row, dict) for row in rows) else None
+
+
+def refuse_decoded_strings(path: str, column: str, read: list) -> None:
+    """datasets types a JSON column of mixed types (strings and numbers) as Json and decodes its strings as JSON: the
+    text "true" became True, "0042" 42, "null" None, and a check of its cells named such a row for the number that
+    was in another. UsageError naming the string it changed and the first value that is not a string, from the file;
+    nothing where no string was changed (the checks of the cells name the odd one)."""
+    rows = json_rows(path) or []
+    written = [record.get(column) for record in rows]
+    changed = next(
+        (row for row, (w, r) in enumerate(zip(written, read), start=1) if isinstance(w, str) and w != r), None
+    )
+    if changed is None:
+        return
+    odd = next(((row, w) for row, w in enumerate(written, start=1) if w is not None and not isinstance(w, str)), None)
+    where = f"; {odd[1]!r} in row {odd[0]} is {type(odd[1]).__name__}" if odd else ""
+    raise UsageError(
+        f"{path}: column {column!r} mixes strings and other values, and datasets reads its strings as JSON (row "
+        f"{changed}'s {written[changed - 1]!r} as {read[changed - 1]!r}){where}; write every value of it as a string"
+    )
