@@ -315,24 +315,15 @@ def test_a_file_in_trls_formats_without_its_flags_names_them(tmp_path, tiny_gpt2
             [{"role": "user", "content": "Fresh?"}, {"role": "assistant", "content": " "}],
             "assistant turn 2 of the conversation is empty; give it a text, or drop the turn",
         ),
-        (  # a tool call that the template does not render: learned as an empty answer
-            [
-                {"role": "user", "content": "Weather in Paris?"},
-                {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather"}}]},
-                {"role": "tool", "content": "sunny"},
-                {"role": "assistant", "content": "It is sunny."},
-            ],
-            "assistant turn 2 of the conversation is empty but for a tool call, which is not trained here",
-        ),
         (  # OpenAI's tool call with a null content
             [
                 {"role": "user", "content": "Weather in Paris?"},
                 {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "get_weather"}}]},
             ],
-            "(a tool call: tool calls are not trained here; drop such turns and the tool's replies)",
+            '(a tool call\'s turn: give it the content "" beside its tool_calls)',
         ),
     ],
-    ids=["a string", "sharegpt", "no assistant", "empty", "assistant first", "empty answer", "tool call", "null"],
+    ids=["a string", "sharegpt", "no assistant", "empty", "assistant first", "empty answer", "null"],
 )
 def test_a_conversation_of_another_shape_is_one_line_naming_its_row(
     tmp_path, tiny_llama_dir, capsys, conversation, expected
@@ -477,3 +468,17 @@ def test_a_column_of_mixed_types_that_the_run_does_not_read_is_left_alone(tmp_pa
     rows = [{"prompt": "a", "response": "b", "id": "0042"}, {"prompt": "c", "response": "d", "id": 7}]
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert run_app(train_args(tmp_path, tiny_llama_dir, data, data)) == 0
+
+
+def test_a_tool_calls_turn_with_empty_content_trains_as_the_template_renders_it(tmp_path, tiny_llama_dir):
+    # Refused as an empty answer for a while: a template that renders tool_calls (Qwen2.5's, Llama 3.1's) trains them.
+    turns = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "weather"}}]},
+        {"role": "tool", "content": "sunny"},
+        {"role": "assistant", "content": "It is sunny."},
+    ]
+    data = tmp_path / "tools.jsonl"
+    data.write_text("".join(json.dumps({"messages": turns}) + "\n" for _ in range(4)))
+    args = [arg for arg in train_args(tmp_path, tiny_llama_dir, data, data) if arg not in PROMPTS]
+    assert run_app([*args, "--messages_column", "messages"]) == 0

@@ -104,7 +104,7 @@ def _conversation_problem(value) -> str | None:
             if isinstance(turn, dict) and {"from", "value"} <= turn.keys():
                 fix = " (ShareGPT's {from, value} turns: rename the keys, and human to user, gpt to assistant)"
             elif isinstance(turn, dict) and turn.get("tool_calls"):  # arrow gives every turn every key: None if unset
-                fix = " (a tool call: tool calls are not trained here; drop such turns and the tool's replies)"
+                fix = ' (a tool call\'s turn: give it the content "" beside its tool_calls)'
             return f"{shape}; found {turn!r}{fix}"
     if not any(turn["role"] == "assistant" for turn in value):
         roles = ", ".join(dict.fromkeys(turn["role"] for turn in value))
@@ -113,9 +113,10 @@ def _conversation_problem(value) -> str | None:
             "model's turns take the role assistant"
         )
     for number, turn in enumerate(value, start=1):
-        if turn["role"] == "assistant" and not turn["content"].strip():  # learned as "answer with nothing"
-            said = " but for a tool call, which is not trained here" if turn.get("tool_calls") else ""
-            return f"assistant turn {number} of the conversation is empty{said}; give it a text, or drop the turn"
+        # Learned as "answer with nothing"; a tool call's turn is its tool_calls, which chat templates that know them
+        # render (one that does not renders an empty turn, as before).
+        if turn["role"] == "assistant" and not turn["content"].strip() and not turn.get("tool_calls"):
+            return f"assistant turn {number} of the conversation is empty; give it a text, or drop the turn"
     if value[0]["role"] == "assistant":  # nothing before it to answer, and no prompt to render it after
         return "the conversation opens with an assistant turn; start it with a user (or system) turn"
     return None
