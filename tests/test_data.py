@@ -674,3 +674,15 @@ def test_a_json_file_of_one_record_or_of_json_lines_is_read_as_records(tmp_path)
     )
     assert len(raw["validation"]) == 1
     assert data.read_table(str(tmp_path / "lines.json"), "--input_file")["when"].tolist() == [r["when"] for r in rows]
+
+
+def test_a_classlabel_column_with_one_class_in_the_training_rows_is_refused():
+    # Its declared names made a head of two classes, and a split sorted by label cut to its first rows (IMDB with
+    # --max_train_samples) trained on negatives alone.
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Value
+
+    features = Features({"text": Value("string"), "label": ClassLabel(names=["neg", "pos"])})
+    split = lambda labels: Dataset.from_dict({"text": ["t"] * len(labels), "label": labels}, features)  # noqa: E731
+    raw = DatasetDict(train=split([1, 1, 1]), validation=split([0, 1]))
+    with pytest.raises(UsageError, match="label column 'label' holds one class in the training data \\('pos'\\)"):
+        classification.infer_labels(raw, "label", fixed=None)

@@ -184,7 +184,7 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
                 f"label column {label_column!r} has the negative label {min(values)}; int labels must be 0..N-1"
             )
         declared = raw["train"].features.get(label_column)
-        if isinstance(declared, ClassLabel):  # datasets' class names (a hub dataset, save_to_disk, its parquet)
+        if isinstance(declared, ClassLabel) and fixed is None:  # datasets' names (a hub dataset, save_to_disk, ...)
             space = LabelSpace(tuple(declared.names), string_labels=False)  # as HF's run_glue names them
             return _checked(raw, space, label_column, values, validation, fixed)
         absent = sorted(set(range(max(values) + 1)) - set(values))
@@ -221,9 +221,10 @@ def _checked(
     """The label space, fitted to a trained head, with two classes or more, and every validation label in it."""
     if fixed is not None:
         space = _fit_to_trained_head(space, fixed, label_column)
-    elif len(space.names) < 2:  # a head of one class: loss 0 and accuracy 1 from the first step, having learned nothing
+    elif len(set(values)) < 2:  # one class to learn: loss 0 and accuracy 1 from the first step, having learned nothing
+        only = values[0] if space.string_labels else space.names[int(values[0])]
         raise UsageError(
-            f"label column {label_column!r} holds one class in the training data ({space.names[0]!r}): a classifier "
+            f"label column {label_column!r} holds one class in the training data ({only!r}): a classifier "
             "learns to tell two or more apart; add examples of the others (if the file has them, --max_train_samples "
             "or the held-out validation split left them out: raise the one, or give a --validation_file)"
         )
