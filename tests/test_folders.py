@@ -358,11 +358,18 @@ def test_overwrite_output_dir_follows_no_link_to_a_model_and_empties_linked_chec
 def test_a_training_args_yaml_of_the_users_own_is_no_failed_start_and_is_kept(tmp_path, quick_args, capfd):
     # `--config exp1/training_args.yaml --output_dir exp1`: taken for what a failed start leaves, the folder was
     # reused and the user's file, comments and all, replaced by the resolved config.
-    folder = tmp_path / "exp1"
+    from app.config import TrainConfig
+    from app.storage.folders import write_config
+
+    folder, written = tmp_path / "exp1", tmp_path / "written"
     folder.mkdir()
+    written.mkdir()
+    write_config(TrainConfig(run_name="earlier"), written)  # a run's own, copied and given a comment: the user's
+    commented = (written / "training_args.yaml").read_text().replace("\nseed:", "\n# my seed\nseed:")
     for mine in (
         "# my settings\nlearning_rate: 3.0e-4\nmax_steps: 1\n",
-        (ROOT / "configs" / "default.yaml").read_text(),
+        (ROOT / "configs" / "default.yaml").read_text(),  # every key, as a run writes them
+        commented,
     ):
         (folder / "training_args.yaml").write_text(mine)  # a few keys, or a copy of the shipped config (every key)
         before = folder_state(folder)

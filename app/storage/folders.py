@@ -284,11 +284,12 @@ def _work_in(folder: Path) -> list[str]:
 
 
 def written_by_a_run(config: Path) -> bool:
-    """Whether a training_args.yaml opens with the line write_config gives it."""
+    """Whether a training_args.yaml is as write_config wrote it: its line, then the flags as YAML dumps them. A copy
+    with the user's comments or values (the header travels with it) is the user's."""
     try:
-        with open(config, encoding="utf-8") as file:
-            return file.readline().startswith(WRITTEN_BY)
-    except (OSError, UnicodeDecodeError):
+        first, _, rest = config.read_text(encoding="utf-8").partition("\n")
+        return first.startswith(WRITTEN_BY) and rest == yaml.safe_dump(yaml.safe_load(rest), sort_keys=False)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
 
 
