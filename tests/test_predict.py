@@ -741,5 +741,9 @@ def test_the_predictions_are_as_readable_as_the_umask_allows(trained, tmp_path, 
         for name in ("p.csv", "p.jsonl"):
             assert predict("a text", "--model_name_or_path", trained, "--output_file", tmp_path / name) == 0
             assert (tmp_path / name).stat().st_mode & 0o777 == mode, name
+        (tmp_path / "p.csv").chmod(0o600)  # the user's own choice, kept by a replacement
+        flags = ["--output_file", tmp_path / "p.csv", "--overwrite_output_file"]
+        assert predict("a text", "--model_name_or_path", trained, *flags) == 0
+        assert (tmp_path / "p.csv").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(before)

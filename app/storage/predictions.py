@@ -39,9 +39,11 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
         table.to_csv(sys.stdout, index=False, quoting=quoting)
         return
     # A short name of its own beside the file: `.{name}.tmp` of a name near the limit (255 bytes) was too long.
-    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=Path(path).absolute().parent)
+    target = Path(path).resolve()  # through a link, as the check of its folder looked
+    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=target.parent)
     os.close(handle)
-    os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 would make the predictions the owner's alone
+    # mkstemp's 0600 would make the predictions the owner's alone; a file replaced keeps its own mode
+    os.chmod(tmp, target.stat().st_mode & 0o777 if target.is_file() else 0o666 & ~umask())
     try:
         if Path(path).suffix.lower() == ".jsonl":
             with open(tmp, "w", encoding="utf-8") as file:
@@ -49,7 +51,7 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
                     file.write(json.dumps({str(k): _as_json(v) for k, v in row.items()}, ensure_ascii=False) + "\n")
         else:
             table.to_csv(tmp, index=False, quoting=quoting)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except OSError as error:
         if not is_full_disk(error, Path(tmp).parent, None):
             raise
