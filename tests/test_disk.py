@@ -178,3 +178,23 @@ def test_a_disk_that_fills_as_the_run_ends_says_where_the_curves_end(tiny_disk, 
     writer.close()
     warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: the disk under")]
     assert len(warned) == 1 and warned[0].endswith("TensorBoard's curves end after step 5"), warned
+
+
+def test_a_logdir_full_before_the_run_starts_is_warned_and_the_run_trains(
+    tmp_path, tiny_disk, tiny_model_dir, review_files, capfd
+):
+    # A traceback writing the TensorBoard folder's training_args.yaml (exit 1); on a resume, opening the event file
+    # raised, and the writer's cleanup an AttributeError.
+    filler = tiny_disk / "filler"
+    with open(filler, "wb", buffering=0) as file:
+        with pytest.raises(OSError):
+            while True:
+                file.write(b"\0" * 4096)
+    os.truncate(filler, filler.stat().st_size - 4096)  # one page free: the run's lease fits, not its config
+    args = [*data_flags(tiny_model_dir, review_files), "--output_dir", tmp_path / "out", "--logdir", tiny_disk]
+    args += ["--max_steps", "2", "--max_length", "32", "--eval_steps", "0", "--max_eval_samples", "8", "--disable_tqdm"]
+    assert run_app(args) == 0
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    assert [line for line in err.splitlines() if line.startswith("warning: the disk under")], err[-3000:]
+    assert (tmp_path / "out" / "model.safetensors").is_file()

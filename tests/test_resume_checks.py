@@ -616,3 +616,23 @@ def test_a_resume_from_a_set_aside_checkpoint_moves_the_replacing_lines_points_f
     assert tb.raw_points(run_dir / "replaced-after-step-3-2", tags.TRAIN_LOSS) == line_b
     assert [step for step, _ in tb.raw_points(run_dir, tags.TRAIN_LOSS)] == [1, 2, 3, 5]  # A's 4: in its own folder
     assert [step for step, _ in tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS)] == [4, 5]
+
+
+def test_a_kill_right_after_a_resume_sets_a_line_aside_keeps_its_points(five_steps, monkeypatch):
+    # The checkpoints moved at once, the curves at the first write: a kill between them left step-3 as latest, and
+    # the next resume took the replaced line's points for a killed run's and removed them.
+    import app.wiring
+
+    out, run_dir, flags = five_steps
+    replaced = tb.raw_points(run_dir, tags.TRAIN_LOSS)[3:]
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # as a kill would stop it: nothing after this line runs
+
+    with monkeypatch.context() as patch:
+        patch.setattr(app.wiring, "Telemetry", killed)
+        with pytest.raises(KeyboardInterrupt):
+            run_app([*flags, "--resume_from_checkpoint", out / "checkpoints" / "step-3"])
+    assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0
+    assert tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS) == replaced
+    assert [step for step, _ in tb.raw_points(run_dir, tags.TRAIN_LOSS)] == [1, 2, 3, 4, 5]

@@ -58,7 +58,7 @@ def refuse_launcher_accumulation(steps: int) -> None:
     environment) is not read: the loop accumulates by the app's flag, and another number would be ignored without a
     word. UsageError naming both."""
     launched = os.environ.get(LAUNCHER_ACCUMULATION)
-    if launched is None or launched.strip() == str(steps):
+    if launched is None or (launched.strip().isdigit() and int(launched) == steps):  # "02" is 2, as Accelerate reads
         return
     raise UsageError(
         f"{LAUNCHER_ACCUMULATION}={launched} (from the launch config or the environment) is not read here: the app "

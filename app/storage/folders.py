@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from fnmatch import fnmatch
@@ -32,6 +33,7 @@ from app.storage.checkpoints import (
     is_staging,
     output_dir_of,
 )
+from app.storage.disk import is_full_disk
 from app.storage.lease import Held, Lease, Refresher, is_lease_file
 from app.telemetry.writer import holds_only_a_start
 
@@ -352,7 +354,15 @@ def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
                 events.unlink()
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
-        write_config(cfg, folder)
+        try:
+            write_config(cfg, folder)
+        except OSError as error:  # TensorBoard's copy on a full disk: its curves go too (telemetry/writer.py says so)
+            if folder != paths.log_dir or not is_full_disk(error, folder, None):
+                raise
+            (folder / CONFIG_FILE).unlink(missing_ok=True)
+            print(
+                f"warning: the disk under {folder} is full: its copy of {CONFIG_FILE} was not written", file=sys.stderr
+            )
 
 
 def _remove_earlier_run(output_dir: Path) -> None:

@@ -29,9 +29,11 @@ class TensorBoardWriter:
     def set_aside_replaced_line(self, name: str, parted: int) -> None:
         """What the run logged past step `parted`, where the line it resumes leaves the line it replaces, goes to
         `log_dir/name` (a run of its own in TensorBoard, beside the checkpoints set aside under that name), not
-        away. A checkpoint set aside earlier is later than `parted`: the replaced line's points between the two went
-        into the resumed line's curves."""
+        away: now, as its checkpoints have just moved (done at the first write, a kill before it left the points to
+        the next resume, which took them for a killed run's and removed them). A checkpoint set aside earlier is
+        later than `parted`: the replaced line's points between the two went into the resumed line's curves."""
         self.replaced_line, self.purge_step = name, parted + 1
+        purge_events(self.log_dir, self.purge_step, self._aside())
 
     def _open(self):
         """The event file, opened at the first write, after what the run logged from purge_step on (past the
@@ -41,10 +43,10 @@ class TensorBoardWriter:
             from torch.utils.tensorboard import SummaryWriter
 
             if self.purge_step is not None:
-                purge_events(self.log_dir, self.purge_step, self._aside())
+                purge_events(self.log_dir, self.purge_step)  # a replaced line's points are aside already
+            _quiet_writer_threads()
             # The purge step too, for what no rewrite reached (a damaged file): readers that honour it hide the rest.
             self._opened = SummaryWriter(str(self.log_dir), purge_step=self.purge_step)
-            _quiet_writer_threads()
         return self._opened
 
     def _aside(self) -> Path | None:
@@ -75,8 +77,9 @@ class TensorBoardWriter:
                 f"{where}{'' if closing else '; training goes on'}",
                 file=sys.stderr,
             )
-            with contextlib.suppress(OSError):  # its thread stops; what it holds cannot be written
-                self._opened.close()
+            if self._opened is not None:  # None where the file could not even be opened
+                with contextlib.suppress(OSError):  # its thread stops; what it holds cannot be written
+                    self._opened.close()
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         def add(writer) -> None:
