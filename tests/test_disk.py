@@ -9,6 +9,7 @@ import re
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,16 @@ from tests import forked
 from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_app
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
+
+
+def fill(disk: Path, pages_left: int = 0) -> None:
+    """Fill a small disk with a file named filler, then give back `pages_left` pages of 4 KB."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as file:
+        with pytest.raises(OSError):
+            while True:
+                file.write(b"\0" * 4096)
+    os.truncate(filler, filler.stat().st_size - 4096 * pages_left)
 
 
 def last_line(stderr: str) -> str:
@@ -152,11 +163,7 @@ def test_an_output_dir_on_a_full_disk_is_one_line_and_leaves_nothing(
     tmp_path, tiny_disk, tiny_model_dir, review_files, capfd
 ):
     # The folder and an empty draft of its lease (.claim-new-<token>.json) were left behind.
-    filler = tiny_disk / "filler"
-    with open(filler, "wb", buffering=0) as file:
-        with pytest.raises(OSError):
-            while True:
-                file.write(b"\0" * 4096)
+    fill(tiny_disk)
     args = [*data_flags(tiny_model_dir, review_files), "--output_dir", tiny_disk / "out", "--logdir", tmp_path / "runs"]
     assert run_app([*args, "--max_steps", "1"]) == 2
     assert capfd.readouterr().err.strip().startswith("error: ")
@@ -170,10 +177,7 @@ def test_a_disk_that_fills_as_the_run_ends_says_where_the_curves_end(tiny_disk, 
     writer = TensorBoardWriter(tiny_disk / "run")
     for step in range(1, 6):
         writer.log({"train/loss": 1.0 / step}, step)
-    with open(tiny_disk / "filler", "wb", buffering=0) as file:
-        with pytest.raises(OSError):
-            while True:
-                file.write(b"\0" * 4096)
+    fill(tiny_disk)
     writer.hparams({"note": "x" * 20000}, ["eval/loss"])
     writer.close()
     warned = [line for line in capfd.readouterr().err.splitlines() if line.startswith("warning: the disk under")]
@@ -185,12 +189,7 @@ def test_a_logdir_full_before_the_run_starts_is_warned_and_the_run_trains(
 ):
     # A traceback writing the TensorBoard folder's training_args.yaml (exit 1); on a resume, opening the event file
     # raised, and the writer's cleanup an AttributeError.
-    filler = tiny_disk / "filler"
-    with open(filler, "wb", buffering=0) as file:
-        with pytest.raises(OSError):
-            while True:
-                file.write(b"\0" * 4096)
-    os.truncate(filler, filler.stat().st_size - 4096)  # one page free: the run's lease fits, not its config
+    fill(tiny_disk, pages_left=1)  # the run's lease fits, not its config
     args = [*data_flags(tiny_model_dir, review_files), "--output_dir", tmp_path / "out", "--logdir", tiny_disk]
     args += ["--max_steps", "2", "--max_length", "32", "--eval_steps", "0", "--max_eval_samples", "8", "--disable_tqdm"]
     assert run_app(args) == 0
