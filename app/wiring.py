@@ -433,10 +433,9 @@ def build_training(
         state = TrainState(**vars(resume.record.state))
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
-        if set_aside := checkpoints.set_aside_later(resume.path, state.opt_step):
+        # The replaced line's curves go aside with its checkpoints, from where the lines part, and first.
+        if set_aside := checkpoints.set_aside_later(resume.path, state.opt_step, writer.set_aside_replaced_line):
             notes.append(set_aside)
-            # its curves, as its checkpoints: from where the lines part (a set-aside checkpoint's step is later)
-            writer.set_aside_replaced_line(checkpoints.replaced_line.name, checkpoints.replaced_after)
         if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "

@@ -636,3 +636,24 @@ def test_a_kill_right_after_a_resume_sets_a_line_aside_keeps_its_points(five_ste
     assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0
     assert tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS) == replaced
     assert [step for step, _ in tb.raw_points(run_dir, tags.TRAIN_LOSS)] == [1, 2, 3, 4, 5]
+
+
+def test_the_replaced_lines_curves_move_before_its_checkpoints(five_steps, monkeypatch):
+    # Moved after them, a kill in between left the points to the next resume, which removed them as a killed run's.
+    from pathlib import Path
+
+    out, run_dir, flags = five_steps
+    replaced = tb.raw_points(run_dir, tags.TRAIN_LOSS)[3:]
+    mkdir = Path.mkdir
+
+    def killed_before_the_checkpoints_move(self, *args, **kwargs):
+        if self.parent.name == "checkpoints" and self.name.startswith("replaced-after-step-"):
+            raise KeyboardInterrupt  # as a kill would stop it here
+        return mkdir(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Path, "mkdir", killed_before_the_checkpoints_move)
+        with pytest.raises(KeyboardInterrupt):
+            run_app([*flags, "--resume_from_checkpoint", out / "checkpoints" / "step-3"])
+    assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0  # the old line's step-5: nothing left
+    assert tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS) == replaced, "aside, not lost"

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -152,8 +153,6 @@ class Checkpoints:
         self.save_total_limit = save_total_limit
         self.record, self.position, self.trainable = record, position, trainable
         self.last_saved: Path | None = None  # the newest complete checkpoint of this run, saved or resumed from
-        self.replaced_line: Path | None = None  # where set_aside_later moved the line this resume replaces
-        self.replaced_after = 0  # the step where the two lines part
         self.resumed: Path | None = None  # the checkpoint this run resumed from
         self.last_bytes: int | None = None  # its size: what the next one will need (main process)
 
@@ -167,14 +166,18 @@ class Checkpoints:
             for leftover in filter(is_staging, self.root.iterdir()):
                 shutil.rmtree(leftover, ignore_errors=True)
 
-    def set_aside_later(self, resumed: Path, step: int) -> str | None:
+    def set_aside_later(
+        self, resumed: Path, step: int, curves: Callable[[str, int], None] = lambda name, parted: None
+    ) -> str | None:
         """A resume from a checkpoint older than the run's newest: move the later ones, a continuation that this
         resume replaces, into a folder of their own, so that `latest` and pruning see only this resume's line and
         nothing is deleted. Returns the note that says so, or None. Main process, after every input check.
 
         `step`: the resumed checkpoint's, as it records it (a copy or a link in checkpoints/ may have any name). A
         checkpoint set aside this way can be resumed from too: the line that replaced it is set aside in turn, from
-        where the two lines part (the step its folder is named after)."""
+        where the two lines part (the step its folder is named after). `curves(name, parted)` moves the line's
+        TensorBoard points first: a kill between the two then leaves them aside, never for the next resume to
+        remove as a killed run's."""
         if not self.accelerator.is_main_process:
             return None
         if resumed.parent.resolve() == self.root.resolve():
@@ -193,10 +196,10 @@ class Checkpoints:
         while aside.exists():  # the same checkpoint resumed from more than once
             attempt += 1
             aside = self.root / f"{name}-{attempt}"
+        curves(aside.name, parted)
         aside.mkdir()
         for path in later:
             os.replace(path, aside / path.name)
-        self.replaced_line, self.replaced_after = aside, parted
         return (
             f"note: the run had gone on past step-{parted}: its later checkpoints "
             f"({', '.join(path.name for path in later)}) are moved to {aside}, so that --resume_from_checkpoint latest "

@@ -29,9 +29,9 @@ class TensorBoardWriter:
     def set_aside_replaced_line(self, name: str, parted: int) -> None:
         """What the run logged past step `parted`, where the line it resumes leaves the line it replaces, goes to
         `log_dir/name` (a run of its own in TensorBoard, beside the checkpoints set aside under that name), not
-        away: now, as its checkpoints have just moved (done at the first write, a kill before it left the points to
-        the next resume, which took them for a killed run's and removed them). A checkpoint set aside earlier is
-        later than `parted`: the replaced line's points between the two went into the resumed line's curves."""
+        away: now, before its checkpoints move (done at the first write, a kill before it left the points to the next
+        resume, which took them for a killed run's and removed them). A checkpoint set aside earlier is later than
+        `parted`: the replaced line's points between the two went into the resumed line's curves."""
         self.replaced_line, self.purge_step = name, parted + 1
         purge_events(self.log_dir, self.purge_step, self._aside())
 
