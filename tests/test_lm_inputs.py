@@ -470,8 +470,11 @@ def test_a_column_of_mixed_types_that_the_run_does_not_read_is_left_alone(tmp_pa
     assert run_app(train_args(tmp_path, tiny_llama_dir, data, data)) == 0
 
 
-def test_a_tool_calls_turn_with_empty_content_trains_as_the_template_renders_it(tmp_path, tiny_llama_dir):
-    # Refused as an empty answer for a while: a template that renders tool_calls (Qwen2.5's, Llama 3.1's) trains them.
+def test_a_tool_calls_turn_trains_where_the_template_renders_it_and_is_refused_where_it_does_not(
+    tmp_path, tiny_llama_dir, capsys
+):
+    # A tool call's turn ("" beside its tool_calls) under a template that drops them was learned as an empty answer;
+    # refused outright for a while, though Qwen2.5's and Llama 3.1's templates render the call and train it.
     turns = [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "weather"}}]},
@@ -480,5 +483,22 @@ def test_a_tool_calls_turn_with_empty_content_trains_as_the_template_renders_it(
     ]
     data = tmp_path / "tools.jsonl"
     data.write_text("".join(json.dumps({"messages": turns}) + "\n" for _ in range(4)))
-    args = [arg for arg in train_args(tmp_path, tiny_llama_dir, data, data) if arg not in PROMPTS]
-    assert run_app([*args, "--messages_column", "messages"]) == 0
+    renders = tmp_path / "renders-calls"
+    shutil.copytree(tiny_llama_dir, renders)
+    template = renders / "chat_template.jinja"  # where transformers 5 saves a tokenizer's template
+    template.write_text(
+        template.read_text().replace(
+            "{{ message['content'] }}",
+            "{{ message['content'] }}{% if message['tool_calls'] %}<tool_call>{{ message['tool_calls'][0]['function']"
+            "['name'] }}</tool_call>{% endif %}",
+        )
+    )
+    assert "<tool_call>" in template.read_text()
+    for model, code in ((renders, 0), (tiny_llama_dir, 2)):  # the fixture's ChatML drops tool_calls
+        args = [arg for arg in train_args(tmp_path / model.name, model, data, data) if arg not in PROMPTS]
+        assert run_app([*args, "--messages_column", "messages"]) == code
+    assert one_error_line(capsys).endswith(
+        "column 'messages': assistant turn 2 is a tool call that the chat template does not render, so it would be "
+        "learned as an empty answer; train with a template that renders tool_calls, or drop such turns and the "
+        "tools' replies"
+    )

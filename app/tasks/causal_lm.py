@@ -122,6 +122,12 @@ class CausalLM:
                             f"{row_of(raw, split, row)}, column {name!r}: the tokenizer's chat template refuses the "
                             f"conversation ({refusal}); change the conversation, or train with another template"
                         )
+                    if turn := task.renderer.dropped_tool_call(messages):
+                        raise UsageError(
+                            f"{row_of(raw, split, row)}, column {name!r}: assistant turn {turn} is a tool call that "
+                            "the chat template does not render, so it would be learned as an empty answer; train "
+                            "with a template that renders tool_calls, or drop such turns and the tools' replies"
+                        )
         if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
             name = columns.names["prompt"]
             first = raw["train"][0]

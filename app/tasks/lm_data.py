@@ -285,6 +285,20 @@ class Renderer:
             return first_line(e)
         return None
 
+    def dropped_tool_call(self, messages: list[dict]) -> int | None:
+        """The number of the first assistant turn that is a tool call alone (no text beside its tool_calls) and that
+        the chat template renders as if it had none: it would be learned as an empty answer. None if there is none
+        (a template that renders tool calls, Qwen2.5's or Llama 3.1's, trains them)."""
+        render = self.tokenizer.apply_chat_template
+        for number, turn in enumerate(messages, start=1):
+            if turn["role"] != "assistant" or not turn.get("tool_calls") or turn["content"].strip():
+                continue
+            without = {key: value for key, value in turn.items() if key != "tool_calls"}
+            before = messages[: number - 1]
+            if render([*before, turn], tokenize=False) == render([*before, without], tokenize=False):
+                return number
+        return None
+
     def conversation(self, messages: list[dict]) -> tuple[list[int], list[int], bool]:
         """ids, labels (the assistant turns), whether the end was cut at --max_length."""
         if not self.chat_template:
