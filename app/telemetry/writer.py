@@ -23,6 +23,7 @@ class TensorBoardWriter:
         self.log_dir, self.purge_step = log_dir, purge_step
         self.replaced_line: str | None = None  # a resume from an older checkpoint: where the line it replaces goes
         self._opened = None
+        self._purged = False  # what the run logged from purge_step on is out of its event files
         self._full = False  # the disk filled: nothing more is written
         self._last_step: int | None = None  # of the last points written
 
@@ -34,6 +35,7 @@ class TensorBoardWriter:
         `parted`: the replaced line's points between the two went into the resumed line's curves."""
         self.replaced_line, self.purge_step = name, parted + 1
         purge_events(self.log_dir, self.purge_step, self._aside())
+        self._purged = True
 
     def _open(self):
         """The event file, opened at the first write, after what the run logged from purge_step on (past the
@@ -42,8 +44,8 @@ class TensorBoardWriter:
         if self._opened is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            if self.purge_step is not None:
-                purge_events(self.log_dir, self.purge_step)  # a replaced line's points are aside already
+            if self.purge_step is not None and not self._purged:  # once: a replaced line's went aside already
+                purge_events(self.log_dir, self.purge_step)
             _quiet_writer_threads()
             # The purge step too, for what no rewrite reached (a damaged file): readers that honour it hide the rest.
             self._opened = SummaryWriter(str(self.log_dir), purge_step=self.purge_step)
