@@ -45,6 +45,8 @@ def raw_points(run_dir: Path, tag: str) -> list[tuple[int, float]]:
     from tensorboard.util import tensor_util
 
     points = []
+    # By the time each was written: files named in one second by one process (a run and its resume in a test's
+    # process) sort by a counter as text, ".10" before ".9".
     for path in sorted(run_dir.glob("events.out.tfevents.*")):
         for event in EventFileLoader(str(path)).Load():
             for value in event.summary.value:
@@ -54,5 +56,5 @@ def raw_points(run_dir: Path, tag: str) -> list[tuple[int, float]]:
                         if value.HasField("simple_value")
                         else tensor_util.make_ndarray(value.tensor).item()
                     )
-                    points.append((event.step, scalar))
-    return points
+                    points.append((event.wall_time, event.step, scalar))
+    return [(step, scalar) for _, step, scalar in sorted(points, key=lambda point: point[0])]
