@@ -12,7 +12,8 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from app.amp.policy import launcher_choice, resolve_precision
 from app.amp.scaler import make_scaler
 from app.config import TrainConfig, parse_config
-from app.host.runtime import backend_name, build_accelerator, device_type
+from app.errors import UsageError
+from app.host.runtime import backend_name, build_accelerator, device_type, launched_on_cpu
 from tests.conftest import clean_env, run_app
 from tests.harness import build_training, train
 
@@ -52,6 +53,23 @@ def test_the_cpu_suite_sees_no_gpu(tmp_path):
     """On a GPU host too, the suite runs as on a CPU host: in this process and in every child it starts."""
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "" and clean_env(tmp_path)["CUDA_VISIBLE_DEVICES"] == ""
     assert not torch.cuda.is_available() and device_type() == "cpu"
+
+
+@pytest.mark.parametrize("value, on_cpu", [(None, False), ("1", True), ("true", True), ("YES", True), ("0", False)])
+def test_a_launch_on_the_cpu_is_read_as_accelerate_reads_it(monkeypatch, value, on_cpu):
+    """`accelerate launch --cpu` (a config's use_cpu: true) on a GPU host: Accelerate trains on the CPU, so autocast and
+    the scaler must be the CPU's (device_type reads this before any Accelerator exists)."""
+    if value is None:
+        monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    else:
+        monkeypatch.setenv("ACCELERATE_USE_CPU", value)
+    assert launched_on_cpu() is on_cpu
+
+
+def test_a_launch_on_the_cpu_that_is_neither_yes_nor_no_is_one_line(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "maybe")
+    with pytest.raises(UsageError, match="ACCELERATE_USE_CPU='maybe' is neither yes nor no"):
+        device_type()
 
 
 @pytest.mark.parametrize(
