@@ -30,7 +30,7 @@ from transformers import AutoTokenizer, BertConfig, BertForSequenceClassificatio
 from app.adapters.plan import plan_model  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
-from app.host.runtime import build_accelerator, device_name  # noqa: E402
+from app.host.runtime import build_accelerator, device_name, tf32_matmuls  # noqa: E402
 from app.inputs.model import embedded_model_dir  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402
@@ -155,7 +155,7 @@ def main() -> int:
             else None
         ),
         "host_syncs": syncs or "not measured on CPU",
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_matmul": tf32_matmuls(),
     }
     args.json.write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))

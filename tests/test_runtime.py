@@ -13,7 +13,14 @@ from app.amp.policy import launcher_choice, resolve_precision
 from app.amp.scaler import make_scaler
 from app.config import TrainConfig, parse_config
 from app.errors import UsageError
-from app.host.runtime import backend_name, build_accelerator, device_type, launched_on_cpu
+from app.host.runtime import (
+    backend_name,
+    build_accelerator,
+    device_type,
+    launched_on_cpu,
+    tf32_convolutions,
+    tf32_matmuls,
+)
 from tests.conftest import clean_env, run_app
 from tests.harness import build_training, train
 
@@ -70,6 +77,27 @@ def test_a_launch_on_the_cpu_that_is_neither_yes_nor_no_is_one_line(monkeypatch)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "maybe")
     with pytest.raises(UsageError, match="ACCELERATE_USE_CPU='maybe' is neither yes nor no"):
         device_type()
+
+
+@pytest.fixture
+def tf32_set_through_torchs_new_api():
+    """CUDA's fp32 matmuls in TF32 through torch 2.9+'s setting (a setting only: this CPU runs no CUDA matmul); torch's
+    older allow_tf32 and get_float32_matmul_precision() raise from then on."""
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    before = matmul.fp32_precision, conv.fp32_precision
+    matmul.fp32_precision, conv.fp32_precision = "tf32", "ieee"
+    yield
+    matmul.fp32_precision, conv.fp32_precision = before
+
+
+def test_tf32_settings_are_read_where_torchs_older_flags_raise(tf32_set_through_torchs_new_api):
+    with pytest.raises(RuntimeError, match="legacy and new APIs"):
+        torch.get_float32_matmul_precision()  # what run/tf32 read: the run stopped at start
+    assert tf32_matmuls() and not tf32_convolutions()
+
+
+def test_tf32_settings_by_default_are_torchs():
+    assert not tf32_matmuls() and tf32_convolutions()  # torch's defaults, as its docs give them
 
 
 @pytest.mark.parametrize(

@@ -97,7 +97,9 @@ def test_run_info_texts_and_hparams(amp_run):
     assert {"run/config", "run/environment", "run/precision", "run/tf32"} <= texts.keys()
     assert "fp16 autocast on cpu" in texts["run/precision"] and "warning:" in texts["run/precision"]
     assert "learning_rate: 5.0e-05" in texts["run/config"] and "| torch |" in texts["run/environment"]
-    assert "allow_tf32" in texts["run/tf32"]
+    assert (
+        "| CUDA fp32 matmuls (torch.backends.cuda.matmul.fp32_precision, allow_tf32) | full fp32 |" in texts["run/tf32"]
+    )
     plugins = tb.load(amp_run).PluginTagToContent("hparams")
     assert "_hparams_/session_start_info" in plugins, "no HPARAMS entry"
     from tensorboard.plugins.hparams import plugin_data_pb2

@@ -192,6 +192,20 @@ def device_name(device: torch.device) -> str:
         return device.type
 
 
+def tf32_matmuls() -> bool:
+    """Whether CUDA runs fp32 matmuls in TF32. torch 2.9+ reads it from `fp32_precision`: its older `allow_tf32` and
+    `get_float32_matmul_precision()` raise once a process has set the new API ("a mix of the legacy and new APIs")."""
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)  # "none" inherits the default: full fp32
+    return matmul.allow_tf32 if precision is None else precision == "tf32"
+
+
+def tf32_convolutions() -> bool:
+    """Whether cuDNN runs fp32 convolutions in TF32 (torch's default), read as `tf32_matmuls` reads its setting."""
+    precision = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
+    return torch.backends.cudnn.allow_tf32 if precision is None else precision in ("tf32", "none")
+
+
 def backend_name(accelerator: Accelerator) -> str:
     names = {
         DistributedType.NO: "single process",

@@ -5,13 +5,17 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from accelerate.utils import extract_model_from_parallel
 
+from app.host.runtime import tf32_matmuls
 from app.tasks.first_token import cut_layer, weights_once_per_sequence
 
-# Dense peak TFLOPS per GPU from the vendors' datasheets, by a substring of the device name (first match wins).
-# fp32 without TF32 runs on CUDA cores; "tf32" applies when torch.backends.cuda.matmul.allow_tf32 is on.
-PEAK_TFLOPS = [
+# Dense peak TFLOPS per GPU from the vendors' datasheets, by the words of the device name (the first entry whose words
+# are all in it): "NVIDIA L40" is not an L4, "NVIDIA H100 NVL" not the SXM H100 (a variant without figures here: no
+# MFU rather than a wrong one). fp32 without TF32 runs on CUDA cores; "tf32" where host/runtime.tf32_matmuls says so.
+PEAK_TFLOPS: list[tuple[str, dict[str, float] | None]] = [
     ("H200", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("H100 NVL", None),
     ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.2}),
     ("H100", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
     ("A100", {"fp16": 312.0, "bf16": 312.0, "tf32": 156.0, "fp32": 19.5}),
@@ -27,11 +31,16 @@ def peak_flops(device: torch.device, mode: str) -> float | None:
     if device.type != "cuda":
         return None
     if mode == "no":
-        mode = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-    name = torch.cuda.get_device_name(device)
+        mode = "tf32" if tf32_matmuls() else "fp32"
+    return peak_tflops(torch.cuda.get_device_name(device), mode)
+
+
+def peak_tflops(device_name: str, mode: str) -> float | None:
+    """The dense peak FLOP/s of the GPU named `device_name` (as CUDA names it) in `mode`, or None where not listed."""
+    words = set(device_name.replace("-", " ").upper().split())
     for key, table in PEAK_TFLOPS:
-        if key in name:
-            return table[mode] * 1e12 if mode in table else None
+        if set(key.upper().split()) <= words:
+            return table[mode] * 1e12 if table and mode in table else None
     return None
 
 
@@ -41,6 +50,7 @@ def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
     A decoder's attention is causal: its kernels compute half the scores of an encoder's. An LM head tied to the
     embeddings is left out with them; the causal-LM task computes it at the labelled positions only.
     """
+    model = extract_model_from_parallel(model)  # DDP's wrapper has no config: no MFU on any multi-GPU run
     config = getattr(model, "config", None)
     layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
     if not (layers and hidden):

@@ -8,7 +8,7 @@ import transformers
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.host.runtime import backend_name, device_name
+from app.host.runtime import backend_name, device_name, tf32_convolutions, tf32_matmuls
 from app.telemetry import tags
 from app.telemetry.footprint import Footprint, size
 from app.telemetry.meters import Telemetry, high_water_mark_gib
@@ -24,15 +24,18 @@ def write_start_texts(writer, cfg: TrainConfig, accelerator, policy: PrecisionPo
         "processes": accelerator.num_processes,
         "backend": backend_name(accelerator),
     }
-    tf32 = {
-        "torch.backends.cuda.matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "torch.backends.cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-        "torch.get_float32_matmul_precision()": torch.get_float32_matmul_precision(),
+    tf32 = {  # the settings' names in torch 2.9+, then the older ones
+        "CUDA fp32 matmuls (torch.backends.cuda.matmul.fp32_precision, allow_tf32)": _tf32(tf32_matmuls()),
+        "cuDNN fp32 convolutions (torch.backends.cudnn.conv.fp32_precision, allow_tf32)": _tf32(tf32_convolutions()),
     }
     writer.text(tags.RUN_CONFIG, _code_block(cfg.to_yaml()))
     writer.text(tags.RUN_ENVIRONMENT, _table(environment))
     writer.text(tags.RUN_PRECISION, "\n\n".join([policy.describe(), *notes, scaler_note(policy)]))
     writer.text(tags.RUN_TF32, _table(tf32))
+
+
+def _tf32(on: bool) -> str:
+    return "TF32 (tensor cores, a 10-bit mantissa)" if on else "full fp32"
 
 
 def scaler_note(policy: PrecisionPolicy) -> str:
