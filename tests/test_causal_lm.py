@@ -138,8 +138,8 @@ def test_training_ids_are_apply_chat_templates_and_the_labels_its_assistant_turn
     whole = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
     if template != "spaced":  # no token straddles the end of the prompt: the whole is the template's
         assert ids == whole, tokenizer.convert_ids_to_tokens(ids)
-    else:  # the same text; the space may be a token of its own before the answer
-        assert tokenizer.decode(ids) == tokenizer.decode(whole)
+    else:  # the same text, then EOS (the template ends an answer with no token of its own); the space may be a token
+        assert tokenizer.decode(ids) == tokenizer.decode(whole) + tokenizer.eos_token
 
 
 @pytest.mark.parametrize("template", lm_models.TEMPLATES)
@@ -152,6 +152,76 @@ def test_a_conversation_of_several_turns_is_apply_chat_templates_ids(template):
     assert ids == tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"]
     spans = [span.strip() for span in learned_spans(tokenizer, ids, labels)]
     assert len(spans) == 2 and spans[0].startswith("great") and spans[1].startswith("coffee."), spans
+
+
+def eos_appending_tokenizer():
+    """A SentencePiece tokenizer whose post-processor puts BOS before a text and EOS after it, as Llama's does when
+    saved with add_eos_token=True."""
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    trained = lm_models.train_tokenizer(TEMPLATE_TEXTS, ["<s>", "</s>"], sentencepiece=True)
+    bos, eos = trained.token_to_id("<s>"), trained.token_to_id("</s>")
+    trained.post_processor = TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", bos), ("</s>", eos)])
+    return PreTrainedTokenizerFast(tokenizer_object=trained, bos_token="<s>", eos_token="</s>")
+
+
+def test_a_tokenizer_that_appends_eos_itself_ends_the_answer_and_each_document_with_one(tmp_path):
+    # Its EOS stood between every prompt and its answer, a long prompt's cut kept it and lost BOS, and a document
+    # ended in two.
+    tokenizer = eos_appending_tokenizer()
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    renderer = Renderer(tokenizer, max_length=12)
+    text = tokenizer("on fast shipping", add_special_tokens=False)["input_ids"]
+    answer = tokenizer("great", add_special_tokens=False)["input_ids"]
+    ids, labels, _, _ = renderer.pair("on fast shipping", "great")
+    assert ids == [bos, *text, *answer, eos] and labels == [IGNORE] * (1 + len(text)) + answer + [eos]
+    assert renderer.prompt_ids("on fast shipping") == [bos, *text], "predict.py prompts as training did"
+    ids, _, prompt_cut, _ = renderer.pair("I rely on fast shipping " * 5, "great")
+    assert prompt_cut and len(ids) == 12 and ids[0] == bos and ids.count(eos) == 1
+    assert renderer.prompt_ids("") == [bos]
+    for document in ("great coffee.", "great coffee.</s>", ""):
+        assert (
+            renderer.document(document) == tokenizer(document)["input_ids"] and renderer.document(document)[-1] == eos
+        )
+    assert renderer.document("great coffee.").count(eos) == 1
+
+
+NO_END = (  # a template that ends an answer with a newline: no special token after it
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: "
+    "{% endif %}"
+)
+
+
+def test_a_template_that_ends_answers_with_no_token_of_its_own_learns_eos_after_each():
+    # Nothing taught the model to stop: every greedy answer ran to --max_new_tokens, and exact match was 0 by design.
+    tokenizer = lm_models.templated_tokenizer(TEMPLATE_TEXTS, "chatml")
+    tokenizer.chat_template = NO_END
+    renderer = Renderer(tokenizer, max_length=128)
+    assert renderer.end_of_turn is None and renderer.answer_end == [tokenizer.eos_token_id]
+    ids, labels, _, _ = renderer.pair("on fast shipping", "great")
+    assert tokenizer.decode([label for label in labels if label != IGNORE]).endswith("great\n<|endoftext|>")
+    ids, labels, _ = renderer.conversation(dialogue("on fast shipping", "great", "sure?", "yes"))
+    assert [span.lstrip() for span in learned_spans(tokenizer, ids, labels)] == [
+        "great\n<|endoftext|>",
+        "yes\n<|endoftext|>",
+    ]
+    with_end = Renderer(lm_models.templated_tokenizer(TEMPLATE_TEXTS, "chatml"), max_length=128)
+    assert with_end.answer_end == [] and with_end.end_of_turn is not None  # ChatML's <|im_end|> ends them
+
+
+def test_a_max_length_that_the_template_fills_is_refused(tmp_path, tiny_llama_dir, review_files, capsys):
+    # The prompt's text gave way to the template's system turn, and the note said the prompts kept one token.
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    head, _, tail = Renderer(tokenizer, 64).prompt_parts("")
+    around = len(head) + len(tail)
+    args = lm_args(tmp_path, tiny_llama_dir, review_files, *PROMPTS, "--max_length", around + 1)
+    assert run_app(args) == 2
+    assert capsys.readouterr().err == (
+        f"error: --max_length {around + 1} leaves no room for a prompt and its answer: the chat template around a "
+        f"prompt takes {around} tokens; raise --max_length to at least {around + 2}\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_packing_loses_and_repeats_no_token(tiny_gpt2_dir):

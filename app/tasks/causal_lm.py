@@ -128,7 +128,19 @@ class CausalLM:
                             "the chat template does not render, so it would be learned as an empty answer; train "
                             "with a template that renders tool_calls, or drop such turns and the tools' replies"
                         )
+        if columns.kind != "text" and task.renderer.answer_end:
+            task.notes.append(
+                f"note: the chat template ends an answer with no special token: EOS ({tokenizer.eos_token}) is "
+                "learned after each, so that generation stops there"
+            )
         if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
+            head, _, tail = task.renderer.prompt_parts("")
+            if len(head) + len(tail) + 2 > cfg.max_length:  # then a prompt's text gives way to the template's
+                raise UsageError(
+                    f"--max_length {cfg.max_length} leaves no room for a prompt and its answer: the chat template "
+                    f"around a prompt takes {len(head) + len(tail)} tokens; raise --max_length to at least "
+                    f"{len(head) + len(tail) + 2}"
+                )
             name = columns.names["prompt"]
             first = raw["train"][0]
             task.renderer.pair(first[name] or "", first[columns.names["response"]])  # the template masks, or says why

@@ -32,10 +32,11 @@ def greedy_config(
     """Greedy decoding that stops at the model's end tokens and at `end_of_turn`: the same answer every time,
     whatever the model's own sampling defaults."""
     eos = model.generation_config.eos_token_id  # a chat model's may list its end-of-turn token as well
-    eos = tokenizer.eos_token_id if eos is None else eos
+    eos = [] if eos is None else eos if isinstance(eos, list) else [eos]
     # A template whose turns end with a token other than EOS (a base model's ChatML) trains that token: without it
-    # among the stops, an answer ran on to max_new_tokens ("great\ngreat\n...").
-    stops = list(dict.fromkeys([*(eos if isinstance(eos, list) else [eos]), end_of_turn]))
+    # among the stops, an answer ran on to max_new_tokens ("great\ngreat\n..."). The tokenizer's EOS ends what the
+    # app trains without a template's end (lm_data.Renderer), whatever the model's generation config lists.
+    stops = list(dict.fromkeys([*eos, tokenizer.eos_token_id, end_of_turn]))
     return GenerationConfig(
         max_new_tokens=max_new_tokens,
         do_sample=False,

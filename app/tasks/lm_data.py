@@ -176,12 +176,31 @@ class Renderer:
             before, text, _ = self._split_prompt(rendered, prompt)
             head, text_ids, tail = self._pieces(rendered, [len(before), len(before) + len(text)])
             return head, text_ids, tail
+        # The tokenizer's own special tokens around a text: BOS goes before the prompt; an EOS its post-processor
+        # appends does not (it would stand between every prompt and its answer).
+        prefix, suffix = self._special_affixes
         text, whole = self._ids(prompt), self.tokenizer(prompt, verbose=False)["input_ids"]
-        if not whole:  # an empty prompt, and a tokenizer that adds no BOS of its own
-            return [self.bos] if self.bos is not None else [], [], []
-        if whole[-len(text) :] == text or not text:
-            return whole[: len(whole) - len(text)], text, []  # e.g. [BOS], text
-        return [], whole, []
+        if not text:  # an empty prompt: the tokenizer's BOS, else the model's
+            return prefix or ([self.bos] if self.bos is not None else []), [], []
+        if whole == prefix + text + suffix:
+            return prefix, text, []
+        if whole[-len(text) :] == text:
+            return whole[: len(whole) - len(text)], text, []
+        return [], whole[: len(whole) - len(suffix)] if suffix and whole[-len(suffix) :] == suffix else whole, []
+
+    @functools.cached_property
+    def _special_affixes(self) -> tuple[list[int], list[int]]:
+        """The special tokens the tokenizer puts before and after a text of its own accord (its post-processor's: BOS,
+        and the EOS that Llama's add_eos_token appends), found around a one-letter text."""
+        plain, whole = self._ids("a"), self.tokenizer("a", verbose=False)["input_ids"]
+        at = next((i for i in range(len(whole) - len(plain) + 1) if whole[i : i + len(plain)] == plain), None)
+        return ([], []) if at is None else (whole[:at], whole[at + len(plain) :])
+
+    @functools.cached_property
+    def answer_end(self) -> list[int]:
+        """What the app puts after an answer that the chat template ends with no special token of its own (`Bot:
+        {answer}\n`): EOS, so that the model learns to stop where generation stops. Empty where the template ends it."""
+        return [self.tokenizer.eos_token_id] if self.chat_template and self.end_of_turn is None else []
 
     def _render_prompt(self, prompt: str) -> str:
         return self.tokenizer.apply_chat_template(
@@ -260,7 +279,7 @@ class Renderer:
             # From where the prompt ends: a header ending in a space (`assistant: `) keeps its own token, as predict.py
             # prompts with it, where apply_chat_template's whole dialogue joins it to the answer's first word.
             head, text, tail = self.prompt_parts(prompt, rendered)
-            response_ids = self._ids(whole[len(rendered) :])
+            response_ids = self._ids(whole[len(rendered) :]) + self.answer_end
         else:
             # Prompt and response meet with no template between them: tokenized apart, so that the model learns the
             # response after the prompt's own tokens, the ones predict.py gives it.
@@ -325,14 +344,18 @@ class Renderer:
         # turn by turn, a SentencePiece tokenizer put a "▁" before every later user turn).
         ids, labels = [], []
         for index, piece in enumerate(self._pieces(whole, bounds)):  # odd pieces: the assistant's turns
+            if index % 2:  # an assistant's turn
+                piece = piece + self.answer_end
             ids += piece
             labels += piece if index % 2 else [IGNORE] * len(piece)
         cut = len(ids) > self.max_length
         return ids[: self.max_length], labels[: self.max_length], cut
 
     def document(self, text: str) -> list[int]:
-        """A document's tokens, ended by EOS."""
-        return self.tokenizer(text, verbose=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        """A document's tokens, ended by EOS: one, where the tokenizer appends it itself (Llama's add_eos_token) or the
+        text ends with it, as HF's run_clm leaves them."""
+        ids, eos = self.tokenizer(text, verbose=False)["input_ids"], self.tokenizer.eos_token_id
+        return ids if ids and ids[-1] == eos else ids + [eos]
 
 
 def first_empty_prompt(renderer: Renderer, prompts: list) -> int | None:
