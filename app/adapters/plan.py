@@ -81,7 +81,7 @@ def reload_base(model: torch.nn.Module, task: Task, model_path: str, dtype: torc
             stored = (
                 name.removeprefix("base_model.model.").replace(".base_layer.", ".").replace(".original_module.", ".")
             )
-            param.data = fresh[stored].data
+            param.data = fresh[stored].data.to(param.device)  # loaded on the CPU; the model may be on a GPU
 
 
 def describe_trainable(model: torch.nn.Module, plan: ModelPlan) -> list[str]:

@@ -75,9 +75,12 @@ def cpu_has_native_bf16() -> bool:
 
 
 def bf16_available(device_type: str) -> bool:
-    """Whether this device runs bf16 natively (a GPU that supports it, or a CPU with AVX512-BF16/AMX)."""
+    """Whether this device runs bf16 natively (a GPU of compute capability 8.0 or more, or a CPU with AVX512-BF16/AMX).
+    A T4's or V100's bf16 is emulated, slower than fp32: torch's is_bf16_supported() counts it."""
     if device_type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        if not torch.cuda.is_available():
+            return False
+        return bool(torch.version.hip) or torch.cuda.get_device_capability()[0] >= 8  # Ampere on; every AMD GPU
     return device_type == "cpu" and cpu_has_native_bf16()
 
 
