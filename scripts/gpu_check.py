@@ -6,17 +6,21 @@
 For fp32, then fp16 autocast + GradScaler, it runs the app's own train() on random token ids at sequence length 128 and
 reports samples/s, peak memory and MFU (against the GPU's dense peak for the dtype, from app/telemetry/flops.py). It
 then runs the hot loop under torch.cuda.set_sync_debug_mode("warn") and counts host-device syncs per optimizer step,
-between log steps, for both precisions. Everything lands in one JSON.
+between log steps, and those of a log step, by the line that made them, for both precisions. Peak memory is the
+timed steps' (the run's own probe); each precision runs on an Accelerator of its own, and the JSON says whether the
+last one's model was freed before the next began. Everything lands in one JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import sys
 import time
 import warnings
+import weakref
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,6 +55,31 @@ def synthetic_tokens(vocab_size: int, rows: int, length: int) -> DatasetDict:
         "labels": torch.randint(0, 2, (rows,), generator=generator).tolist(),
     }
     return DatasetDict(train=Dataset.from_dict(table), validation=Dataset.from_dict(table).select(range(8)))
+
+
+def count_syncs(run, steps: int) -> dict:
+    """Host-device syncs per optimizer step between log steps, and those of a log step, by the line that made each:
+    every synchronizing CUDA call warns in torch's sync debug mode. A segment's last step always logs, so one step
+    alone (its log included) is told apart from `steps` steps (the same log at their end)."""
+    counted = []
+    for budget in (1, steps):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                train(run, budget=budget)
+                torch.cuda.synchronize()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        counted.append(collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught))
+    one, many = counted
+    per_step = (many.total() - one.total()) / (steps - 1)
+    return {
+        "per_step": round(per_step, 3),
+        "log_step": round(one.total() - per_step, 3),
+        "sites_over_the_steps": dict(many - one),  # each site's count over steps - 1 steps
+        "sites_of_a_log_step": dict(one),
+    }
 
 
 def main() -> int:
@@ -90,13 +119,15 @@ def main() -> int:
     )
     full_fine_tune = plan_model(cfg, resolve_precision(False, "no", args.device, launcher=None)[0], task, config, "")
     inputs = Inputs("bert-base (from config)", config, tokenizer, task, tokens, full_fine_tune)
-    accelerator = build_accelerator(cfg)
-    device = accelerator.device
     results: dict[str, dict] = {}
     workdir = str(scratch_dir("gpu-check-"))  # save_steps=0: only the folders, nothing in them
     syncs: dict[str, dict] = {}
 
     for mode in ("no", "fp16"):
+        # An Accelerator per precision: the last one's would keep its model, optimizer and schedule (and with them its
+        # GPU memory) referenced through the next precision's run, and in its peak.
+        accelerator = build_accelerator(cfg)
+        device = accelerator.device
         policy, _ = resolve_precision(False, mode, device.type, launcher=None)
         torch.manual_seed(0)
         paths = RunPaths(mode, Path(workdir) / mode / "out", Path(workdir) / mode / "runs")  # checkpoints: none
@@ -105,6 +136,7 @@ def main() -> int:
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
+        run.telemetry.peak_memory_gib = 0.0  # the timed steps' peak: the log at their end reads (and resets) it
         started = time.perf_counter()
         train(run, budget=args.steps)
         if device.type == "cuda":
@@ -113,30 +145,22 @@ def main() -> int:
         samples_per_sec = args.batch_size * args.steps / seconds
         per_token = flops_per_token(run.model)(args.seq_len)
         peak = peak_flops(device, mode)
-        results["fp32" if mode == "no" else mode] = {
+        name = "fp32" if mode == "no" else mode
+        results[name] = {
             "samples_per_sec": round(samples_per_sec, 2),
             "step_time_ms": round(1000 * seconds / args.steps, 2),
-            "peak_memory_gib": round(torch.cuda.max_memory_allocated() / GIB, 3) if device.type == "cuda" else None,
+            "peak_memory_gib": round(run.telemetry.peak_memory_gib, 3) if device.type == "cuda" else None,
             "mfu_pct": round(100 * per_token * args.seq_len * samples_per_sec / peak, 2) if peak else None,
             "peak_tflops_used": peak / 1e12 if peak else None,
         }
-
-        if device.type == "cuda":  # every synchronizing CUDA call in the hot loop raises a warning in this mode
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
-                try:
-                    train(run, budget=args.steps)
-                    torch.cuda.synchronize()
-                finally:
-                    torch.cuda.set_sync_debug_mode("default")
-            sites = collections.Counter(str(w.message).splitlines()[0][:120] for w in caught)
-            syncs["fp32" if mode == "no" else mode] = {
-                "per_step": round(sum(sites.values()) / args.steps, 3),
-                "sites": dict(sites),
-            }
+        if device.type == "cuda":
+            syncs[name] = count_syncs(run, args.steps)
+        model = weakref.ref(accelerator.unwrap_model(run.model))
         run.close()
-        del run  # free the GPU memory before the next precision
+        accelerator.free_memory()
+        del run, accelerator
+        gc.collect()
+        results[name]["memory_released_after"] = model() is None  # else the next precision's peak holds it
         if device.type == "cuda":
             torch.cuda.empty_cache()
 

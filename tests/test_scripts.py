@@ -518,6 +518,8 @@ def test_gpu_check_dry_run_on_cpu(tmp_path, run_here):
     figures = json.loads((tmp_path / "g.json").read_text())
     assert figures["results"]["fp32"]["samples_per_sec"] > 0 and figures["results"]["fp16"]["samples_per_sec"] > 0
     assert figures["fp16_speedup"] > 0
+    # On a GPU the fp16 run's peak held the fp32 model and its AdamW state, which the Accelerator kept referenced.
+    assert figures["results"]["fp32"]["memory_released_after"] and figures["results"]["fp16"]["memory_released_after"]
 
 
 @pytest.mark.gpu
