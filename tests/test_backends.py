@@ -55,6 +55,11 @@ def test_fsdp_ranks_agree_on_overflow_with_the_scaler_the_app_picks(tmp_path, ti
     with safe_open(tmp_path / "fsdp2_lora" / "adapter_model.safetensors", "pt") as adapters:
         assert any("lora_A" in name for name in adapters.keys())
 
+    if model == "llama":  # every sharded forward is a collective: a rank with fewer prompts left the other waiting
+        generated = rank0["generation"]
+        assert (
+            generated["sharded"] == generated["plain"] == rank1["generation"]["plain"] and len(generated["plain"]) == 3
+        )
     loader = AutoModelForCausalLM if model == "llama" else AutoModelForSequenceClassification
     saved = loader.from_pretrained(tmp_path / "fsdp2_model")  # gathered from 2 shards
     assert sum(float(p.detach().sum()) for p in list(saved.parameters())[:3]) == pytest.approx(

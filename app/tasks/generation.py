@@ -18,6 +18,7 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from app.amp.policy import PrecisionPolicy
 from app.inputs.model import position_table
+from app.storage.final_model import is_sharded
 
 
 class Generated(NamedTuple):
@@ -88,7 +89,12 @@ def generate(
     positions = position_table(raw.config)
     pad = tokenizer.pad_token_id
     found = []
-    with accelerator.split_between_processes(list(range(len(prompts)))) as mine, contiguous_head_input(raw):
+    # A sharded model's every forward is a collective (FSDP gathers each layer's weights): every rank must make as
+    # many as the others, so the shares are padded to one length (the last rank repeats a prompt, dropped below) and
+    # generate() steps on until every rank's batch has ended (synced_gpus). Unsharded, a rank needs no other.
+    sharded = is_sharded(raw)
+    shares = accelerator.split_between_processes(list(range(len(prompts))), apply_padding=sharded)
+    with shares as mine, contiguous_head_input(raw):
         order = sorted(mine, key=lambda i: len(prompts[i]), reverse=True)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
@@ -105,6 +111,7 @@ def generate(
                     attention_mask=mask.to(accelerator.device),
                     generation_config=config,
                     logits_processor=LogitsProcessorList([watch]),
+                    synced_gpus=sharded,
                 )
             new, finite = out[:, width:].cpu(), (~watch.seen).tolist()  # host syncs, once per batch
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
@@ -113,7 +120,8 @@ def generate(
             if on_batch:
                 on_batch(len(chunk))
     raw.train(was_training)
-    return [Generated(*generated) for _, generated in sorted(gather_object(found), key=lambda pair: pair[0])]
+    done = {i: Generated(*generated) for i, generated in gather_object(found)}  # a prompt the padding repeated: once
+    return [done[i] for i in range(len(prompts))]
 
 
 @contextlib.contextmanager

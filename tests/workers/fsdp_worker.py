@@ -8,9 +8,11 @@ skipped the step and its loss scale afterwards.
 Scenarios: the scaler the app's precision module picks for FSDP1 and for FSDP2, and the plain GradScaler under
 FSDP1 (which should let the ranks disagree). The FSDP2 model is then saved through the app's save_final_model. Last,
 LoRA adapters (app/adapters) on a float16 base under FSDP2: float32 adapters and float16 base weights in one shard
-group, the app's scaler, and the adapters saved through save_final_model.
+group, the app's scaler, and the adapters saved through save_final_model. With the Llama, last: the app's greedy
+generation from an FSDP2-sharded model, with fewer prompts on one rank than on the other.
 """
 
+import copy
 import gc
 import json
 import sys
@@ -37,6 +39,7 @@ from app.config import TrainConfig  # noqa: E402
 from app.host.runtime import build_accelerator  # noqa: E402
 from app.storage.final_model import AdaptersBase, save_final_model  # noqa: E402
 from app.tasks.causal_lm import token_mean_loss  # noqa: E402
+from app.tasks.generation import generate  # noqa: E402
 from app.tasks.lm_data import IGNORE, CausalLMCollator  # noqa: E402
 
 out, tokenizer_dir = Path(sys.argv[1]), sys.argv[2]
@@ -44,6 +47,7 @@ decoder = sys.argv[3:] == ["llama"]
 accelerator = build_accelerator(replace(TrainConfig(), seed=0))
 rank = accelerator.process_index
 policy, _ = resolve_precision(True, None, "cpu", launcher=None)
+policy_fp32, _ = resolve_precision(False, "no", "cpu", launcher=None)
 config = BertConfig(
     vocab_size=1000,
     hidden_size=32,
@@ -135,6 +139,19 @@ for name, version, scaler_kind in (
             float((p.full_tensor() if isinstance(p, DTensor) else p).detach().sum())
             for p in list(model.parameters())[:3]
         )
+
+if decoder:  # greedy answers from an FSDP2-sharded model, 3 prompts over 2 ranks: one rank has fewer to generate
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    prompts = [tokenizer(text)["input_ids"] for text in ("Fresh coffee", "Stale", "Would buy again, great taste")]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    answers = {}
+    for name, candidate in (("plain", model), ("sharded", shard(copy.deepcopy(model), "FSDP2"))):
+        answers[name] = [
+            list(answer)
+            for answer in generate(accelerator, policy_fp32, candidate, tokenizer, prompts, 6, batch_size=1)
+        ]
+    results["generation"] = answers
 
 (out / f"fsdp-{rank}.json").write_text(json.dumps(results))
 gc.collect()  # before tearing down: gloo otherwise sometimes aborts at interpreter exit
