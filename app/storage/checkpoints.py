@@ -292,7 +292,8 @@ class Checkpoints:
     def _check_weights(self, path: Path) -> None:
         """An adapter checkpoint must hold exactly the weights this run trains: a load that is not strict would
         otherwise skip a mismatch without a word."""
-        if self.record.adapters is None:
+        # FSDP's checkpoints hold the model in a layout of their own (pytorch_model_fsdp*), which Accelerate reads.
+        if self.record.adapters is None or not (path / MODEL_FILE).is_file():
             return
         stored = {name.removeprefix("module.") for name in load_file(path / MODEL_FILE)}  # DDP's wrapper prefixes
         if stored != self.trainable:
