@@ -202,7 +202,7 @@ class TrainConfig:
         default="group_by_length",
     )
 
-    # ---- LoRA adapters on a frozen base (trl's ModelConfig names and defaults) -------------------------------------
+    # ---- LoRA adapters on a frozen base (trl's ModelConfig names; its r, alpha and dropout) ------------------------
     use_peft: bool = flag(
         "Train LoRA adapters (peft) on a frozen base instead of every weight. The adapters and everything else that "
         "trains are float32 whatever --dtype says; checkpoints and the output folder hold the adapters, not the base.",

@@ -91,13 +91,15 @@ def outside_fp16_range(model_path: str) -> list[tuple[str, float]]:
     return sorted(found, key=lambda pair: -pair[1] if pair[1] == pair[1] else float("-inf"))
 
 
-def check_fp16_range(model_path: str) -> None:
-    """Refuse a float16 base whose stored weights fp16 cannot hold: they would be inf before step 1."""
+def check_fp16_range(model_path: str, asked: str = "float16") -> None:
+    """Refuse a float16 base whose stored weights fp16 cannot hold: they would be inf before step 1. `asked`: the
+    --dtype given, "auto" where fp16 AMP chose float16."""
     found = outside_fp16_range(model_path)
     if found:
         named = ", ".join(f"{name} (max |w| = {value:.4g})" for name, value in found[:3])
+        dtype = "--dtype float16" if asked == "float16" else "--dtype auto (float16 under fp16 AMP)"
         raise UsageError(
-            f"--dtype float16: {len(found)} weight(s) of the base are beyond fp16's range ({FP16_MAX:g}) and would be "
+            f"{dtype}: {len(found)} weight(s) of the base are beyond fp16's range ({FP16_MAX:g}) and would be "
             f"inf: {named}; use --dtype bfloat16 (with --mixed_precision bf16) or float32"
         )
 

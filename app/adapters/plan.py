@@ -52,7 +52,7 @@ def plan_model(
     new = new_modules(empty, base_model.stored_keys(model_path))
     adapters = plan_adapters(cfg, empty, new, classifier=task.name == "sequence_classification")
     if dtype == torch.float16:
-        base_model.check_fp16_range(model_path)
+        base_model.check_fp16_range(model_path, asked=cfg.dtype)
     modules = dict(empty.named_modules())
     copied = sum(p.numel() for name in adapters.trained_in_full for p in modules[name].parameters())
     parameters = sum(p.numel() for p in empty.parameters())
