@@ -152,7 +152,11 @@ def test_predict_refuses_adapters_whose_gguf_file_changed_since_training(tiny_gg
     record = json.loads((tmp_path / "out" / "adapter_base.json").read_text())
     assert record["gguf_conversion"] == gguf.converted_folder(str(folder), tiny_gguf.name).name
     # The card's transformers-and-peft recipe would load the base without its GGUF file: predict.py's line alone
-    assert "PeftModel" not in (tmp_path / "out" / "README.md").read_text()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "PeftModel" not in card
+    assert (
+        f"the GGUF file {tiny_gguf.name}, dequantized to float32, not the weights of the model's other copies" in card
+    )
     flags = ["Fresh coffee.", "--model_name_or_path", str(tmp_path / "out"), "--mixed_precision", "no"]
     assert predict([*flags, "--max_new_tokens", "2"]) == 0
     tiny_gguf.write_bytes(tiny_gguf.read_bytes() + b"\0")
@@ -163,3 +167,19 @@ def test_predict_refuses_adapters_whose_gguf_file_changed_since_training(tiny_gg
         f"error: {tmp_path / 'out'} holds adapters trained on another version of their base's GGUF "
     ), err
     assert not gguf.converted_folder(str(folder), tiny_gguf.name).exists(), "refused before converting the new file"
+
+
+def test_the_embedded_language_model_is_a_gguf_base_and_its_card_says_so():
+    # Its card named the hub's SmolLM2 and gave peft's recipe for it: adapters trained on the Q4_1 file's dequantized
+    # weights, put on other weights without a word.
+    from app.config import TrainConfig
+    from app.inputs.model import gguf_base
+    from app.storage.model_card import base_source
+
+    assert gguf_base(TrainConfig(task="causal_lm")) == gguf.EMBEDDED_LM_FILE == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert base_source(TrainConfig(task="causal_lm")) == (
+        " (embedded, loaded offline: the GGUF file SmolLM2-135M-Instruct.Q4_1.gguf, dequantized to float32, not the "
+        "weights of the model's other copies)"
+    )
+    assert gguf_base(TrainConfig()) is None and base_source(TrainConfig()) == " (embedded, loaded offline)"
+    assert gguf_base(TrainConfig(task="causal_lm", model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")) is None

@@ -20,7 +20,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
 from app.inputs import hub
-from app.inputs.gguf import embedded_lm
+from app.inputs.gguf import EMBEDDED_LM_FILE, embedded_lm
 from app.storage.checkpoints import output_dir_of
 from app.storage.final_model import MERGED_FOLDER
 from app.storage.integrity import RECORD as CHECKPOINT_RECORD
@@ -62,6 +62,14 @@ def portable_name(cfg: TrainConfig) -> str:
         given = Path(cfg.model_name_or_path)
         return str(given.resolve()) if given.is_dir() and not given.is_absolute() else cfg.model_name_or_path
     return EMBEDDED_LM_NAME if cfg.task == "causal_lm" else EMBEDDED_MODEL_NAME
+
+
+def gguf_base(cfg: TrainConfig) -> str | None:
+    """The GGUF file the base is dequantized from (the embedded SmolLM2's too), or None for a model of plain weights:
+    its hub name then names other weights than the ones trained on."""
+    if cfg.model_name_or_path:
+        return cfg.gguf_file
+    return EMBEDDED_LM_FILE if cfg.task == "causal_lm" else None
 
 
 def embedded_source(name: str) -> TrainConfig | None:

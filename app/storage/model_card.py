@@ -10,7 +10,7 @@ from pathlib import Path
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.inputs.model import portable_name
+from app.inputs.model import gguf_base, portable_name
 from app.state import TrainState
 from app.storage.folders import CARD_TAG, CONFIG_FILE, MODEL_CARD
 from app.tasks.task import Task
@@ -61,7 +61,7 @@ def write_model_card(
     if adapters:
         saved = f"LoRA adapters and the modules trained in full, in float32; the base is not in this folder ({base})"
     facts = {
-        "base model": base + ("" if cfg.model_name_or_path else " (embedded, loaded offline)"),
+        "base model": base + base_source(cfg),
         **({"adapters": f"{adapters.removeprefix('adapters: ')}; base frozen in {base_dtype}"} if adapters else {}),
         "data": _data(cfg),
         "examples": f"{examples[0]} training, {examples[1]} validation",
@@ -110,7 +110,7 @@ def write_model_card(
         ),
         "",
         # A GGUF base loads through predict.py, which converts it as training did
-        *(_with_peft(task.pipeline_tag, base, output_dir) if adapters and not cfg.gguf_file else []),
+        *(_with_peft(task.pipeline_tag, base, output_dir) if adapters and not gguf_base(cfg) else []),
         "## How it was trained",
         "",
         *_commands(commands),
@@ -119,6 +119,15 @@ def write_model_card(
         "",
     ]
     (output_dir / MODEL_CARD).write_text("\n".join(lines))
+
+
+def base_source(cfg: TrainConfig) -> str:
+    """Where the base's weights came from, where its name alone does not say: an embedded model, a GGUF file."""
+    gguf = gguf_base(cfg)
+    if gguf:  # its name on the hub is another set of weights: plain peft there would put the adapters on those
+        embedded = "" if cfg.model_name_or_path else "embedded, loaded offline: "
+        return f" ({embedded}the GGUF file {gguf}, dequantized to float32, not the weights of the model's other copies)"
+    return "" if cfg.model_name_or_path else " (embedded, loaded offline)"
 
 
 AUTO_CLASSES = {"text-classification": "AutoModelForSequenceClassification", "text-generation": "AutoModelForCausalLM"}
