@@ -56,7 +56,9 @@ class StepLedger:
     def __init__(self, training: Training):
         self.state, self.schedule, self.scaler = training.state, training.schedule, training.scaler
         cfg = training.cfg
-        self.scale_watch = ScaleWatch(cfg.min_loss_scale, cfg.max_consecutive_skips, cfg.on_scale_collapse)
+        self.scale_watch = ScaleWatch(
+            cfg.min_loss_scale, cfg.max_consecutive_skips, cfg.on_scale_collapse, training.policy.device_type
+        )
         self.overflow = OverflowFlag(training.scaler, training.accelerator.device)
         self.alarm: str | None = None  # the loss-scale alarm's diagnostic, once it fires
         self.alarm_step = 0  # the step it fired at: the one settled, which may be the step before the current one

@@ -58,16 +58,25 @@ def all_texts(run_dir: Path, tag: str) -> list[str]:
     return [e.tensor_proto.string_val[0].decode() for e in events.Tensors(f"{tag}/text_summary")]
 
 
+@pytest.mark.parametrize(
+    "has_bf16, advice",
+    [
+        (False, "--mixed_precision no (fp32: this device has no native bf16)"),  # bf16, emulated there, offered
+        (True, "--mixed_precision bf16 (no loss scaling needed)"),
+    ],
+)
 def test_preflight_and_overflow_report_name_the_overflowing_linear(
-    quick_args, overflow_model_dir, tmp_path, capsys, monkeypatch
+    quick_args, overflow_model_dir, tmp_path, capsys, monkeypatch, has_bf16, advice
 ):
-    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(app.amp.policy, "cpu_has_native_bf16", lambda: has_bf16)
     args = with_model(quick_args, overflow_model_dir)
     code = run_app([*args, "--amp", "--max_steps", "6", "--max_consecutive_skips", "2", "--eval_steps", "0"])
     out, err = capsys.readouterr()
     assert code == 3
     preflight = next(line for line in out.splitlines() if "amp pre-flight" in line)
     assert f"first in execution order: bert.{OVERFLOWING} (max |x| = inf)" in preflight
+    assert f"Expect loss-scale skips; consider {advice} (" in preflight, "what a fallback would pick on this CPU"
+    assert f"what to try: a lower --learning_rate; {advice}; check the data" in out
     report = f"first overflow: bert.{OVERFLOWING} (forward output, max |x| = inf in float16)"
     assert report in err
     run_dir = tmp_path / "runs" / "test"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from accelerate.utils import send_to_device
 
-from app.amp.policy import PrecisionPolicy, bf16_available
+from app.amp.policy import PrecisionPolicy, bf16_available, wider_range_advice
 
 # The task's loss of a batch: `loss(model, batch)`, a mean over the batch's items.
 LossOf = Callable[[torch.nn.Module, dict], torch.Tensor]
@@ -184,7 +184,7 @@ def preflight(policy: PrecisionPolicy, model: torch.nn.Module, loss: LossOf, bat
         lines.append(
             f"warning: amp pre-flight: {len(found)} module output(s) of the first batch exceed half of fp16's range "
             f"({PREFLIGHT_LIMIT:g}) or are not finite; first in execution order: {named}. Expect loss-scale skips; "
-            f"consider --mixed_precision bf16 or no ({seconds:.2f} s)"
+            f"consider {wider_range_advice(policy.device_type)} ({seconds:.2f} s)"
         )
     else:
         largest = max((half for _, half, _ in outputs), default=0.0)

@@ -84,6 +84,14 @@ def bf16_available(device_type: str) -> bool:
     return device_type == "cpu" and cpu_has_native_bf16()
 
 
+def wider_range_advice(device_type: str) -> str:
+    """What to switch to where fp16's range is too narrow: bf16 where the device runs it natively, else fp32 (bf16
+    emulated in software would train, slowly; a fallback would not pick it either)."""
+    if bf16_available(device_type):
+        return "--mixed_precision bf16 (no loss scaling needed)"
+    return "--mixed_precision no (fp32: this device has no native bf16)"
+
+
 def launcher_choice() -> str | None:
     """The mixed precision that `accelerate launch` asked for: its flag, a YAML or the wizard's default config."""
     return os.environ.get(LAUNCHER_ENV, "").strip().lower() or None  # as accelerate launch writes it: FP16 is fp16

@@ -12,16 +12,21 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 
+from app.amp.policy import wider_range_advice
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.state import TrainState
 
 
 class ScaleWatch:
     """Fires when the scale falls below `min_scale` or more than `max_consecutive` steps in a row are skipped.
-    `on_collapse`: what the run does then (--on_scale_collapse), so that the advice does not offer it again."""
+    `on_collapse`: what the run does then (--on_scale_collapse), so that the advice does not offer it again;
+    `device_type`: where it trains, whose precisions the advice offers."""
 
-    def __init__(self, min_scale: float, max_consecutive: int, on_collapse: str = "stop", history: int = 8):
+    def __init__(
+        self, min_scale: float, max_consecutive: int, on_collapse: str = "stop", device_type: str = "cpu", history=8
+    ):
         self.min_scale, self.max_consecutive, self.on_collapse = min_scale, max_consecutive, on_collapse
+        self.wider_range = wider_range_advice(device_type)  # bf16 where the device has it natively, else fp32
         self.history: deque[tuple[int, float]] = deque(maxlen=history)
         self._fired_this_run_of_skips = False
 
@@ -48,8 +53,7 @@ class ScaleWatch:
             f"loss-scale alarm at optimizer step {state.opt_step}: {why}; fp16 gradients keep overflowing.\n"
             f"  loss scale after each recent skipped step (step: scale): {history}\n"
             f"  skipped so far: {state.skipped_steps} of {state.opt_step} steps\n"
-            "  what to try: a lower --learning_rate; --mixed_precision bf16 (no loss scaling needed); check the data "
-            "for extreme or broken examples"
+            f"  what to try: a lower --learning_rate; {self.wider_range}; check the data for extreme or broken examples"
             + ("; --on_scale_collapse warn to keep going" if self.on_collapse == "stop" else "")
         )
 
