@@ -154,7 +154,13 @@ def test_a_run_that_crashed_after_logging_steps_keeps_its_curves_and_its_name(tm
     err = capfd.readouterr().err
     assert err == (
         f"error: TensorBoard run {log_dir} already exists and would mix two runs: it holds an earlier run's curves; "
-        "pass another --run_name, or leave it unset for a unique one\n"
+        "pass another --run_name, leave it unset for a unique one, or delete that folder to use the name again\n"
+    )
+    assert sorted((p.name, p.read_bytes()) for p in log_dir.iterdir()) == before
+    # The run saved no checkpoint: asked to overwrite it, the answer says what that flag does not replace.
+    assert run_app([*args, "--overwrite_output_dir"]) == 2
+    assert "curves (--overwrite_output_dir replaces the model folder, not TensorBoard runs); pass another" in (
+        capfd.readouterr().err
     )
     assert sorted((p.name, p.read_bytes()) for p in log_dir.iterdir()) == before
 

@@ -375,7 +375,8 @@ def test_a_branch_gets_the_checks_of_a_new_run_in_folders_that_hold_another_run(
     )
     assert capfd.readouterr().err == (
         f"error: TensorBoard run {runs / 'r'} already exists and would mix two runs: it holds an earlier run's "
-        "curves; pass another --run_name, or leave it unset for a unique one\n"
+        "curves; pass another --run_name, leave it unset for a unique one, or delete that folder to use the name "
+        "again\n"
     )
     assert folder_state(tmp_path, files_only=True) == before
 

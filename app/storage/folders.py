@@ -205,7 +205,7 @@ def _claim(
             check_output_folder(paths.output_dir, cfg, resuming=False)
         claims.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
         claimed.append(paths.log_dir)
-        check_log_dir(paths, resuming=name == continued_name)
+        check_log_dir(paths, resuming=name == continued_name, overwrite=cfg.overwrite_output_dir)
     except Taken:
         for folder in claimed:
             claims.give_back(folder)
@@ -295,13 +295,15 @@ def written_by_a_run(config: Path) -> bool:
         return False
 
 
-def check_log_dir(paths: RunPaths, resuming: bool) -> None:
+def check_log_dir(paths: RunPaths, resuming: bool, overwrite: bool = False) -> None:
     """A new run's TensorBoard folder holds no other run's curves. What a start left before it logged a training
-    step (its step-0 texts) is reused, as the output folder of a failed start is, and removed by prepare()."""
+    step (its step-0 texts) is reused, as the output folder of a failed start is, and removed by prepare(). The curves
+    of a run killed before its first checkpoint are the user's to delete: nothing else can continue them."""
     if not resuming and not all(holds_only_a_start(events) for events in _event_files(paths.log_dir)):
         raise Taken(
-            f"TensorBoard run {paths.log_dir} already exists and would mix two runs: it holds an earlier run's curves; "
-            "pass another --run_name, or leave it unset for a unique one"
+            f"TensorBoard run {paths.log_dir} already exists and would mix two runs: it holds an earlier run's curves"
+            + (" (--overwrite_output_dir replaces the model folder, not TensorBoard runs)" if overwrite else "")
+            + "; pass another --run_name, leave it unset for a unique one, or delete that folder to use the name again"
         )
 
 
