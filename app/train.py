@@ -160,6 +160,8 @@ def fine_tune(
 
     # ---- model, optimizer, schedule, scaler, checkpoints and telemetry, resumed if asked ---------------------------
     training = build_training(cfg, accelerator, policy, inputs, paths=paths, resume=resume, writer=writer, stop=stop)
+    if resume and resume.record.state.opt_step >= training.total_steps:  # the final evaluation: the checkpoint's step
+        writer.replace_evaluation_at(resume.record.state.opt_step)  # before the first write, which purges
     report.write_start_texts(writer, cfg, accelerator, policy, notes)
     accelerator.print(
         f"run {paths.run_name}: {training.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "

@@ -551,6 +551,21 @@ def test_a_resume_with_nothing_left_to_train_says_so(run_copy, capfd, length, sa
     assert f"evaluating the final model (step 4's, saved in {out})" in lines
 
 
+def test_a_resume_with_nothing_left_to_train_replaces_the_evaluation_of_its_step(finished, tmp_path):
+    # What a scheduler that always resumes does after a run that ended (or was stopped during its final evaluation):
+    # the final evaluation of step 4 was drawn twice, at the same step.
+    folder, flags = finished
+    moved = {folder / "out": tmp_path / "out", folder / "runs": tmp_path / "runs"}  # a run of this test's own
+    flags = [moved.get(arg, arg) for arg in flags]
+    assert run_app(flags) == 0
+    run_dir = tmp_path / "runs" / "r"
+    before = {tag: tb.raw_points(run_dir, tag) for tag in (tags.EVAL_LOSS, tags.TRAIN_LOSS)}
+    assert [step for step, _ in before[tags.EVAL_LOSS]].count(4) == 1
+    assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0
+    after = {tag: tb.raw_points(run_dir, tag) for tag in (tags.EVAL_LOSS, tags.TRAIN_LOSS)}
+    assert after == before, "one point per step, of the same weights; the other tags at that step kept"
+
+
 def test_a_resume_with_another_seed_keeps_the_runs_held_out_rows_and_records_its_seed(
     tmp_path, tiny_model_dir, review_files, capfd
 ):

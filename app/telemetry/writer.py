@@ -26,6 +26,7 @@ class TensorBoardWriter:
         self._purged = False  # what the run logged from purge_step on is out of its event files
         self._full = False  # the disk filled: nothing more is written
         self._last_step: int | None = None  # of the last points written
+        self._earlier_files: list[Path] = []  # the event files of the runs before, found as this one opened its own
 
     def set_aside_replaced_line(self, name: str, parted: int) -> None:
         """What the run logged past step `parted`, where the line it resumes leaves the line it replaces, goes to
@@ -37,6 +38,11 @@ class TensorBoardWriter:
         purge_events(self.log_dir, self.purge_step, self._aside())
         self._purged = True
 
+    def replace_evaluation_at(self, step: int) -> None:
+        """A resume with nothing left to train evaluates its checkpoint's step again: the killed run's evaluation
+        there goes, so that the step keeps one point per eval tag (this run's own file holds none yet)."""
+        self._write(lambda _: purge_events(self.log_dir, None, evaluations_at=step, files=self._earlier_files))
+
     def _open(self):
         """The event file, opened at the first write, after what the run logged from purge_step on (past the
         checkpoint it resumes from) is taken out of its event files: a resume that fails before it writes anything
@@ -46,6 +52,7 @@ class TensorBoardWriter:
 
             if self.purge_step is not None and not self._purged:  # once: a replaced line's went aside already
                 purge_events(self.log_dir, self.purge_step)
+            self._earlier_files = _event_files(self.log_dir)
             _quiet_writer_threads()
             # The purge step too, for what no rewrite reached (a damaged file): readers that honour it hide the rest.
             self._opened = SummaryWriter(str(self.log_dir), purge_step=self.purge_step)
@@ -119,6 +126,8 @@ class NullWriter:
 
     def set_aside_replaced_line(self, name: str, parted: int) -> None: ...
 
+    def replace_evaluation_at(self, step: int) -> None: ...
+
     def log(self, scalars: dict[str, float], step: int) -> None: ...
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None: ...
@@ -153,30 +162,49 @@ def _quiet_writer_threads() -> None:
     threading.excepthook = hook
 
 
-def purge_events(log_dir: Path, step: int, aside: Path | None = None) -> None:
-    """Take every event at `step` or later out of the event files in `log_dir`, into a file of the same name in
-    `aside` when given. SummaryWriter's purge step alone hides them from tensorboard's EventAccumulator, but
-    TensorBoard 2.21's server ignores it and showed a killed run's points past its checkpoint beside the resumed
-    run's, at the same steps. Each file is rewritten whole and renamed over the old one: a tail cut short (a kill
-    mid-write) is left out, as TensorBoard leaves it out; a file whose records cannot be read is left as it is."""
+def purge_events(
+    log_dir: Path,
+    step: int | None,
+    aside: Path | None = None,
+    evaluations_at: int | None = None,
+    files: list[Path] | None = None,
+) -> None:
+    """Take every event at `step` or later (and the eval/ points at `evaluations_at`) out of the event files in
+    `log_dir` (or `files` of it), into a file of the same name in `aside` when given. SummaryWriter's purge step
+    alone hides them from tensorboard's EventAccumulator, but TensorBoard 2.21's server ignores it and showed a killed
+    run's points past its checkpoint beside the resumed run's, at the same steps. Each file is rewritten whole and
+    renamed over the old one: a tail cut short (a kill mid-write) is left out, as TensorBoard leaves it out; a file
+    whose records cannot be read is left as it is."""
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
 
-    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+    for path in _event_files(log_dir) if files is None else files:
         if not path.is_file():
             continue
         try:
             records = list(RawEventFileLoader(str(path)).Load())
-            steps = [Event.FromString(record).step for record in records]
+            events = [Event.FromString(record) for record in records]
         except Exception:  # whatever a damaged file makes the reader raise
             continue
-        later = [record for record, at in zip(records, steps) if at >= step]
-        if not later:
+        taken = [
+            (step is not None and event.step >= step) or (event.step == evaluations_at and _is_evaluation(event))
+            for event in events
+        ]
+        if not any(taken):
             continue
         if aside is not None:  # with the file's first event, its version: how readers know its format
             aside.mkdir(parents=True, exist_ok=True)
-            write_atomically(aside / path.name, _framed(records[:1] + later))
-        write_atomically(path, _framed([record for record, at in zip(records, steps) if at < step]))
+            write_atomically(aside / path.name, _framed(records[:1] + [r for r, out in zip(records, taken) if out]))
+        write_atomically(path, _framed([record for record, out in zip(records, taken) if not out]))
+
+
+def _is_evaluation(event) -> bool:
+    values = event.summary.value
+    return bool(values) and all(value.tag.startswith("eval/") for value in values)
+
+
+def _event_files(log_dir: Path) -> list[Path]:
+    return sorted(log_dir.glob("events.out.tfevents.*"))
 
 
 def _framed(records: list[bytes]) -> bytes:
