@@ -147,10 +147,10 @@ def optimizer_step(training: Training, ledger: StepLedger, inputs: tuple[dict, f
     return grad_norm, lr
 
 
-def log_step(training: Training, step: int, lr: float, batches_per_epoch: int) -> None:
+def log_step(training: Training, step: int, lr: float) -> None:
     """The step's curves (train/*, amp/*, perf/*, memory/*): what the telemetry gathered since the last log step."""
     state = training.state
-    epoch = state.epoch + state.batches_in_epoch / batches_per_epoch
+    epoch = training.checkpoints.position.epoch(state)
     training.telemetry.log(step, state, lr, loss_scale(training.scaler), epoch)
 
 
@@ -225,7 +225,6 @@ def train(training: Training, budget: int | None = None) -> None:
     best = BestModel(cfg, state)
     if best.out_of_patience():  # resumed from the checkpoint of the evaluation that stopped the run
         last_step = state.opt_step
-    batches_per_epoch = len(training.train_loader)
     first_step = state.opt_step + 1  # of this call: after a resume, warm-up happens again
     if state.opt_step == 0 and not cfg.skip_amp_preflight:
         training.preflight()
@@ -275,7 +274,7 @@ def train(training: Training, budget: int | None = None) -> None:
                 raise
         logged = due.log or ledger.alarm  # on_alarm may clear the alarm below
         if logged:
-            log_step(training, step, lr, batches_per_epoch)
+            log_step(training, step, lr)
         if ledger.alarm and on_alarm(training, ledger, step):
             ledger, loss_watch = StepLedger(training), LossWatch(accelerator)  # for the new scaler
             first_step = state.opt_step + 1
@@ -287,7 +286,7 @@ def train(training: Training, budget: int | None = None) -> None:
             stopped_early = best.after_eval(step, metrics)
             if stopped_early:  # settled above, as every evaluating step is
                 if not logged:  # a run's last step is always logged: its curves end where it ended
-                    log_step(training, step, lr, batches_per_epoch)
+                    log_step(training, step, lr)
                 telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)
                 accelerator.print(stopped_early)
                 last_step = step

@@ -146,6 +146,11 @@ class DataPosition:
         consumed = self.sampler.skipped(state.epoch) + state.batches_in_epoch * self.examples_per_micro_step
         return min(consumed, self.sampler.num_examples)  # Accelerate pads an epoch's last step out: not examples
 
+    def epoch(self, state) -> float:
+        """The fractional epoch, by examples: the same at each step whatever the process count (a resume on another
+        cuts the epoch into other batches, whose count rounds otherwise)."""
+        return state.epoch + self.samples(state) / self.sampler.num_examples
+
     def record(self) -> dict:
         """The order's spec, the global batch, and what the order is drawn from: the seed and the examples' count."""
         return {
