@@ -361,6 +361,21 @@ def test_overwrite_output_dir_follows_no_link_to_a_model_and_empties_linked_chec
     assert (out / "checkpoints").is_symlink() and list((elsewhere / "checkpoints").iterdir()) == []
 
 
+def test_a_copy_of_training_args_yaml_runs_the_same_again_as_a_new_run(tmp_path, quick_args, monkeypatch):
+    # As the README says: it recorded the run's --output_dir and --run_name, and a copy was refused twice (the output
+    # folder not empty, then the TensorBoard run taken), both "from --config".
+    monkeypatch.chdir(tmp_path)  # the new run's default folders: outputs/<run_name> and runs/<run_name> here
+    args = [*quick_args, "--max_steps", "2", "--eval_steps", "0", "--max_eval_samples", "8", "--learning_rate", "1e-4"]
+    assert run_app(args) == 0
+    copy = tmp_path / "again.yaml"
+    copy.write_text((tmp_path / "out" / "training_args.yaml").read_text())
+    before = folder_state(tmp_path / "out")
+    assert run_app(["--config", copy]) == 0
+    (again,) = (tmp_path / "outputs").iterdir()
+    assert yaml.safe_load((again / "training_args.yaml").read_text())["learning_rate"] == 1e-4
+    assert (tmp_path / "runs" / again.name).is_dir() and folder_state(tmp_path / "out") == before
+
+
 def test_a_training_args_yaml_of_the_users_own_is_no_failed_start_and_is_kept(tmp_path, quick_args, capfd):
     # `--config exp1/training_args.yaml --output_dir exp1`: taken for what a failed start leaves, the folder was
     # reused and the user's file, comments and all, replaced by the resolved config.
@@ -397,6 +412,7 @@ def test_the_recorded_config_holds_no_action_on_the_folders_and_a_resume_says_it
     assert run_app([*args, "--overwrite_output_dir", "--run_name", "again"]) == 0
     recorded = yaml.safe_load((tmp_path / "out" / "training_args.yaml").read_text())
     assert (recorded["overwrite_output_dir"], recorded["resume_from_checkpoint"]) == (False, None)
+    assert (recorded["output_dir"], recorded["run_name"]) == (None, None), "a copy run again is refused as this run"
     capfd.readouterr()
     resumed = [*args, "--run_name", "again", "--max_steps", "3", "--resume_from_checkpoint", "latest"]
     assert run_app([*resumed, "--overwrite_output_dir"]) == 0

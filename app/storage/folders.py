@@ -501,6 +501,10 @@ def write_config(cfg: TrainConfig, folder: Path) -> None:
     """The resolved config as `training_args.yaml`, the name HF Trainer users know (its `training_args.bin`, in YAML
     that `--config` reads back). The one config file of an output folder; predict.py reads `max_length` from it.
     What one command does to the folders is not recorded: `--config` with a copy of it, to run the same again with a
-    change, would have deleted this run (--overwrite_output_dir) or resumed it (--resume_from_checkpoint)."""
-    once = dataclasses.replace(cfg, overwrite_output_dir=False, resume_from_checkpoint=None)
+    change, would have deleted this run (--overwrite_output_dir) or resumed it (--resume_from_checkpoint). Nor are
+    the run's own folders (--output_dir, --run_name: the file lies in the one, its header names the other): a copy's
+    run was refused as this run's folders, taken."""
+    once = dataclasses.replace(
+        cfg, overwrite_output_dir=False, resume_from_checkpoint=None, output_dir=None, run_name=None
+    )
     (folder / CONFIG_FILE).write_text(f"{WRITTEN_BY} for run {cfg.run_name}: every flag as it ran\n{once.to_yaml()}")
