@@ -95,8 +95,12 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
             "--validation_split_percentage or give --validation_file"
         )
     held_out = raw["train"].train_test_split(test_size=percent / 100, seed=cfg.seed)
+    # The same draw of the row numbers alone: where each row of either split stands in the file. datasets keeps no
+    # such map for a selection that happens to be one run of rows (a small file's), and errors named the wrong row.
+    rows = Dataset.from_dict({"row": range(len(raw["train"]))}).train_test_split(test_size=percent / 100, seed=cfg.seed)
     raw = Splits(train=held_out["train"], validation=held_out["test"])
     raw.held_out = True
+    raw.file_rows = {"train": rows["train"]["row"], "validation": rows["test"]["row"]}
     return raw
 
 
@@ -129,6 +133,7 @@ class Splits(DatasetDict):
     validation_from = "validation"  # the split of --dataset_name that is the validation data
     files: dict[str, str] = {}  # each split's file, where --train_file and --validation_file name them
     uncut_train: Dataset | None = None  # the training split before --max_train_samples
+    file_rows: dict[str, list[int]] = {}  # each held-out split's rows in the training file, from 0
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

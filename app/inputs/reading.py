@@ -93,9 +93,10 @@ def row_of(raw, split: str, row: int) -> str:
 
 
 def file_row(raw, split: str, row: int) -> int:
-    """Row `row` (from 1) of a split as the row of its file (from 1)."""
-    indices = getattr(raw[split], "_indices", None)  # datasets' table of a selection's rows in the file's table
-    return row if indices is None else indices.column(0)[row - 1].as_py() + 1
+    """Row `row` (from 1) of a split as the row of its file (from 1): a held-out split's map (inputs/data.Splits),
+    else the same row (--max_*_samples keeps a split's first rows)."""
+    rows = getattr(raw, "file_rows", {}).get(split)
+    return row if rows is None else rows[row - 1] + 1
 
 
 def header_hint(columns: list[str], option: str = "", wanted: str = "") -> str:
