@@ -69,6 +69,11 @@ class BestModel:
         return self.state.best_step
 
 
+def stopped_early(cfg: TrainConfig, state: TrainState) -> bool:
+    """Whether the run in `state` has stopped early already (a resume of it trains nothing)."""
+    return BestModel(cfg, state).out_of_patience()
+
+
 def check_resume_best(cfg: TrainConfig, state: TrainState, checkpoint) -> None:
     """A resume keeps tracking the best model by the metric and direction its run tracked it by: another metric's
     values compared against the recorded best would pick a step on a number of another kind. UsageError if they

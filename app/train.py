@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from app.adapters.base import base_dtype, refuse_mixed_dtypes_under_fsdp1
 from app.amp import fallback
 from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
-from app.best import untracked_by_a_resume
+from app.best import stopped_early, untracked_by_a_resume
 from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
 from app.errors import TrainingHalted, UsageError
@@ -160,7 +160,8 @@ def fine_tune(
 
     # ---- model, optimizer, schedule, scaler, checkpoints and telemetry, resumed if asked ---------------------------
     training = build_training(cfg, accelerator, policy, inputs, paths=paths, resume=resume, writer=writer, stop=stop)
-    if resume and resume.record.state.opt_step >= training.total_steps:  # the final evaluation: the checkpoint's step
+    finished = resume and (resume.record.state.opt_step >= training.total_steps or stopped_early(cfg, training.state))
+    if finished:  # its final evaluation is of the checkpoint's step, which the earlier run may have logged
         writer.replace_evaluation_at(resume.record.state.opt_step)  # before the first write, which purges
     report.write_start_texts(writer, cfg, accelerator, policy, notes)
     accelerator.print(

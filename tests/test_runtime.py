@@ -79,10 +79,15 @@ def test_a_launch_on_the_cpu_that_is_neither_yes_nor_no_is_one_line(monkeypatch)
         device_type()
 
 
+NEW_TF32_API = hasattr(torch.backends.cudnn, "conv")  # torch 2.9+'s fp32_precision settings
+
+
 @pytest.fixture
 def tf32_set_through_torchs_new_api():
     """CUDA's fp32 matmuls in TF32 through torch 2.9+'s setting (a setting only: this CPU runs no CUDA matmul); torch's
     older allow_tf32 and get_float32_matmul_precision() raise from then on."""
+    if not NEW_TF32_API:
+        pytest.skip("torch before 2.9 has only the allow_tf32 flags")
     matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
     before = matmul.fp32_precision, conv.fp32_precision
     matmul.fp32_precision, conv.fp32_precision = "tf32", "ieee"
@@ -98,6 +103,21 @@ def test_tf32_settings_are_read_where_torchs_older_flags_raise(tf32_set_through_
 
 def test_tf32_settings_by_default_are_torchs():
     assert not tf32_matmuls() and tf32_convolutions()  # torch's defaults, as its docs give them
+
+
+@pytest.fixture
+def cudnn_tf32_turned_off_the_old_way():
+    before = torch.backends.cudnn.conv.fp32_precision if NEW_TF32_API else None
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = True
+    if NEW_TF32_API:
+        torch.backends.cudnn.conv.fp32_precision = before
+
+
+def test_tf32_convolutions_turned_off_through_allow_tf32_read_as_off(cudnn_tf32_turned_off_the_old_way):
+    # torch 2.9+ reads it back as fp32_precision "none", which was taken for TF32: run/tf32 said TF32 where it was off
+    assert not tf32_convolutions()
 
 
 @pytest.mark.parametrize(

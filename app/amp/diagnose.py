@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from accelerate.utils import send_to_device
 
-from app.amp.policy import PrecisionPolicy, bf16_available, wider_range_advice
+from app.amp.policy import PrecisionPolicy, wider_range_advice
 
 # The task's loss of a batch: `loss(model, batch)`, a mean over the batch's items.
 LossOf = Callable[[torch.nn.Module, dict], torch.Tensor]
@@ -158,14 +158,9 @@ def preflight(policy: PrecisionPolicy, model: torch.nn.Module, loss: LossOf, bat
     started = time.perf_counter()
     lines = []
     if stored_in_bf16(model_config):
-        offer = (
-            "this device has bf16: try --mixed_precision bf16"
-            if bf16_available(policy.device_type)
-            else "this device has no native bf16: --mixed_precision no is the safe choice"
-        )
         lines.append(
             f"warning: the model config says its weights were stored in bfloat16; activations trained in bf16 often "
-            f"exceed fp16's range (max {FP16_MAX:g}); {offer}"
+            f"exceed fp16's range (max {FP16_MAX:g}); try {wider_range_advice(policy.device_type)}"
         )
     was_training = model.training
     watch = ModuleWatch(model)

@@ -22,9 +22,7 @@ class ScaleWatch:
     `on_collapse`: what the run does then (--on_scale_collapse), so that the advice does not offer it again;
     `device_type`: where it trains, whose precisions the advice offers."""
 
-    def __init__(
-        self, min_scale: float, max_consecutive: int, on_collapse: str = "stop", device_type: str = "cpu", history=8
-    ):
+    def __init__(self, min_scale: float, max_consecutive: int, on_collapse: str, device_type: str, history: int = 8):
         self.min_scale, self.max_consecutive, self.on_collapse = min_scale, max_consecutive, on_collapse
         self.wider_range = wider_range_advice(device_type)  # bf16 where the device has it natively, else fp32
         self.history: deque[tuple[int, float]] = deque(maxlen=history)

@@ -203,7 +203,7 @@ def tf32_matmuls() -> bool:
 def tf32_convolutions() -> bool:
     """Whether cuDNN runs fp32 convolutions in TF32 (torch's default), read as `tf32_matmuls` reads its setting."""
     precision = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
-    return torch.backends.cudnn.allow_tf32 if precision is None else precision in ("tf32", "none")
+    return torch.backends.cudnn.allow_tf32 if precision is None else precision == "tf32"  # allow_tf32=False: "none"
 
 
 def backend_name(accelerator: Accelerator) -> str:

@@ -35,7 +35,7 @@ from app.storage.checkpoints import (
 )
 from app.storage.disk import is_full_disk
 from app.storage.lease import Held, Lease, Refresher, is_lease_file
-from app.telemetry.writer import holds_only_a_start
+from app.telemetry.writer import event_files, holds_only_a_start
 
 CONFIG_FILE = "training_args.yaml"
 MERGED_FOLDER = "merged"  # the adapters merged into their base (--save_merged_model; storage/final_model.py)
@@ -299,16 +299,12 @@ def check_log_dir(paths: RunPaths, resuming: bool, overwrite: bool = False) -> N
     """A new run's TensorBoard folder holds no other run's curves. What a start left before it logged a training
     step (its step-0 texts) is reused, as the output folder of a failed start is, and removed by prepare(). The curves
     of a run killed before its first checkpoint are the user's to delete: nothing else can continue them."""
-    if not resuming and not all(holds_only_a_start(events) for events in _event_files(paths.log_dir)):
+    if not resuming and not all(holds_only_a_start(events) for events in event_files(paths.log_dir)):
         raise Taken(
             f"TensorBoard run {paths.log_dir} already exists and would mix two runs: it holds an earlier run's curves"
             + (" (--overwrite_output_dir replaces the model folder, not TensorBoard runs)" if overwrite else "")
             + "; pass another --run_name, leave it unset for a unique one, or delete that folder to use the name again"
         )
-
-
-def _event_files(log_dir: Path) -> list[Path]:
-    return sorted(log_dir.glob("events.out.tfevents.*"))
 
 
 def _make_folder(path: Path, flag: str) -> list[Path]:
@@ -351,7 +347,7 @@ def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
     if not paths.continues:
         if cfg.overwrite_output_dir:
             _remove_earlier_run(paths.output_dir)
-        for events in _event_files(paths.log_dir):
+        for events in event_files(paths.log_dir):
             if holds_only_a_start(events):  # as check_log_dir found them: nothing else is removed, ever
                 events.unlink()
     for folder in (paths.output_dir, paths.log_dir):

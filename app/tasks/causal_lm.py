@@ -135,7 +135,7 @@ class CausalLM:
             )
         if columns.kind == "prompt_response":  # an empty prompt needs a token to generate from: refuse it now if none
             head, _, tail = task.renderer.prompt_parts("")
-            if len(head) + len(tail) + 2 > cfg.max_length:  # then a prompt's text gives way to the template's
+            if task.renderer.chat_template and len(head) + len(tail) + 2 > cfg.max_length:  # the text gives way
                 raise UsageError(
                     f"--max_length {cfg.max_length} leaves no room for a prompt and its answer: the chat template "
                     f"around a prompt takes {len(head) + len(tail)} tokens; raise --max_length to at least "

@@ -199,8 +199,10 @@ class Renderer:
     @functools.cached_property
     def answer_end(self) -> list[int]:
         """What the app puts after an answer that the chat template ends with no special token of its own (`Bot:
-        {answer}\n`): EOS, so that the model learns to stop where generation stops. Empty where the template ends it."""
-        return [self.tokenizer.eos_token_id] if self.chat_template and self.end_of_turn is None else []
+        {answer}\n`): EOS, so that the model learns to stop where generation stops. Empty where the template ends it,
+        and where it renders no dialogue that shows how it ends one."""
+        known = self._after_answer is not None
+        return [self.tokenizer.eos_token_id] if known and self.end_of_turn is None else []
 
     def _render_prompt(self, prompt: str) -> str:
         return self.tokenizer.apply_chat_template(
@@ -233,19 +235,33 @@ class Renderer:
     def end_of_turn(self) -> int | None:
         """The special token the chat template puts after an assistant's message (ChatML's `<|im_end|>`, Llama 3's
         `<|eot_id|>`), which training teaches and generation stops at; None without a template, or if none follows."""
-        if not self.chat_template:
-            return None
-        turns = [{"role": "user", "content": "?"}, {"role": "assistant", "content": PROMPT_MARKER}]
-        try:
-            rendered = self.tokenizer.apply_chat_template(turns, tokenize=False)
-        except Exception:  # a template's own refusal of this dialogue: the data's own is said with its row
-            return None
-        at = rendered.find(PROMPT_MARKER)
+        marks = self._special_ids
+        return next((token for token in self._after_answer or [] if token in marks), None)
+
+    @functools.cached_property
+    def _special_ids(self) -> set[int]:
         # Added tokens count whether marked special or not: ChatML's added with add_tokens, as community fine-tunes
         # do, are not, and the answers ran on past them.
-        marks = set(self.tokenizer.all_special_ids) | set(self.tokenizer.added_tokens_decoder)
-        after = self._ids(rendered[at + len(PROMPT_MARKER) :]) if at >= 0 else []
-        return next((token for token in after if token in marks), None)
+        return set(self.tokenizer.all_special_ids) | set(self.tokenizer.added_tokens_decoder)
+
+    @functools.cached_property
+    def _after_answer(self) -> list[int] | None:
+        """The tokens the chat template puts after an assistant's answer, from a dialogue it renders (a user turn, or
+        a system turn first where the template requires one); None without a template, where it renders neither (the
+        data's own refusal is said with its row), or where it does not write the answer as given."""
+        if not self.chat_template:
+            return None
+        answer = {"role": "assistant", "content": PROMPT_MARKER}
+        for opening in ([], [{"role": "system", "content": "?"}]):
+            try:
+                rendered = self.tokenizer.apply_chat_template(
+                    [*opening, {"role": "user", "content": "?"}, answer], tokenize=False
+                )
+            except Exception:  # a template's own refusal of this dialogue
+                continue
+            at = rendered.find(PROMPT_MARKER)
+            return self._ids(rendered[at + len(PROMPT_MARKER) :]) if at >= 0 else None  # an answer it rewrites
+        return None
 
     def prompt_ids(self, prompt: str, room: int | None = None) -> list[int]:
         """The prompt's tokens; when `room` is given and they don't fit, the text is cut from the left (its end, next

@@ -14,7 +14,9 @@ from app.tasks.first_token import cut_layer, weights_once_per_sequence
 # are all in it): "NVIDIA L40" is not an L4, "NVIDIA H100 NVL" not the SXM H100 (a variant without figures here: no
 # MFU rather than a wrong one). fp32 without TF32 runs on CUDA cores; "tf32" where host/runtime.tf32_matmuls says so.
 PEAK_TFLOPS: list[tuple[str, dict[str, float] | None]] = [
+    ("H200 NVL", None),
     ("H200", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),
+    ("GH200", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),  # its GPU is the H100/H200 SXM's
     ("H100 NVL", None),
     ("H100 PCIe", {"fp16": 756.0, "bf16": 756.0, "tf32": 378.0, "fp32": 51.2}),
     ("H100", {"fp16": 989.4, "bf16": 989.4, "tf32": 494.7, "fp32": 66.9}),

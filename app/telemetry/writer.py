@@ -52,7 +52,7 @@ class TensorBoardWriter:
 
             if self.purge_step is not None and not self._purged:  # once: a replaced line's went aside already
                 purge_events(self.log_dir, self.purge_step)
-            self._earlier_files = _event_files(self.log_dir)
+            self._earlier_files = event_files(self.log_dir)
             _quiet_writer_threads()
             # The purge step too, for what no rewrite reached (a damaged file): readers that honour it hide the rest.
             self._opened = SummaryWriter(str(self.log_dir), purge_step=self.purge_step)
@@ -178,7 +178,7 @@ def purge_events(
     from tensorboard.backend.event_processing.event_file_loader import RawEventFileLoader
     from tensorboard.compat.proto.event_pb2 import Event
 
-    for path in _event_files(log_dir) if files is None else files:
+    for path in event_files(log_dir) if files is None else files:
         if not path.is_file():
             continue
         try:
@@ -203,7 +203,8 @@ def _is_evaluation(event) -> bool:
     return bool(values) and all(value.tag.startswith("eval/") for value in values)
 
 
-def _event_files(log_dir: Path) -> list[Path]:
+def event_files(log_dir: Path) -> list[Path]:
+    """A TensorBoard run's event files, by name."""
     return sorted(log_dir.glob("events.out.tfevents.*"))
 
 
