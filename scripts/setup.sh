@@ -12,8 +12,8 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 # On a machine without an NVIDIA GPU, install torch's CPU build first: the default PyPI wheel on Linux bundles
 # CUDA (several GB). A local wheelhouse (PIP_FIND_LINKS) is tried first, then PyTorch's CPU index.
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null && ! command -v nvidia-smi >/dev/null 2>&1; then
-    "${pip[@]}" install --no-index --no-deps "torch>=2.4" 2>/dev/null \
-        || "${pip[@]}" install "torch>=2.4" --index-url https://download.pytorch.org/whl/cpu
+    "${pip[@]}" install --no-index --no-deps "torch>=2.6" 2>/dev/null \
+        || "${pip[@]}" install "torch>=2.6" --index-url https://download.pytorch.org/whl/cpu
 fi
 "${pip[@]}" install -e ".[test]"
 # With a GPU, the torch that pip chose should see it: a wheel built for a newer CUDA than the driver's, or one that no
