@@ -503,4 +503,7 @@ def write_config(cfg: TrainConfig, folder: Path) -> None:
     once = dataclasses.replace(
         cfg, overwrite_output_dir=False, resume_from_checkpoint=None, output_dir=None, run_name=None
     )
-    (folder / CONFIG_FILE).write_text(f"{WRITTEN_BY} for run {cfg.run_name}: every flag as it ran\n{once.to_yaml()}")
+    header = (
+        f"{WRITTEN_BY} for run {cfg.run_name}: every flag as it ran, but the run's folders and what was done to them"
+    )
+    (folder / CONFIG_FILE).write_text(f"{header}\n{once.to_yaml()}")
