@@ -8,10 +8,12 @@ so or when the disk has less room left than the write needed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -45,17 +47,29 @@ def share_as_umask_allows(folder: Path) -> None:
 
 
 def write_atomically(path: Path, text: str | bytes) -> None:
-    """`path` holds the old text (or bytes) or the new, never part of one: written beside it under a name of this
-    process's, then renamed over it (a rename within one folder is atomic). A failed write (a full disk) leaves no
-    partial file. TensorBoard reads every file whose name holds "tfevents", a partial one too: that word is not in
-    the name."""
-    tmp = path.with_name(f".{path.name.replace('tfevents', 'partial')}.{os.getpid()}.tmp")
-    try:
+    """`path` holds the old text (or bytes) or the new, never part of one (see `replacing`)."""
+    with replacing(path) as tmp:
         if isinstance(text, bytes):
             tmp.write_bytes(text)
         else:
             tmp.write_text(text)
-        os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A file to write in place of `path`, renamed over it when the block ends (a rename within one folder is
+    atomic), removed if it raises: a failed write (a full disk) leaves no partial file. It lies beside the file a
+    link points to, under a short name of its own (a name near 255 bytes could take no suffix) without "tfevents"
+    (TensorBoard reads every file whose name holds it, a partial one too), with the mode of the file it replaces,
+    else the one a plain open() would give."""
+    target = Path(path).resolve()
+    handle, name = tempfile.mkstemp(prefix=".partial-", suffix=".tmp", dir=target.parent)
+    os.close(handle)
+    tmp = Path(name)
+    try:
+        os.chmod(tmp, target.stat().st_mode & 0o777 if target.is_file() else 0o666 & ~umask())  # not mkstemp's 0600
+        yield tmp
+        os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
 

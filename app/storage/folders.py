@@ -33,7 +33,7 @@ from app.storage.checkpoints import (
     is_staging,
     output_dir_of,
 )
-from app.storage.disk import is_full_disk
+from app.storage.disk import is_full_disk, write_atomically
 from app.storage.lease import Held, Lease, Refresher, is_lease_file
 from app.telemetry.writer import event_files, holds_only_a_start
 
@@ -357,7 +357,6 @@ def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
         except OSError as error:  # TensorBoard's copy on a full disk: its curves go too (telemetry/writer.py says so)
             if folder != paths.log_dir or not is_full_disk(error, folder, None):
                 raise
-            (folder / CONFIG_FILE).unlink(missing_ok=True)
             print(
                 f"warning: the disk under {folder} is full: its copy of {CONFIG_FILE} was not written", file=sys.stderr
             )
@@ -506,4 +505,4 @@ def write_config(cfg: TrainConfig, folder: Path) -> None:
     header = (
         f"{WRITTEN_BY} for run {cfg.run_name}: every flag as it ran, but the run's folders and what was done to them"
     )
-    (folder / CONFIG_FILE).write_text(f"{header}\n{once.to_yaml()}")
+    write_atomically(folder / CONFIG_FILE, f"{header}\n{once.to_yaml()}")  # a kill mid-write: no file of half a run

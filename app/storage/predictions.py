@@ -7,13 +7,12 @@ import csv
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from app.errors import DiskFull, UsageError
-from app.storage.disk import free_bytes, is_full_disk, size, umask
+from app.storage.disk import free_bytes, is_full_disk, replacing, size
 
 
 def check_output_file(path: str | None, overwrite: bool) -> None:
@@ -38,31 +37,24 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
     if path is None:
         table.to_csv(sys.stdout, index=False, quoting=quoting)
         return
-    # A short name of its own beside the file: `.{name}.tmp` of a name near the limit (255 bytes) was too long.
-    target = Path(path).resolve()  # through a link, as the check of its folder looked
-    handle, tmp = tempfile.mkstemp(prefix=".predicted-", suffix=".tmp", dir=target.parent)
-    os.close(handle)
-    # mkstemp's 0600 would make the predictions the owner's alone; a file replaced keeps its own mode
-    os.chmod(tmp, target.stat().st_mode & 0o777 if target.is_file() else 0o666 & ~umask())
-    try:
-        if Path(path).suffix.lower() == ".jsonl":
-            with open(tmp, "w", encoding="utf-8") as file:
-                for row in table.to_dict(orient="records"):
-                    file.write(json.dumps({str(k): _as_json(v) for k, v in row.items()}, ensure_ascii=False) + "\n")
-        else:
-            table.to_csv(tmp, index=False, quoting=quoting)
-        os.replace(tmp, target)
-    except OSError as error:
-        if not is_full_disk(error, Path(tmp).parent, None):
-            raise
-        kept = "; the file there is as it was" if Path(path).exists() else ""
-        raise DiskFull(
-            f"no space left on device for --output_file {path}: it needs more than the "
-            f"{size(Path(tmp).stat().st_size)} written before the disk filled, {size(free_bytes(Path(tmp).parent))} "
-            f"are free{kept}"
-        ) from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    with replacing(Path(path)) as tmp:  # through a link, as the check of its folder looked
+        try:
+            if Path(path).suffix.lower() == ".jsonl":
+                with open(tmp, "w", encoding="utf-8") as file:
+                    for row in table.to_dict(orient="records"):
+                        record = {str(k): _as_json(v) for k, v in row.items()}
+                        file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            else:
+                table.to_csv(tmp, index=False, quoting=quoting)
+        except OSError as error:
+            if not is_full_disk(error, tmp.parent, None):
+                raise
+            kept = "; the file there is as it was" if Path(path).exists() else ""
+            raise DiskFull(
+                f"no space left on device for --output_file {path}: it needs more than the "
+                f"{size(tmp.stat().st_size)} written before the disk filled, {size(free_bytes(tmp.parent))} "
+                f"are free{kept}"
+            ) from None
 
 
 def _as_json(value):
