@@ -29,7 +29,7 @@ from app.errors import UsageError, first_line
 from app.host.runtime import pinned_batches
 from app.inputs import hub
 from app.inputs.fingerprint import transform_fingerprint
-from app.inputs.reading import check_no_row_labels, json_rows, read_error
+from app.inputs.reading import check_no_row_labels, is_columns_object, json_rows, read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
 
 if TYPE_CHECKING:
@@ -207,10 +207,10 @@ def _one_json_object(path: str) -> bool:
         whole, end = json.JSONDecoder().raw_decode(text)
     except json.JSONDecodeError:
         return False
-    columns = list(whole.values()) if not text[end:].strip() else []  # more after it: JSON lines
-    if not columns or not all(isinstance(c, list) for c in columns) or len({len(c) for c in columns}) != 1:
+    if text[end:].strip() or not is_columns_object(whole):  # more after it: JSON lines
         return False
-    turns = len(columns) == 1 and all(isinstance(t, dict) and "role" in t for t in columns[0])
+    first, *others = whole.values()
+    turns = not others and all(isinstance(t, dict) and "role" in t for t in first)
     return not turns  # one conversation's turns under its key are a record
 
 

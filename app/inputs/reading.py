@@ -183,12 +183,15 @@ def json_rows(path: str) -> list[dict] | None:
     except json.JSONDecodeError:
         return None
     if isinstance(rows, dict):
-        columns = list(rows.values())
-        if columns and all(isinstance(c, list) for c in columns) and len({len(c) for c in columns}) == 1:
-            rows = [dict(zip(rows, values)) for values in zip(*columns)]
-        else:
-            rows = [rows]
+        rows = [dict(zip(rows, values)) for values in zip(*rows.values())] if is_columns_object(rows) else [rows]
     return rows if isinstance(rows, list) and all(isinstance(row, dict) for row in rows) else None
+
+
+def is_columns_object(value) -> bool:
+    """Whether a JSON value is an object of columns: lists of one length under each key (a table's layout, not a
+    record's)."""
+    columns = list(value.values()) if isinstance(value, dict) else []
+    return bool(columns) and all(isinstance(c, list) for c in columns) and len({len(c) for c in columns}) == 1
 
 
 def refuse_decoded_strings(path: str, column: str, read: list) -> None:
