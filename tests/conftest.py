@@ -292,6 +292,21 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def start_two_ranks(args: list, tmp_path: Path, stderr=subprocess.PIPE) -> list[subprocess.Popen]:
+    """Two gloo ranks of app/train.py started as torchrun or srun starts them (the rendezvous in the environment), so
+    that a test can signal, watch or wait on each rank itself. Text pipes; `stderr=subprocess.STDOUT` merges the two."""
+    rendezvous = dict(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    return [
+        forked.popen(
+            [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
+            env=clean_env(tmp_path, RANK=str(r), LOCAL_RANK=str(r), OMP_NUM_THREADS="1", **rendezvous),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+        for r in (0, 1)
+    ]
+
+
 def with_host_gpus(env: dict[str, str]) -> dict[str, str]:
     """The environment with the host's GPUs visible again, as they were before this suite hid them."""
     env = dict(env)

@@ -15,7 +15,7 @@ from app.host.preemption import ACKNOWLEDGED
 from app.storage.checkpoints import completed_checkpoints, find_checkpoint
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, free_port, run_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, run_app, start_two_ranks
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 TRAINING_STARTED = "training: "  # the line the app prints once its signal handlers are in place
@@ -138,26 +138,7 @@ def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tin
         "--logdir",
         tmp_path / "runs",
     ]
-    port = free_port()
-    ranks = [
-        forked.popen(
-            [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=clean_env(
-                tmp_path,
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE="2",
-                LOCAL_WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            ),
-        )
-        for r in (0, 1)
-    ]
+    ranks = start_two_ranks(args, tmp_path, stderr=subprocess.STDOUT)
     watches = [LineWatch(rank) for rank in ranks]
     try:
         watches[0].wait_for(TRAINING_STARTED, timeout=180)  # printed once every rank's handler is in place

@@ -17,7 +17,7 @@ import pytest
 
 from app.storage.lease import STALE_AFTER, Held, Holder, Lease
 from tests import forked
-from tests.conftest import TRAIN_SCRIPT, clean_env, free_port
+from tests.conftest import TRAIN_SCRIPT, clean_env, start_two_ranks
 from tests.workers import lease_racer
 
 RACERS = 4
@@ -196,26 +196,7 @@ def test_both_ranks_of_a_second_run_exit_2_and_one_of_them_says_why(tmp_path, ti
     out.mkdir()
     held, _ = Lease.take(out)  # this test process holds the folder, as a live run would
     args = [*quick_flags(tiny_model_dir, review_files), "--output_dir", out, "--logdir", tmp_path / "tb"]
-    port = free_port()
-    ranks = [
-        forked.popen(
-            [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
-            env=clean_env(
-                tmp_path,
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE="2",
-                LOCAL_WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            ),
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for r in (0, 1)
-    ]
+    ranks = start_two_ranks(args, tmp_path)
     errors = [rank.communicate(timeout=240)[1] for rank in ranks]
     held.release()
     assert [rank.returncode for rank in ranks] == [2, 2], errors

@@ -8,7 +8,6 @@ import os
 import re
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,7 @@ import pytest
 from app.storage.checkpoints import completed_checkpoints
 from app.storage.disk import write_atomically
 from app.storage.integrity import damage
-from tests import forked
-from tests.conftest import TRAIN_SCRIPT, clean_env, data_flags, free_port, run_app
+from tests.conftest import data_flags, run_app, start_two_ranks
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
 
@@ -87,26 +85,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_what_was_written(tmp_path, tin
 def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, tiny_model_dir, review_files):
     """Two gloo ranks, started as torchrun starts them: the main process's write fails, neither rank hangs."""
     args = run_flags(tiny_model_dir, review_files, small_disk / "out", tmp_path / "runs")
-    port = free_port()
-    ranks = [
-        forked.popen(
-            [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
-            env=clean_env(
-                tmp_path,
-                RANK=str(r),
-                LOCAL_RANK=str(r),
-                WORLD_SIZE="2",
-                LOCAL_WORLD_SIZE="2",
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            ),
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for r in (0, 1)
-    ]
+    ranks = start_two_ranks(args, tmp_path)
     errors = [rank.communicate(timeout=300)[1] for rank in ranks]
     assert [rank.returncode for rank in ranks] == [4, 4], errors
     assert last_line(errors[0]).startswith("error: no space left on device for checkpoint step-2 in "), errors[0]
