@@ -334,6 +334,33 @@ def _device_name() -> str:
     return f"{model}, {os.cpu_count()} cores ({have})"
 
 
+def hf_options(cfg: TrainConfig, args, scratch_prefix: str) -> dict:
+    """HF TrainingArguments for the app's job `cfg`: its optimizer, schedule, batch sizes, epochs and seed, the
+    precision and length grouping (`train_sampling_strategy`) the benchmark gives its peer, nothing saved or evaluated
+    on the way (the app's job evaluates once, at its end)."""
+    from app.host.runtime import device_type
+
+    return dict(
+        output_dir=str(scratch_dir(scratch_prefix)),
+        train_sampling_strategy=args.strategy,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
+        learning_rate=cfg.learning_rate,
+        warmup_steps=cfg.warmup_ratio,  # a float below 1: a fraction of the steps
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        num_train_epochs=cfg.num_train_epochs,
+        bf16=args.precision == "bf16",
+        fp16=args.precision == "fp16",
+        use_cpu=device_type() == "cpu",
+        eval_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=cfg.seed,
+    )
+
+
 def hf_worker(args) -> int:
     """One HF Trainer run of the job, as a user would write it; its accuracy goes to the file `args.hf_worker`."""
     import numpy as np
@@ -345,7 +372,6 @@ def hf_worker(args) -> int:
         TrainingArguments,
     )
 
-    from app.host.runtime import device_type
     from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, load_raw
     from app.inputs.model import embedded_model_dir
 
@@ -362,25 +388,7 @@ def hf_worker(args) -> int:
 
     tokenized = raw.map(encode, batched=True, remove_columns=raw["train"].column_names)
     model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=len(labels))
-    training_args = TrainingArguments(
-        output_dir=str(scratch_dir("bench-hf-")),
-        train_sampling_strategy=args.strategy,
-        per_device_train_batch_size=defaults.per_device_train_batch_size,
-        per_device_eval_batch_size=defaults.per_device_eval_batch_size,
-        learning_rate=defaults.learning_rate,
-        warmup_steps=defaults.warmup_ratio,  # a float below 1: a fraction of the steps
-        weight_decay=defaults.weight_decay,
-        max_grad_norm=defaults.max_grad_norm,
-        num_train_epochs=defaults.num_train_epochs,
-        bf16=args.precision == "bf16",
-        fp16=args.precision == "fp16",
-        use_cpu=device_type() == "cpu",
-        eval_strategy="no",
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=defaults.seed,
-    )
+    training_args = TrainingArguments(**hf_options(defaults, args, "bench-hf-"))
 
     def accuracy(prediction) -> dict:
         return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}

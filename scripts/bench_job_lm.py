@@ -34,7 +34,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bench_job import ACCELERATE, ROOT, _device_name, scratch_dir, tensorboard_last, timed
+from bench_job import ACCELERATE, ROOT, _device_name, hf_options, scratch_dir, tensorboard_last, timed
 
 from app.telemetry import tags
 
@@ -145,7 +145,6 @@ def hf_worker(args) -> int:
     )
 
     from app.config import parse_config
-    from app.host.runtime import device_type
     from app.inputs.data import load_raw
     from app.tasks.causal_lm import CausalLM
 
@@ -170,25 +169,7 @@ def hf_worker(args) -> int:
             target_modules="all-linear",
             task_type="CAUSAL_LM",
         )
-    options = dict(
-        output_dir=str(scratch_dir("bench-hf-lm-")),
-        train_sampling_strategy=args.strategy,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        per_device_eval_batch_size=cfg.per_device_eval_batch_size,
-        learning_rate=cfg.learning_rate,
-        warmup_steps=cfg.warmup_ratio,  # a float below 1: a fraction of the steps
-        weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm,
-        num_train_epochs=cfg.num_train_epochs,
-        bf16=args.precision == "bf16",
-        fp16=args.precision == "fp16",
-        use_cpu=device_type() == "cpu",
-        eval_strategy="no",
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=cfg.seed,
-    )
+    options = hf_options(cfg, args, "bench-hf-lm-")
     # The adapters from the seed alone, as the app draws them (app/adapters/lora.py): the same start for every trainer.
     set_seed(cfg.seed)
     if args.peer == "trl":
