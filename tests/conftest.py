@@ -307,6 +307,25 @@ def start_two_ranks(args: list, tmp_path: Path, stderr=subprocess.PIPE) -> list[
     ]
 
 
+def assert_trained_alike(tmp_path: Path, run_name: str, steps: set[int], loss_tolerance: float) -> None:
+    """A run in 2 processes (its model in `tmp_path/two`, its curves in `tmp_path/two_runs`) and one in 1 process on
+    the global batch (`one`, `one_runs`) logged the same training loss at each of `steps`, and saved the same weights
+    within 1e-5."""
+    from safetensors.torch import load_file
+
+    from app.telemetry import tags
+    from tests import tb
+
+    losses_two = tb.scalars(tmp_path / "two_runs" / run_name)[tags.TRAIN_LOSS]
+    losses_one = tb.scalars(tmp_path / "one_runs" / run_name)[tags.TRAIN_LOSS]
+    assert losses_two.keys() == losses_one.keys() == steps
+    for step in losses_one:
+        assert losses_two[step] == pytest.approx(losses_one[step], abs=loss_tolerance), step
+    two_weights, one_weights = (load_file(tmp_path / name / "model.safetensors") for name in ("two", "one"))
+    worst = max(float((two_weights[n] - one_weights[n]).abs().max()) for n in one_weights)
+    assert worst < 1e-5, worst
+
+
 def with_host_gpus(env: dict[str, str]) -> dict[str, str]:
     """The environment with the host's GPUs visible again, as they were before this suite hid them."""
     env = dict(env)

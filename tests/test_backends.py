@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app
+from tests.conftest import ACCELERATE, ROOT, assert_trained_alike, clean_env, free_port, launch, run_app
 
 CONFIGS = ROOT / "accelerate_configs"
 WORKERS = ROOT / "tests" / "workers"
@@ -203,17 +203,8 @@ def test_two_processes_equal_one_process_with_twice_the_batch(
         == 0
     )
 
-    losses_two = tb.scalars(tmp_path / "two_runs" / "r")[tags.TRAIN_LOSS]
-    losses_one = tb.scalars(tmp_path / "one_runs" / "r")[tags.TRAIN_LOSS]
-    assert losses_two.keys() == losses_one.keys() == {1, 2, 3, 4, 5}
-    for step in losses_one:  # the same 8 examples per step; only the padding of the two half-batches differs
-        assert losses_two[step] == pytest.approx(losses_one[step], abs=1e-6), step
-    two_weights, one_weights = (
-        load_file(tmp_path / "two" / "model.safetensors"),
-        load_file(tmp_path / "one" / "model.safetensors"),
-    )
-    worst = max(float((two_weights[n] - one_weights[n]).abs().max()) for n in one_weights)
-    assert worst < 1e-5, worst
+    # The same 8 examples per step; only the padding of the two half-batches differs.
+    assert_trained_alike(tmp_path, "r", {1, 2, 3, 4, 5}, loss_tolerance=1e-6)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from app.storage.checkpoints import completed_checkpoints
 from app.tasks.causal_lm import token_mean_loss
 from app.telemetry import tags
 from tests import harness, tb
-from tests.conftest import ROOT, free_port, launch, run_app
+from tests.conftest import ROOT, assert_trained_alike, free_port, launch, run_app
 from tests.test_causal_lm import PROMPTS, lm_args
 from tests.test_checkpoint import kill_run
 
@@ -90,17 +90,7 @@ def test_two_ranks_train_as_one_process_on_the_global_batch(tmp_path, tiny_llama
     one = [*common, "--output_dir", tmp_path / "one", "--logdir", tmp_path / "one_runs"]
     one[one.index("--per_device_train_batch_size") + 1] = "8"
     assert run_app(one) == 0
-    losses_two = tb.scalars(tmp_path / "two_runs" / "lm")[tags.TRAIN_LOSS]
-    losses_one = tb.scalars(tmp_path / "one_runs" / "lm")[tags.TRAIN_LOSS]
-    assert losses_two.keys() == losses_one.keys() == {1, 2, 3, 4}
-    for step in losses_one:
-        assert losses_two[step] == pytest.approx(losses_one[step], abs=1e-5), step
-    two_weights, one_weights = (
-        load_file(tmp_path / "two" / "model.safetensors"),
-        load_file(tmp_path / "one" / "model.safetensors"),
-    )
-    worst = max(float((two_weights[n] - one_weights[n]).abs().max()) for n in one_weights)
-    assert worst < 1e-5, worst
+    assert_trained_alike(tmp_path, "lm", {1, 2, 3, 4}, loss_tolerance=1e-5)
 
 
 @pytest.mark.slow
