@@ -503,6 +503,30 @@ def test_whole_numbers_in_a_csv_fit_a_trained_heads_ids_and_decimals_are_refused
             classification.infer_labels(raw, "label", fixed=None)
 
 
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_int_labels_that_a_trained_head_has_as_names_are_those_classes_as_in_a_csv(tmp_path, suffix):
+    # Ratings 1 to 4 in a jsonl, on a head trained on "1" to "5": each trained as the next rating up (1 as "2", the
+    # head's id 1), where the same numbers in a csv were taken by name; ratings 1 to 5 were refused as out of range.
+    path = tmp_path / f"ratings{suffix}"
+    rows = [{"text": f"t{i}", "label": i % 4 + 1} for i in range(8)]
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    else:
+        import pandas
+
+        pandas.DataFrame(rows).to_parquet(path)
+    raw = data.load_raw(TrainConfig(train_file=str(path), validation_file=str(path)))
+    assert raw["train"]["label"][:4] == [1, 2, 3, 4]
+    stars = {0: "1", 1: "2", 2: "3", 3: "4", 4: "5"}
+    space = classification.infer_labels(raw, "label", fixed=stars)
+    assert space.names == ("1", "2", "3", "4", "5")
+    assert [space.encoder()(v) for v in raw["train"]["label"][:4]] == [0, 1, 2, 3]
+    # Numbers that are not all the head's names are its class ids, as in a csv: 0 is no rating.
+    raw = data.load_raw(TrainConfig(train_file=str(path), validation_file=str(path)))
+    ids = classification.infer_labels(raw.map(lambda row: {"label": row["label"] - 1}), "label", fixed=stars)
+    assert [ids.encoder()(v) for v in (0, 3)] == [0, 3]
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".json", ".jsonl", ".parquet"])
 def test_a_file_of_zero_bytes_is_said_to_have_no_rows(tmp_path, suffix):
     # A .json file of zero bytes was "cannot read empty.json: StopIteration; check the file's format".

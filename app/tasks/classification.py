@@ -49,9 +49,11 @@ class LabelSpace:
         return dict(enumerate(self.names))
 
     def encoder(self):
-        """label value -> class id."""
+        """label value -> class id. By name for string labels, and for a json file's ints that a trained head has as
+        its names (ratings 1 to 5 on a head trained on "1" to "5")."""
         if self.string_labels:
-            return {name: i for i, name in enumerate(self.names)}.__getitem__
+            ids = {name: i for i, name in enumerate(self.names)}
+            return lambda value: ids[str(value)]
         return int
 
 
@@ -145,6 +147,17 @@ def written_class_ids(train: list, validation: list, fixed: dict[int, str] | Non
     return ids == set(range(len(ids)))
 
 
+def ints_named_by_trained_head(raw: DatasetDict, label_column: str, labels: list, fixed: dict[int, str] | None) -> bool:
+    """Int labels (a json or parquet file's) that are all names of a trained head (ratings 1 to 5 on a head trained
+    on "1" to "5") are those classes, as the same numbers in a csv are; taken as ids they trained every rating one
+    class too high. Not a datasets ClassLabel column's: its ints are ids of names of its own."""
+    if fixed is None or isinstance(raw["train"].features.get(label_column), ClassLabel):
+        return False
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in labels):
+        return False
+    return {str(v) for v in labels} <= set(fixed.values())
+
+
 def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | None) -> LabelSpace:
     """The label space from the training labels, or the model's own when its head is already trained.
 
@@ -156,6 +169,8 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         check_label_cells(raw, split, label_column, values if split == "train" else validation)
     if written_class_ids(values, validation, fixed):  # a csv's "0" and "1": ints (the encoder's int())
         values, validation = [int(v) for v in values], [int(v) for v in validation]
+    elif ints_named_by_trained_head(raw, label_column, values + validation, fixed):  # as a csv's "1" to "5" are
+        values, validation = [str(v) for v in values], [str(v) for v in validation]
     if all(isinstance(v, str) for v in values):
         numbers = [NUMBER.fullmatch(v) for v in values]
         decimal = lambda number: number["point"] or number["fraction"] or number["exponent"]  # noqa: E731
