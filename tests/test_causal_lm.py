@@ -688,27 +688,30 @@ def test_predict_renders_and_reads_prompts_as_the_model_was_trained(
     )
 
 
-def test_empty_documents_are_left_out_for_what_they_are(tmp_path, tiny_gpt2_dir, capsys):
-    # GPT-2 adds no BOS: an empty text is EOS alone, with no token before it to predict it from. The note said they
-    # were cut at --max_length, and a split of them was told to raise it.
+@pytest.mark.parametrize("packing", ["--packing", "--no_packing"])
+def test_empty_documents_are_left_out_packed_or_not_and_a_split_of_them_is_refused(
+    tmp_path, tiny_gpt2_dir, capsys, packing
+):
+    # GPT-2 adds no BOS: an empty text was EOS alone. Unpacked, the note said they were cut at --max_length; packed,
+    # a file of empty texts trained on blocks of EOS without a word.
     def documents(name: str, empty_every: int) -> dict:
-        rows = [{"text": "" if i % empty_every == 0 else "Fresh coffee, great taste."} for i in range(12)]
+        rows = [{"text": " " if i % empty_every == 0 else "Fresh coffee, great taste."} for i in range(12)]
         path = tmp_path / f"{name}.jsonl"
         pd.DataFrame(rows).to_json(path, orient="records", lines=True)
         return {"train": path, "validation": path}
 
-    some = lm_args(tmp_path, tiny_gpt2_dir, documents("some", 4), "--text_column", "text", "--no_packing")
+    some = lm_args(tmp_path, tiny_gpt2_dir, documents("some", 4), "--text_column", "text", packing)
     assert run_app([*some, "--max_steps", 1, "--mixed_precision", "no"]) == 0
-    assert (
-        "note: 3 of 12 train examples are left out: they hold no token to learn (empty texts, or responses past the "
-        "cut at --max_length 48)"
-    ) in capsys.readouterr().out
-    every = lm_args(tmp_path / "all", tiny_gpt2_dir, documents("all", 1), "--text_column", "text", "--no_packing")
+    out = capsys.readouterr().out
+    assert "note: 3 of 12 train texts are empty and left out" in out.splitlines()
+    assert "examples are left out" not in out
+    every = lm_args(tmp_path / "all", tiny_gpt2_dir, documents("all", 1), "--text_column", "text", packing)
     assert run_app(every) == 2
-    assert capsys.readouterr().err == (  # one line: --disable_tqdm hides the tokenizing bars too
-        "error: no train example holds a token to learn: the texts are empty, or the responses lie past "
-        "--max_length 48; check the train data\n"
+    assert capsys.readouterr().err == (
+        "error: every train text (column 'text') is empty: nothing to learn; name the column of texts with "
+        "--text_column, or check the file\n"
     )
+    assert not (tmp_path / "all" / "out").exists()
 
 
 def test_a_packed_last_block_of_one_token_is_left_out_for_what_it_is(tmp_path, tiny_gpt2_dir, capsys):

@@ -128,6 +128,8 @@ class CausalLM:
                             "the chat template does not render, so it would be learned as an empty answer; train "
                             "with a template that renders tool_calls, or drop such turns and the tools' replies"
                         )
+        if columns.kind == "text":
+            task._check_empty_documents(raw)
         if columns.kind != "text" and task.renderer.answer_end:
             task.notes.append(
                 f"note: the chat template ends an answer with no special token: EOS ({tokenizer.eos_token}) is "
@@ -152,6 +154,21 @@ class CausalLM:
                         f"{lm_data.NOTHING_TO_START_FROM}; fill in the prompt or drop the row"
                     )
         return task
+
+    def _check_empty_documents(self, raw: DatasetDict) -> None:
+        """Empty texts (a corpus's blank lines) are no documents: left out with a note, packed or not. Rendered, each
+        was EOS alone (or after BOS), which packing joined into blocks of EOS that trained without a word. A split of
+        nothing else is refused: the column of another field, or an export that lost the texts."""
+        name = self.columns.names["text"]
+        for split in ("train", "validation"):
+            empty = sum(not text.strip() for text in raw[split][name])
+            if empty == len(raw[split]):
+                raise UsageError(
+                    f"every {split} text (column {name!r}) is empty: nothing to learn; name the column of texts with "
+                    "--text_column, or check the file"
+                )
+            if empty:
+                self.notes.append(f"note: {empty} of {len(raw[split])} {split} texts are empty and left out")
 
     # ---- data ---------------------------------------------------------------------------------------------------
     def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
@@ -208,7 +225,7 @@ class CausalLM:
                 f"no {split} example keeps a token to learn within --max_length {length}: the responses lie past the "
                 "cut; raise --max_length, or shorten the texts before them"
             )
-        else:  # an empty document, EOS alone (a tokenizer without BOS), and perhaps some cut
+        else:  # rows of no token to learn, and perhaps some cut
             reason = f"they hold no token to learn (empty texts, or responses past the cut at --max_length {length})"
             refusal = (
                 f"no {split} example holds a token to learn: the texts are empty, or the responses lie past "
@@ -236,7 +253,8 @@ class CausalLM:
         return out
 
     def _encode_documents(self, batch: dict) -> dict:
-        documents = [self.renderer.document(text) for text in batch[self.columns.names["text"]]]
+        texts = [text for text in batch[self.columns.names["text"]] if text.strip()]  # as _check_empty_documents
+        documents = [self.renderer.document(text) for text in texts]
         if self.cfg.packing:
             blocks = lm_data.pack(documents, self.cfg.max_length)
             return {"input_ids": blocks, "labels": blocks}
