@@ -54,7 +54,7 @@ from app.storage import folders
 from app.storage.checkpoints import find_resume_point
 from app.storage.final_model import save_merged_model
 from app.storage.folders import FolderClaims, claim_output_dir, claim_run_folders
-from app.telemetry import report, tags
+from app.telemetry import report
 from app.telemetry.console import show_library_notices, show_progress_bars
 from app.telemetry.writer import open_writer
 from app.wiring import build_training, load_inputs
@@ -185,7 +185,11 @@ def fine_tune(
             )
         # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
         accelerator.print(stop.training_line())
-        train(training)
+        try:
+            train(training)
+        except TrainingHalted:  # the loss-scale alarm, a fault, a signal: the run's row as it stands, for comparing
+            training.write_hparams_row()  # (a resume's replaces it)
+            raise
         stop.training_ended()
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
             with training.telemetry.paused():
@@ -210,8 +214,7 @@ def fine_tune(
         if cfg.save_merged_model:  # last: it merges the adapters into the model in place
             merged = save_merged_model(accelerator, training.model, inputs.tokenizer, paths.output_dir)
             accelerator.print(f"merged model, float32: {merged}")
-        training.telemetry.log_run_throughput(training.state.opt_step)  # HPARAMS' throughput cell
-        writer.hparams(report.hparams(cfg, training.policy, accelerator), tags.HPARAM_METRICS)
+        training.write_hparams_row()  # last, for its cells: the run's final eval/* and throughput
         signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     finally:
         training.close()

@@ -70,7 +70,7 @@ from app.storage.model_card import write_model_card
 from app.tasks.classification import class_names
 from app.tasks.first_token import cut_layer
 from app.tasks.task import Task, build_task, resolve_task
-from app.telemetry import tags
+from app.telemetry import report, tags
 from app.telemetry.meters import Telemetry
 from app.telemetry.tags import MEMORY_ESTIMATE_GIB, MODEL_TRAINABLE_PARAMS
 from app.telemetry.writer import NullWriter, TensorBoardWriter
@@ -315,6 +315,10 @@ class Training:
             commands=self.checkpoints.record.commands,
             best_step=self.saved_best,
         )
+
+    def write_hparams_row(self) -> None:
+        """The run's row in TensorBoard's HPARAMS tab, at the step it reached."""
+        self.telemetry.write_hparams_row(self.state.opt_step, report.hparams(self.cfg, self.policy, self.accelerator))
 
     def close(self) -> None:
         self.telemetry.close()

@@ -58,3 +58,21 @@ def raw_points(run_dir: Path, tag: str) -> list[tuple[int, float]]:
                     )
                     points.append((event.wall_time, event.step, scalar))
     return [(step, scalar) for _, step, scalar in sorted(points, key=lambda point: point[0])]
+
+
+def hparams_rows(run_dir: Path) -> list[dict]:
+    """The HPARAMS rows (each session's hparams: name -> value) in the run's own event files, in the order written:
+    TensorBoard's server shows the first."""
+    from google.protobuf import json_format
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    rows = []
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.tag == "_hparams_/session_start_info":
+                    data = plugin_data_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                    hparams = data.session_start_info.hparams
+                    rows.append((event.wall_time, {name: json_format.MessageToDict(hparams[name]) for name in hparams}))
+    return [row for _, row in sorted(rows, key=lambda timed: timed[0])]

@@ -566,6 +566,22 @@ def test_a_resume_with_nothing_left_to_train_replaces_the_evaluation_of_its_step
     assert after == before, "one point per step, of the same weights; the other tags at that step kept"
 
 
+def test_a_resume_in_another_precision_replaces_the_runs_hparams_row(finished, tmp_path):
+    # TensorBoard shows the first row a run holds: the run's fp32 row stood beside the bf16 resume's final metrics.
+    folder, flags = finished
+    moved = {folder / "out": tmp_path / "out", folder / "runs": tmp_path / "runs"}
+    flags = [moved.get(arg, arg) for arg in flags]
+    assert run_app(flags) == 0
+    run_dir = tmp_path / "runs" / "r"
+    assert [row["precision"] for row in tb.hparams_rows(run_dir)] == ["no"]
+    resumed = [*flags, "--resume_from_checkpoint", str(tmp_path / "out" / "checkpoints" / "step-2")]
+    resumed[resumed.index("--mixed_precision") + 1] = "bf16"
+    assert run_app(resumed) == 0
+    rows = tb.hparams_rows(run_dir)
+    assert [(row["precision"], row["loss_scaling"]) for row in rows] == [("bf16", "false")]
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2, "the earlier run's file kept, less its row"
+
+
 def test_a_resume_with_another_seed_keeps_the_runs_held_out_rows_and_records_its_seed(
     tmp_path, tiny_model_dir, review_files, capfd
 ):

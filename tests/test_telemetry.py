@@ -193,6 +193,8 @@ def test_scale_collapse_alarm_stops_with_exit_3_and_a_checkpoint(tmp_path, quick
     assert "stopped by the loss-scale alarm; checkpoint for inspection:" in err and "step-5" in err
     assert "(after step 5: step 4's overflow is read during the next step, which ran too)" in err, err[-1000:]
     assert tb.scalars(tmp_path / "runs" / "test")[tags.AMP_CONSECUTIVE_SKIPS] == {5: 5.0}, "logged when it stopped"
+    # The run that fp16 failed had no row in HPARAMS to compare it with the runs that did not fail.
+    assert [row["precision"] for row in tb.hparams_rows(tmp_path / "runs" / "test")] == ["fp16"]
 
 
 def test_scale_alarm_can_warn_and_go_on(tmp_path, quick_args, capfd):

@@ -30,6 +30,7 @@ from app.telemetry.tags import (
     AMP_LOSS_SCALE,
     AMP_SKIP_RATE,
     AMP_SKIPPED_STEPS,
+    HPARAM_METRICS,
     MEMORY_ALLOC_RETRIES,
     MEMORY_ALLOCATED_GIB,
     MEMORY_OOMS,
@@ -308,9 +309,12 @@ class Telemetry:
         """The run's throughput over all its timed intervals; None before two steps (the first is warm-up)."""
         return self.run_samples / self.run_seconds if self.run_samples and self.run_seconds > 0 else None
 
-    def log_run_throughput(self, step: int) -> None:
+    def write_hparams_row(self, step: int, hparams: dict) -> None:
+        """The run's row in HPARAMS: its settings, and its last points of HPARAM_METRICS, the run's throughput
+        logged for it here."""
         if self.samples_per_sec is not None:
             self.writer.log({RUN_SAMPLES_PER_SEC: self.samples_per_sec}, step)
+        self.writer.hparams(hparams, HPARAM_METRICS)
 
     def log_eval(self, step: int, metrics: dict[str, float]) -> None:
         self.writer.log(metrics, step)

@@ -41,7 +41,8 @@ class TensorBoardWriter:
     def replace_evaluation_at(self, step: int) -> None:
         """A resume with nothing left to train evaluates its checkpoint's step again: the killed run's evaluation
         there goes, so that the step keeps one point per eval tag (this run's own file holds none yet)."""
-        self._write(lambda _: purge_events(self.log_dir, None, evaluations_at=step, files=self._earlier_files))
+        at = lambda event: event.step == step and _is_evaluation(event)  # noqa: E731
+        self._write(lambda _: purge_events(self.log_dir, None, also=at, files=self._earlier_files))
 
     def _open(self):
         """The event file, opened at the first write, after what the run logged from purge_step on (past the
@@ -110,6 +111,9 @@ class TensorBoardWriter:
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         def add(writer) -> None:
+            # A resume's row replaces the one its run wrote before (TensorBoard shows the first a run holds: the
+            # precision and process count of the run before a resume in another).
+            purge_events(self.log_dir, None, also=_is_hparams, files=self._earlier_files)
             # SummaryWriter.add_hparams would open a second event file in a sub-run; write into this run's file.
             for summary in hparams_summaries(hparams, {tag: 0.0 for tag in metric_tags}):
                 writer.file_writer.add_summary(summary)
@@ -166,10 +170,10 @@ def purge_events(
     log_dir: Path,
     step: int | None,
     aside: Path | None = None,
-    evaluations_at: int | None = None,
+    also: Callable | None = None,
     files: list[Path] | None = None,
 ) -> None:
-    """Take every event at `step` or later (and the eval/ points at `evaluations_at`) out of the event files in
+    """Take every event at `step` or later (and those that `also` picks) out of the event files in
     `log_dir` (or `files` of it), into a file of the same name in `aside` when given. SummaryWriter's purge step
     alone hides them from tensorboard's EventAccumulator, but TensorBoard 2.21's server ignores it and showed a killed
     run's points past its checkpoint beside the resumed run's, at the same steps. Each file is rewritten whole and
@@ -186,10 +190,7 @@ def purge_events(
             events = [Event.FromString(record) for record in records]
         except Exception:  # whatever a damaged file makes the reader raise
             continue
-        taken = [
-            (step is not None and event.step >= step) or (event.step == evaluations_at and _is_evaluation(event))
-            for event in events
-        ]
+        taken = [(step is not None and event.step >= step) or (also is not None and also(event)) for event in events]
         if not any(taken):
             continue
         if aside is not None:  # with the file's first event, its version: how readers know its format
@@ -201,6 +202,11 @@ def purge_events(
 def _is_evaluation(event) -> bool:
     values = event.summary.value
     return bool(values) and all(value.tag.startswith("eval/") for value in values)
+
+
+def _is_hparams(event) -> bool:
+    values = event.summary.value
+    return bool(values) and all(value.metadata.plugin_data.plugin_name == "hparams" for value in values)
 
 
 def event_files(log_dir: Path) -> list[Path]:
