@@ -214,6 +214,13 @@ def test_a_text_column_named_as_labels_is_refused_in_one_short_line():
         f"label column 'text' holds a different value in each of its {len(texts)} training rows: text, not labels; "
         "name the column of labels with --label_column (the columns: text, label)"
     )
+    # Few-shot data, a class per example: labels where every validation label is one of them.
+    intents = [f"intent{i}" for i in range(len(texts))]
+    few_shot = DatasetDict(
+        train=Dataset.from_dict({"text": texts, "label": intents}),
+        validation=Dataset.from_dict({"text": ["another review"], "label": ["intent3"]}),
+    )
+    assert classification.infer_labels(few_shot, "label", fixed=None).names == tuple(sorted(intents))
     raw["train"] = raw["train"].select(range(len(texts) - 1))  # fewer rows: as many classes as rows may be real
     with pytest.raises(UsageError, match="does not occur in the training labels") as refused:
         classification.infer_labels(raw, "text", fixed=None)

@@ -33,7 +33,8 @@ from app.tasks.first_token import compute_the_first_token_alone
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_F1, EVAL_LOSS
 
 NAME = "sequence_classification"
-# A string label column with this many training rows, all different, is text (a wrong --label_column), not labels.
+# A string label column with this many training rows, all different, is text (a wrong --label_column), not labels,
+# unless the validation labels are all among them (few-shot data, a class per example).
 FREE_TEXT_ROWS = 20
 
 
@@ -176,7 +177,8 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         decimal = lambda number: number["point"] or number["fraction"] or number["exponent"]  # noqa: E731
         if all(numbers) and any(map(decimal, numbers)):  # a csv's decimals: as a json file's floats
             _refuse_floats(label_column, [float(v) for v in values])
-        if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values):
+        # Classes of one example each are few-shot data where every validation label is one of them.
+        if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values) and not set(validation) <= set(values):
             raise UsageError(
                 f"label column {label_column!r} holds a different value in each of its {len(values)} training rows: "
                 f"text, not labels; name the column of labels with --label_column "
