@@ -112,7 +112,8 @@ class TrainConfig:
         default=None,
     )
     validation_split_percentage: int = flag(
-        "Percent of the training data held out when there is no validation split, drawn at random with --seed.",
+        "Percent of the training data held out when there is no validation split, drawn at random with --seed; "
+        "given, it is held out in place of a --dataset_name's test split.",
         default=10,
     )
     max_length: int = flag("Tokens per example; longer texts are truncated.", default=128)
@@ -352,8 +353,7 @@ class TrainConfig:
             raise UsageError(
                 f"--validation_split_percentage must be between 1 and 99, got {self.validation_split_percentage}"
             )
-        split_default = TrainConfig.__dataclass_fields__["validation_split_percentage"].default
-        if self.validation_file and self.validation_split_percentage != split_default:  # else ignored without a word
+        if self.validation_file and self.holds_out_a_share:  # else ignored without a word
             raise UsageError(
                 "--validation_split_percentage holds rows out of the training data where no validation data is given; "
                 "with --validation_file, drop it"
@@ -438,6 +438,13 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def holds_out_a_share(self) -> bool:
+        """Whether --validation_split_percentage asks for a share other than its default: for data with no
+        validation split, and refused where a validation file or split is given (it would go unused)."""
+        default = TrainConfig.__dataclass_fields__["validation_split_percentage"].default
+        return self.validation_split_percentage != default
 
     def to_yaml(self) -> str:
         """The config as `--config` reads it back: every flag's name and value."""

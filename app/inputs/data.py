@@ -81,6 +81,15 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
         raw = _load_named(cfg.dataset_name, cfg.dataset_config_name)
     else:
         raw = _load_embedded_reviews()
+    if "validation" in raw and cfg.dataset_name and cfg.holds_out_a_share:
+        if getattr(raw, "validation_from", "validation") == "validation":
+            raise UsageError(
+                f"--dataset_name {cfg.dataset_name} has a validation split, so --validation_split_percentage holds "
+                "nothing out; drop it"
+            )
+        raw = DatasetDict(
+            train=raw["train"]
+        )  # rows held out of train as asked, as HF's run_clm does: the test split stays
     if "validation" in raw:
         splits = Splits(raw)
         splits.validation_from = getattr(raw, "validation_from", "validation")
