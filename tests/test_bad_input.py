@@ -349,6 +349,14 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             ".csv file is read with commas",
         ),
         (
+            "a csv file separated by tabs, its texts holding commas",  # pandas' own error, which named no separator
+            ["--train_file", write(csv_dir / "tabs2.csv", "text\tlabel\ngood, really\t1\nbad, so, bad\t0\n")],
+            {},
+            f"cannot read {csv_dir / 'tabs2.csv'}: the header holds tabs, not commas (Error tokenizing data. C error: "
+            "Expected 2 fields in line 3, saw 3); a .csv file is read with commas between its columns; save it "
+            "comma-separated, or as .jsonl",
+        ),
+        (
             "a csv header with a space after its comma",
             ["--train_file", write(csv_dir / "spaced.csv", "text, label\ngood, 1\nbad, 0\n")],
             {},

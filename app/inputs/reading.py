@@ -56,6 +56,9 @@ def _where(path: str, kind: str, error: BaseException) -> tuple[str, str]:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as e:
             return f"it is not UTF-8 text: {_bad_byte(data, e.start)}", "save it as UTF-8"
+        header = text.split("\n", 1)[0]
+        if kind == "csv" and "," not in header and (name := other_separator(header)):  # texts with commas: no column
+            return f"the header holds {name}, not commas ({_most_specific(error).rstrip('.')})", COMMAS_ONLY
         if kind == "json" and not text.lstrip().startswith("["):  # JSON lines: find the line ourselves
             for number, line in enumerate(text.split("\n"), start=1):
                 try:
@@ -99,17 +102,24 @@ def file_row(raw, split: str, row: int) -> int:
     return row if rows is None else rows[row - 1] + 1
 
 
+COMMAS_ONLY = "a .csv file is read with commas between its columns; save it comma-separated, or as .jsonl"
+
+
+def other_separator(header: str) -> str | None:
+    """The separator a csv header of one column holds in place of commas (a spreadsheet's export in many locales, or
+    a .tsv renamed), named; else None."""
+    return next(
+        (name for sep, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "vertical bars")) if sep in header), None
+    )
+
+
 def header_hint(columns: list[str], option: str = "", wanted: str = "") -> str:
     """For a column that is not there: a hint when the header holds another separator (a .csv file written with
     semicolons, as spreadsheets do in many locales, or tabs), which pandas reads as one column, or when the column is
     there with spaces around its name ("text, label"); else nothing."""
     named = [column for column in columns if not column.startswith("__index_level_")]  # pandas' row labels
-    for separator, name in ((";", "semicolons"), ("\t", "tabs"), ("|", "vertical bars")):
-        if len(named) == 1 and separator in named[0]:
-            return (
-                f" (the header holds {name}: a .csv file is read with commas between its columns; save it "
-                "comma-separated, or as .jsonl)"
-            )
+    if len(named) == 1 and (name := other_separator(named[0])):
+        return f" (the header holds {name}: {COMMAS_ONLY})"
     spaced = next((column for column in columns if wanted and column != wanted and column.strip() == wanted), None)
     if spaced is not None:
         return f" ({spaced!r} has spaces around its name: remove them from the header, or pass {option} {spaced!r})"
