@@ -17,6 +17,8 @@ inf logits (fp16 overflow in the model); each with one line on stderr and nothin
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -65,7 +67,7 @@ from app.storage.folders import CONFIG_FILE, recorded_config
 from app.storage.predictions import check_output_file, write_table
 from app.tasks import lm_data
 from app.tasks.causal_lm import TextGenerator, check_decoder
-from app.tasks.classification import LabelPredictor, check_head_stored, has_trained_head
+from app.tasks.classification import LabelPredictor, check_head_stored, check_one_label_per_text, has_trained_head
 from app.tasks.task import resolve_task
 from app.telemetry.console import show_library_notices, show_progress_bars
 
@@ -139,9 +141,22 @@ class PredictConfig:
             raise UsageError("give --model_name_or_path: the output folder of a training run, or a sequence classifier")
         if self.input_file and texts:
             raise UsageError("give texts on the command line or --input_file, not both")
+        for number, text in enumerate(texts, start=1):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:  # bytes that are not UTF-8 reach Python as lone surrogates
+                raise UsageError(
+                    f"text {number} on the command line is not UTF-8 (it holds the byte "
+                    f"0x{ord(text[e.start]) & 0xFF:02x}); convert it first, e.g. with iconv -f latin1 -t utf-8"
+                ) from None
         if self.output_file and Path(self.output_file).suffix.lower() not in OUTPUT_TYPES:
             raise UsageError(f"--output_file {self.output_file}: unsupported type; use {' or '.join(OUTPUT_TYPES)}")
-        if self.input_file and self.output_file and Path(self.output_file).resolve() == Path(self.input_file).resolve():
+        same = (
+            self.input_file
+            and self.output_file
+            and os.path.realpath(self.output_file) == os.path.realpath(self.input_file)
+        )
+        if same:  # realpath, not Path.resolve(), which raises on a loop of links (check_output_file names it)
             raise UsageError(
                 f"--output_file {self.output_file} is the --input_file: the predictions would replace the file they "
                 "are made from; write them to another file"
@@ -344,6 +359,7 @@ def predict_and_write(
                 f"--model_name_or_path {cfg.model_name_or_path} has no trained classification head (architectures: "
                 f"{', '.join(model_config.architectures or ['none'])}); give the output folder of app/train.py"
             )
+        check_one_label_per_text(cfg.model_name_or_path, model_config)
         check_head_stored(cfg.model_name_or_path, model_config)
         if cfg.prompt_column:
             raise UsageError(
@@ -357,13 +373,13 @@ def predict_and_write(
     tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)
     max_length, max_new_tokens, new_tokens_origin = trained_lengths(cfg, model_config, tokenizer)
     check_max_length(max_length, model_config, tokenizer, pair=len(text_columns) == 2)
+    check_output_file(cfg.output_file, cfg.overwrite_output_file)  # before the input is read, which may be large
     table = read_input(cfg, texts, accelerator.num_processes, text_columns, output_columns, defaulted)
     inputs = [["" if is_empty_cell(value) else value for value in table[name]] for name in text_columns]
     if task == "causal_lm":
         TextGenerator.check_inputs(
             tokenizer, model_config, max_length, max_new_tokens, inputs[0], chat, new_tokens_origin
         )
-    check_output_file(cfg.output_file, cfg.overwrite_output_file)
 
     # ---- predict ----------------------------------------------------------------------------------------------------
     for line in (policy.describe(inference=True), *notes, *describe_backend(accelerator)):
@@ -420,7 +436,11 @@ def check_finite(bad: int, rows: int, policy: PrecisionPolicy) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return exit_code_of(lambda: _main(argv))
+    try:
+        return exit_code_of(lambda: _main(argv))
+    except KeyboardInterrupt:  # one line, not a traceback
+        print("stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def _main(argv: list[str] | None) -> int:

@@ -212,6 +212,73 @@ def test_every_stdin_line_gives_one_row_in_order_blank_lines_too(trained, capsys
     assert_predictions_match(rows, pd.DataFrame({"text": lines}), trained, order_shows=False)
 
 
+def test_every_line_of_a_one_column_csv_gives_one_row_blank_lines_too(trained, tmp_path, capsys):
+    # pandas skipped the blank and space-only lines: 4 rows predicted for 6, exit 0, without a word. A text of spaces
+    # is how pandas itself writes one, unquoted, in a file of one column.
+    texts = ["Fresh coffee.", "", "Stale.", "   ", "Would buy again.", "\t"]
+    path = tmp_path / "one_column.csv"
+    path.write_text("text\n" + "\n".join(texts) + "\n")
+    out = tmp_path / "predicted.csv"
+    assert predict("--model_name_or_path", trained, "--input_file", path, "--output_file", out, "--disable_tqdm") == 0
+    predicted = pd.read_csv(out, dtype=str, keep_default_na=False, skip_blank_lines=False)
+    assert list(predicted["text"]) == texts
+    # In a file of several columns a blank line holds no row's fields: it stays no row.
+    path.write_text("text,id\nFresh coffee.,1\n\nStale.,2\n")
+    assert (
+        predict("--model_name_or_path", trained, "--input_file", path, "--output_file", out, "--overwrite_output_file")
+        == 0
+    )
+    assert list(pd.read_csv(out, dtype=str)["id"]) == ["1", "2"]
+
+
+def test_the_output_file_the_input_and_their_traces_refused_in_one_line(trained, tmp_path, capsys, monkeypatch):
+    import datasets
+
+    def refused(*args) -> str:
+        capsys.readouterr()
+        assert predict("--model_name_or_path", trained, *args, "--disable_tqdm") == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("error: "), err
+        return err.removeprefix("error: ").strip()
+
+    # Tracebacks: a text the shell passed in Latin-1, an --output_file that is a loop of links.
+    assert refused("caf\udce9") == (
+        "text 1 on the command line is not UTF-8 (it holds the byte 0xe9); convert it first, e.g. with iconv -f "
+        "latin1 -t utf-8"
+    )
+    (tmp_path / "loop.csv").symlink_to(tmp_path / "loop.csv")
+    assert refused("Fine.", "--output_file", tmp_path / "loop.csv") == (
+        f"--output_file {tmp_path / 'loop.csv'} is a loop of symbolic links; name another file"
+    )
+    # "cannot be written", with no reason; a named pipe was "no such file".
+    (tmp_path / "folder.csv").mkdir()
+    assert refused("Fine.", "--output_file", tmp_path / "folder.csv") == (
+        f"--output_file {tmp_path / 'folder.csv'} is a folder; name a file, such as "
+        f"{tmp_path / 'folder.csv' / 'predictions.csv'}"
+    )
+    os.mkfifo(tmp_path / "pipe.csv")
+    assert refused("--input_file", tmp_path / "pipe.csv") == f"--input_file {tmp_path / 'pipe.csv'}: not a regular file"
+    # The input was copied into datasets' shared cache, that of a refused run too, and never removed.
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "datasets_cache"))
+    (tmp_path / "exists.csv").write_text("kept\n")
+    path = tmp_path / "input.csv"
+    path.write_text("text\nFresh coffee.\n")
+    refused("--input_file", path, "--output_file", tmp_path / "exists.csv")
+    assert predict("--model_name_or_path", trained, "--input_file", path, "--disable_tqdm") == 0
+    assert not (tmp_path / "datasets_cache").exists() or not any((tmp_path / "datasets_cache").rglob("*.arrow"))
+
+
+def test_ctrl_c_while_predicting_is_one_line_and_exit_130(trained, capsys, monkeypatch):
+    import app.predict
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(app.predict, "predict_and_write", interrupted)
+    assert predict("--model_name_or_path", trained, "Fine.") == 130
+    assert capsys.readouterr().err == ("stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all\n")
+
+
 def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", stdin_of("fine\ncafé au lait\n".encode("latin-1")))
     assert predict("--model_name_or_path", trained, "--disable_tqdm") == 2
@@ -248,6 +315,10 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "conversations",
         "numbers as texts",
         "an output file that exists",
+        "body weights missing",
+        "shards without their index",
+        "a regression model",
+        "a multi-label model",
     ],
 )
 def test_bad_input_one_line_exit_2_nothing_written(
@@ -269,7 +340,6 @@ def test_bad_input_one_line_exit_2_nothing_written(
     elif case == "head weights missing":  # a base's weights copied over: a random head predicted, exit 0
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         shutil.copy(tiny_model_dir / "model.safetensors", model / "model.safetensors")
-        source += ["--overwrite_output_file"]  # it was found as the model loaded, after the output file's check
     elif case == "no weight files":  # a copy cut short: transformers' OSError, a traceback
         model = Path(shutil.copytree(trained, tmp_path / "copied", ignore=shutil.ignore_patterns("*.safetensors")))
     elif case == "another file's weights alone":  # any *.safetensors passed: transformers' OSError
@@ -327,6 +397,25 @@ def test_bad_input_one_line_exit_2_nothing_written(
         source = ["--input_file", conversations]
     elif case == "an output file that exists":
         pass  # a good input, a good model
+    elif case == "body weights missing":  # said, then predicted from a layer made at random, exit 0
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        weights = load_file(model / "model.safetensors")
+        del weights["bert.encoder.layer.0.attention.self.query.weight"]
+        save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    elif case == "shards without their index":  # copied with `cp *.safetensors`: transformers' OSError, a traceback
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        weights = load_file(model / "model.safetensors")
+        (model / "model.safetensors").unlink()
+        names = sorted(weights)
+        for number, held in ((1, names[:5]), (2, names[5:])):
+            shard = model / f"model-0000{number}-of-00002.safetensors"
+            save_file({name: weights[name] for name in held}, shard, metadata={"format": "pt"})
+    elif case in ("a regression model", "a multi-label model"):  # every row LABEL_0 with probability 1.0, exit 0
+        model = Path(shutil.copytree(trained, tmp_path / "copied"))
+        config = json.loads((model / "config.json").read_text())
+        kind = "regression" if case == "a regression model" else "multi_label_classification"
+        (model / "config.json").write_text(json.dumps(config | {"problem_type": kind}))
+
     elif case == "numbers as texts":  # numpy's int was called "a list", with the advice on conversations
         numbers = tmp_path / "numbers.jsonl"
         numbers.write_text('{"text": 0}\n{"text": 1}\n')
@@ -341,9 +430,14 @@ def test_bad_input_one_line_exit_2_nothing_written(
     out = tmp_path / "out" / "predicted.csv"
     out.parent.mkdir()
     out.write_text("earlier results\n")
-    code = predict("--model_name_or_path", model, *source, "--output_file", out, "--disable_tqdm")
+    # The file may be replaced: each refusal must still leave it as it was.
+    overwrite = ["--overwrite_output_file"] if case != "an output file that exists" else []
+    code = predict("--model_name_or_path", model, *source, "--output_file", out, *overwrite, "--disable_tqdm")
     err = capsys.readouterr().err
     assert code == 2
+    if case == "body weights missing":  # found by the load itself (names as transformers maps them), after these
+        assert err.startswith("precision: ") and "\nbackend: " in err, err
+        err = err.splitlines(keepends=True)[-1]
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     expected = {
         "missing column": "--text_column 'review' is not in the input; its columns are: text, label",
@@ -380,6 +474,15 @@ def test_bad_input_one_line_exit_2_nothing_written(
         # it was replaced without a word
         "an output file that exists": f"--output_file {out} exists; pass --overwrite_output_file to replace it, or "
         "name another\n",
+        "body weights missing": f"{tmp_path / 'copied'} lacks weights that app/train.py saved "
+        "(bert.encoder.layer.0.attention.self.query.weight): made at random, they would predict at random; copy the "
+        "whole output folder again\n",
+        "shards without their index": f"{tmp_path / 'copied'} holds sharded weights (model-00001-of-00002.safetensors, "
+        "...) but not their index (model.safetensors.index.json): copy the whole folder\n",
+        "a regression model": f"--model_name_or_path {tmp_path / 'copied'} is a regression model (one score per "
+        "text); predict.py gives a text the one label of a softmax over its classes: read this model's outputs with "
+        "transformers (AutoModelForSequenceClassification)\n",
+        "a multi-label model": "is a multi-label classifier (a sigmoid per label, any number of labels per text)",
         "weights cut short": "model.safetensors cannot be read (Error while deserializing header: incomplete "
         "metadata, file not fully covered): the file is damaged or cut short; copy or save it again",
         "no tokenizer files": "its tokenizer has 5 tokens for the model's 30522 token embeddings: the tokenizer's "

@@ -15,6 +15,7 @@ import csv
 import importlib.util
 import json
 import math
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -184,23 +185,27 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
     read. A csv's cells are kept as written, as strings: the table goes back out with columns added (predict.py), and
     a guessed type would change them (an ID 00123 read as 123, a column with an empty cell as floats, 1 as 1.0)."""
     if not Path(path).is_file():
-        raise UsageError(f"{flag} {path}: {'a folder, not a file' if Path(path).is_dir() else 'no such file'}")
+        what = "a folder, not a file" if Path(path).is_dir() else "not a regular file" if Path(path).exists() else ""
+        raise UsageError(f"{flag} {path}: {what or 'no such file'}")
     if Path(path).suffix.lower() not in DATA_FILE_TYPES:
         raise UsageError(f"{flag} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
     import pandas as pd
 
     kind = DATA_FILE_TYPES[Path(path).suffix.lower()]
-    with _quiet_loading():
-        dataset = _read_files(kind, {"input": path})["input"]  # its checks and one-line errors
-    if kind == "csv":
-        return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False)
-    if kind == "json" and (rows := json_rows(path)) is not None:
-        return pd.DataFrame(rows, dtype=object)  # each value as written: arrow read "2024-01-02 10:00" as a time
-    table = dataset.to_pandas()
-    for name, feature in dataset.features.items():  # whole numbers stay whole where a cell is empty: pandas would
-        if isinstance(feature, Value) and "int" in feature.dtype and table[name].isna().any():  # make them floats
-            table[name] = pd.Series(dataset[name], dtype=object)  # an ID 1001 would come back 1001.0
-    return table
+    # Read through datasets for its checks and one-line errors, into a cache of its own: datasets' shared one kept an
+    # Arrow copy of every file predicted on (of a refused run's too), which nothing removes.
+    with _quiet_loading(), tempfile.TemporaryDirectory(prefix="amp-trainer-input-") as cache:
+        dataset = _read_file(kind, "input", path, cache_dir=cache)
+        if kind == "csv":  # a blank line of a file of one column is a row, an empty text, as on stdin (pandas skips it)
+            skip_blank = len(dataset.column_names) > 1
+            return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False, skip_blank_lines=skip_blank)
+        if kind == "json" and (rows := json_rows(path)) is not None:
+            return pd.DataFrame(rows, dtype=object)  # each value as written: arrow read "2024-01-02 10:00" as a time
+        table = dataset.to_pandas()
+        for name, feature in dataset.features.items():  # whole numbers stay whole where a cell is empty: pandas would
+            if isinstance(feature, Value) and "int" in feature.dtype and table[name].isna().any():  # make them floats
+                table[name] = pd.Series(dataset[name], dtype=object)  # an ID 1001 would come back 1001.0
+        return table
 
 
 def _one_json_object(path: str) -> bool:
@@ -237,16 +242,17 @@ def _read_files(kind: str, files: dict[str, str]) -> DatasetDict:
 CSV_MISSING = {"keep_default_na": False, "na_values": [""]}
 
 
-def _read_file(kind: str, split: str, path: str) -> Dataset:
+def _read_file(kind: str, split: str, path: str, cache_dir: str | None = None) -> Dataset:
     if split != "input" and _one_json_object(path):  # datasets reads it as one row: "holding out 10% of 1 row"
         raise UsageError(
             f"{path} is one JSON object, read as one row; write the {split} examples as a list of records "
             '([{"text": ..., "label": ...}, ...]) or as JSON lines (.jsonl), one record per line'
         )
     try:
-        dataset = _read_csv_as_written([path], split) if kind == "csv" else None
+        dataset = _read_csv_as_written([path], split, cache_dir) if kind == "csv" else None
         if not dataset:  # not csv; or a csv file that is read for its error, or that has no rows (datasets refuses)
-            dataset = load_dataset(kind, data_files={split: path}, **(CSV_MISSING if kind == "csv" else {}))[split]
+            options = CSV_MISSING if kind == "csv" else {}
+            dataset = load_dataset(kind, data_files={split: path}, cache_dir=cache_dir, **options)[split]
     except UsageError:
         raise
     except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
@@ -259,7 +265,7 @@ def _read_file(kind: str, split: str, path: str) -> Dataset:
     return dataset
 
 
-def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
+def _read_csv_as_written(files: list[str], split: str, cache_dir: str | None = None) -> Dataset | None:
     """A split's csv files with every column a string, the cells as written, each file by its own header (a folder's
     files may order their columns otherwise); None if that read fails: the files are then read as datasets reads
     them, for its error or for their row labels (check_no_row_labels). UsageError for files of other columns."""
@@ -293,6 +299,7 @@ def _read_csv_as_written(files: list[str], split: str) -> Dataset | None:
                 "csv",
                 data_files={split: [file]},
                 features=Features({str(name): Value("string") for name in first.columns}),
+                cache_dir=cache_dir,
                 **CSV_MISSING,
             )[split]
             for file, first in with_rows

@@ -23,6 +23,7 @@ from app.inputs import hub
 from app.inputs.gguf import EMBEDDED_LM_FILE, embedded_lm
 from app.storage.checkpoints import output_dir_of
 from app.storage.final_model import MERGED_FOLDER
+from app.storage.folders import CONFIG_FILE, written_by_a_run
 from app.storage.integrity import RECORD as CHECKPOINT_RECORD
 from app.storage.lease import live_holder
 
@@ -87,7 +88,8 @@ def load_weights(
     Args:
         new_weights_are: what the line calls them, e.g. "new classification head".
         head_required: a trained model, to predict with: a head (the weights outside its base model) made at random
-            would predict at random, so missing ones are a UsageError.
+            would predict at random, so missing ones are a UsageError; so is any weight missing from a folder that
+            app/train.py saved, which saves them all (a damaged copy).
     """
     try:
         model, info = model_class.from_pretrained(path, output_loading_info=True, **options)
@@ -104,6 +106,11 @@ def load_weights(
         prefix = f"{model.base_model_prefix}."
         if head_required and prefix != "." and (head := [name for name in names if not name.startswith(prefix)]):
             raise headless(path, head)
+        if head_required and written_by_a_run(Path(path) / CONFIG_FILE):
+            raise UsageError(
+                f"{path} lacks weights that app/train.py saved ({', '.join(names)}): made at random, they would "
+                "predict at random; copy the whole output folder again"
+            )
         say(f"{new_weights_are}: {', '.join(names)} (initialised at random)")
     return model
 
@@ -161,7 +168,13 @@ def check_weight_files(name: str) -> None:
     holds = lambda *patterns: any(path for pattern in patterns for path in folder.glob(pattern))  # noqa: E731
     if holds("config.json") and not holds("model*.safetensors", "pytorch_model*.bin", "adapter_config.json", "*.gguf"):
         raise UsageError(f"{name} holds a config.json but no weight files (model.safetensors): copy the whole folder")
-    for index in folder.glob("*.index.json"):  # a sharded model: every shard it names
+    indexes = list(folder.glob("*.index.json"))
+    if not indexes and (shard := next(iter(sorted(folder.glob("*-00001-of-*.safetensors"))), None)):
+        raise UsageError(  # transformers looks for model.safetensors, and fails with a traceback once loading
+            f"{name} holds sharded weights ({shard.name}, ...) but not their index (model.safetensors.index.json): "
+            "copy the whole folder"
+        )
+    for index in indexes:  # a sharded model: every shard it names
         try:
             shards = set(json.loads(index.read_text())["weight_map"].values())
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

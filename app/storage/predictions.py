@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from app.errors import DiskFull, UsageError
+from app.errors import DiskFull, UsageError, first_line
 from app.storage.disk import free_bytes, is_full_disk, replacing, size
 
 
@@ -22,11 +22,16 @@ def check_output_file(path: str | None, overwrite: bool) -> None:
         return
     if Path(path).is_file() and not overwrite:
         raise UsageError(f"--output_file {path} exists; pass --overwrite_output_file to replace it, or name another")
-    folder = Path(path).resolve().parent
+    if Path(path).is_dir():
+        raise UsageError(f"--output_file {path} is a folder; name a file, such as {Path(path) / 'predictions.csv'}")
+    try:
+        folder = Path(path).resolve().parent
+    except RuntimeError:  # Python's word for a loop of symbolic links
+        raise UsageError(f"--output_file {path} is a loop of symbolic links; name another file") from None
     if not folder.is_dir():
         raise UsageError(f"--output_file {path}: no folder {folder}; create it first")
-    if not os.access(folder, os.W_OK | os.X_OK) or Path(path).is_dir():
-        raise UsageError(f"--output_file {path} cannot be written")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--output_file {path} cannot be written: its folder {folder} is not writable for this user")
 
 
 def write_table(table: pd.DataFrame, path: str | None) -> None:
@@ -37,24 +42,27 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
     if path is None:
         table.to_csv(sys.stdout, index=False, quoting=quoting)
         return
-    with replacing(Path(path)) as tmp:  # through a link, as the check of its folder looked
-        try:
-            if Path(path).suffix.lower() == ".jsonl":
-                with open(tmp, "w", encoding="utf-8") as file:
-                    for row in table.to_dict(orient="records"):
-                        record = {str(k): _as_json(v) for k, v in row.items()}
-                        file.write(json.dumps(record, ensure_ascii=False) + "\n")
-            else:
-                table.to_csv(tmp, index=False, quoting=quoting)
-        except OSError as error:
-            if not is_full_disk(error, tmp.parent, None):
-                raise
-            kept = "; the file there is as it was" if Path(path).exists() else ""
-            raise DiskFull(
-                f"no space left on device for --output_file {path}: it needs more than the "
-                f"{size(tmp.stat().st_size)} written before the disk filled, {size(free_bytes(tmp.parent))} "
-                f"are free{kept}"
-            ) from None
+    try:
+        with replacing(Path(path)) as tmp:  # through a link, as the check of its folder looked
+            try:
+                if Path(path).suffix.lower() == ".jsonl":
+                    with open(tmp, "w", encoding="utf-8") as file:
+                        for row in table.to_dict(orient="records"):
+                            record = {str(k): _as_json(v) for k, v in row.items()}
+                            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+                else:
+                    table.to_csv(tmp, index=False, quoting=quoting)
+            except OSError as error:
+                if not is_full_disk(error, tmp.parent, None):
+                    raise
+                kept = "; the file there is as it was" if Path(path).exists() else ""
+                raise DiskFull(
+                    f"no space left on device for --output_file {path}: it needs more than the "
+                    f"{size(tmp.stat().st_size)} written before the disk filled, {size(free_bytes(tmp.parent))} "
+                    f"are free{kept}"
+                ) from None
+    except OSError as error:  # a folder that its permissions let through but takes no new file (/proc, a full quota)
+        raise UsageError(f"--output_file {path} cannot be written ({first_line(error)}); name another file") from None
 
 
 def _as_json(value):

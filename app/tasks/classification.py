@@ -109,6 +109,22 @@ def has_trained_head(config: PretrainedConfig) -> bool:
     return any(arch.endswith("ForSequenceClassification") for arch in (config.architectures or []))
 
 
+def check_one_label_per_text(name: str, config: PretrainedConfig) -> None:
+    """predict.py gives each text the label of the largest softmax probability: a regression head's one score, or a
+    multi-label head's independent sigmoids, read so are nonsense (every row LABEL_0 with probability 1.0)."""
+    kind = getattr(config, "problem_type", None)
+    if kind == "regression" or config.num_labels == 1:
+        what = "a regression model (one score per text)"
+    elif kind == "multi_label_classification":
+        what = "a multi-label classifier (a sigmoid per label, any number of labels per text)"
+    else:
+        return
+    raise UsageError(
+        f"--model_name_or_path {name} is {what}; predict.py gives a text the one label of a softmax over its classes: "
+        "read this model's outputs with transformers (AutoModelForSequenceClassification)"
+    )
+
+
 def check_head_stored(name: str, config: PretrainedConfig) -> None:
     """A classifier folder whose weight files lack its head's (a base model's weights copied over a trained one's)
     would predict with a head made at random, and one whose weights are of other shapes than its config.json gives
