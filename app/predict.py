@@ -215,13 +215,14 @@ def read_input(
     else:
         table = pd.DataFrame({text_columns[0]: stdin_lines(sys.stdin.buffer)})  # blank lines too: rows stay aligned
     for name in text_columns:
-        if (
-            name == defaulted and name not in table.columns
-        ):  # the user named no column: say where prompts are looked for
+        if name == defaulted and name not in table.columns:  # the user named no column: say where they are looked for
+            prompts = cfg.prompt_column == name
+            what, flag = ("prompts", "--prompt_column") if prompts else ("texts", "--text_column")
+            unread = " (a conversation's turns are not read)" if prompts else ""
             raise UsageError(
-                f"the input has no column {name!r}, where the prompts are looked for by default; its columns are: "
-                f"{', '.join(map(str, table.columns))}; give --prompt_column with the column of prompts, one plain "
-                "text per row (a conversation's turns are not read)"
+                f"the input has no column {name!r}, where the {what} are looked for by default; its columns are: "
+                f"{', '.join(map(str, table.columns))}; give {flag} with the column of {what}, one plain text per row"
+                f"{unread}{header_hint(list(table.columns), flag, name)}"
             )
         if name not in table.columns:
             option = next((f"--{k}" for k, v in vars(cfg).items() if k.endswith("_column") and v == name), "column")
@@ -367,7 +368,9 @@ def predict_and_write(
             )
         if cfg.max_new_tokens is not None:  # else ignored without a word
             raise UsageError("--max_new_tokens is for causal LMs; this model is a sequence classifier: drop it")
+        named = cfg.text_column
         cfg = columns_as_trained(cfg)
+        defaulted = None if named else cfg.text_column  # as trained, else `text`
         text_columns = (cfg.text_column, cfg.text_pair_column) if cfg.text_pair_column else (cfg.text_column,)
         output_columns = LabelPredictor.columns
     tokenizer = load_tokenizer(cfg.model_name_or_path, model_config)

@@ -441,7 +441,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
     expected = {
         "missing column": "--text_column 'review' is not in the input; its columns are: text, label",
-        "semicolons": "--text_column 'text' is not in the input; its columns are: text;label (the header holds "
+        "semicolons": "the input has no column 'text', where the texts are looked for by default; its columns are: "
+        "text;label; give --text_column with the column of texts, one plain text per row (the header holds "
         "semicolons: a .csv file is read with commas between its columns; save it comma-separated, or as .jsonl)",
         "unreadable file": "cannot read",
         "no classification head": "has no trained classification head (architectures: BertModel)",
@@ -753,7 +754,10 @@ def test_a_model_trained_on_the_embedded_reviews_reads_their_review_column_by_de
     # A file of the user's own, with `text`: told which column the model reads and what the file has.
     pd.DataFrame({"text": texts}).to_csv(tmp_path / "own.csv", index=False)
     assert predict("--model_name_or_path", model_dir, "--input_file", tmp_path / "own.csv") == 2
-    assert capsys.readouterr().err == "error: --text_column 'review' is not in the input; its columns are: text\n"
+    assert capsys.readouterr().err == (  # it said "--text_column 'review'", a flag the user did not give
+        "error: the input has no column 'review', where the texts are looked for by default; its columns are: text; "
+        "give --text_column with the column of texts, one plain text per row\n"
+    )
 
 
 def test_a_full_disk_under_the_output_file_is_one_line_exit_4_and_the_old_file_stays(
