@@ -106,6 +106,7 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
     """(name, extra args, env, expected words in the message). The base args are a valid run."""
     csv_dir = ws / "data"
     csv_dir.mkdir(exist_ok=True)
+    (csv_dir / "folder.csv").mkdir(exist_ok=True)  # a folder, named as a file
     return [
         (
             "unknown flag",
@@ -249,6 +250,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "1000 token embeddings, so ids from 1000 on have none",
         ),
         ("missing data file", ["--train_file", ws / "missing.csv"], {}, "missing.csv: no such file"),
+        (
+            "a folder named as a data file",  # it was "no such file"
+            ["--train_file", csv_dir / "folder.csv"],
+            {},
+            f"--train_file {csv_dir / 'folder.csv'}: a folder, not a file; a folder of data files goes with "
+            "--dataset_name",
+        ),
         (
             "unreadable data file",
             both_files(write(csv_dir / "broken.parquet", "not parquet"), write(csv_dir / "v.parquet", "not parquet")),

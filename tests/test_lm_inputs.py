@@ -502,3 +502,18 @@ def test_a_tool_calls_turn_trains_where_the_template_renders_it_and_is_refused_w
         "learned as an empty answer; train with a template that renders tool_calls, or drop such turns and the "
         "tools' replies"
     )
+
+
+def test_two_data_formats_at_once_are_refused_with_each_flag_named():
+    # --text_column beside --messages_column was told "--messages_column alone, or --prompt_column with
+    # --response_column", which named neither way to keep the plain text.
+    from app.config import TrainConfig
+    from app.errors import UsageError
+    from app.tasks.lm_data import resolve_columns
+
+    for extra in ({"text_column": "text"}, {"prompt_column": "q"}):
+        with pytest.raises(UsageError) as refused:
+            resolve_columns(TrainConfig(task="causal_lm", train_file="sft.jsonl", messages_column="messages", **extra))
+        assert str(refused.value) == (
+            "give --messages_column alone, or --prompt_column with --response_column, or --text_column: one format"
+        )

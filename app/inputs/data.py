@@ -167,11 +167,19 @@ def _load_embedded_reviews() -> DatasetDict:
     return DatasetDict(train=read("training_data"), validation=read("testing_data"))
 
 
+def check_is_a_file(path: str, flag: str, for_a_folder: str = "") -> None:
+    """A data file's path names a file: a folder (`data.csv/`), a named pipe or nothing at all, each said as such."""
+    if Path(path).is_file():
+        return
+    if Path(path).is_dir():
+        raise UsageError(f"{flag} {path}: a folder, not a file{for_a_folder}")
+    raise UsageError(f"{flag} {path}: {'not a regular file' if Path(path).exists() else 'no such file'}")
+
+
 def _load_files(train_file: str, validation_file: str | None) -> DatasetDict:
     files = {"train": train_file} | ({"validation": validation_file} if validation_file else {})
     for split, path in files.items():
-        if not Path(path).is_file():
-            raise UsageError(f"--{split if split == 'train' else 'validation'}_file {path}: no such file")
+        check_is_a_file(path, f"--{split}_file", "; a folder of data files goes with --dataset_name")
     kinds = {DATA_FILE_TYPES[Path(path).suffix.lower()] for path in files.values()}
     if len(kinds) > 1:
         raise UsageError(
@@ -184,9 +192,7 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
     """One user data file (csv, json/jsonl, parquet) with all its columns, as a table; UsageError if it cannot be
     read. A csv's cells are kept as written, as strings: the table goes back out with columns added (predict.py), and
     a guessed type would change them (an ID 00123 read as 123, a column with an empty cell as floats, 1 as 1.0)."""
-    if not Path(path).is_file():
-        what = "a folder, not a file" if Path(path).is_dir() else "not a regular file" if Path(path).exists() else ""
-        raise UsageError(f"{flag} {path}: {what or 'no such file'}")
+    check_is_a_file(path, flag)
     if Path(path).suffix.lower() not in DATA_FILE_TYPES:
         raise UsageError(f"{flag} {path}: unsupported type; use one of {', '.join(DATA_FILE_TYPES)}")
     import pandas as pd

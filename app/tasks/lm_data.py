@@ -46,7 +46,9 @@ def resolve_columns(cfg: TrainConfig) -> LMColumns:
     refuse_flags_of_other_tasks(cfg, "causal_lm", ("label_column", "text_pair_column"))
     if cfg.messages_column:
         if cfg.prompt_column or cfg.response_column or cfg.text_column:
-            raise UsageError("give --messages_column alone, or --prompt_column with --response_column, not both")
+            raise UsageError(
+                "give --messages_column alone, or --prompt_column with --response_column, or --text_column: one format"
+            )
         return LMColumns("messages", {"messages": cfg.messages_column})
     if cfg.prompt_column or cfg.response_column:
         if not (cfg.prompt_column and cfg.response_column):
