@@ -581,18 +581,20 @@ def test_a_json_line_with_a_lone_surrogate_escape_is_named_by_its_line(tmp_path)
     )
 
 
-def test_a_held_out_validation_split_is_said_and_named_when_it_takes_a_whole_class(tmp_path):
+@pytest.mark.parametrize("names", [("neg", "pos", "rare"), (0, 2, 1)])
+def test_a_held_out_validation_split_is_said_and_named_when_it_takes_a_whole_class(tmp_path, names):
     # The draw follows --seed and was not said: with one seed the run trained, with another it was refused with
-    # "drop its validation rows", though the user gave no validation rows.
+    # "drop its validation rows", though the user gave no validation rows. A json file's int class 1 was told
+    # "int labels 0 and 2, without 1: ... renumber them from 0".
     from app.tasks.classification import infer_labels
 
-    train = tmp_path / "train.csv"
-    rows = [f"review {i},{['pos', 'neg'][i % 2]}" for i in range(24)] + ["the odd one,rare"]
-    train.write_text("text,label\n" + "\n".join(rows) + "\n")
+    train = tmp_path / "train.jsonl"
+    rows = [{"text": f"review {i}", "label": names[i % 2]} for i in range(24)] + [{"text": "odd", "label": names[2]}]
+    train.write_text("".join(json.dumps(row) + "\n" for row in rows))
     seed = next(
         s
         for s in range(50)
-        if "rare" in data.load_raw(TrainConfig(train_file=str(train), seed=s))["validation"]["label"]
+        if names[2] in data.load_raw(TrainConfig(train_file=str(train), seed=s))["validation"]["label"]
     )
     cfg = TrainConfig(train_file=str(train), seed=seed)
     raw = data.load_raw(cfg)
@@ -602,10 +604,11 @@ def test_a_held_out_validation_split_is_said_and_named_when_it_takes_a_whole_cla
     ]
     with pytest.raises(UsageError) as refused:
         infer_labels(raw, "label", None)
+    rare = repr(names[2])
     assert str(refused.value) == (
-        "validation label 'rare' does not occur in the training labels (neg, pos): the validation rows held out from "
-        "the training data (--validation_split_percentage, drawn with --seed) took every row of it; add examples of "
-        "it, or give a --validation_file"
+        f"validation label {rare} does not occur in the training labels ({names[0]}, {names[1]}): the validation rows "
+        "held out from the training data (--validation_split_percentage, drawn with --seed) took every row of it; add "
+        "examples of it, or give a --validation_file"
     )
     given = data.load_raw(TrainConfig(train_file=str(train), validation_file=str(train)))
     assert data.held_out_note(given, cfg) == []

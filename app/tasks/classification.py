@@ -221,6 +221,8 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             space = LabelSpace(tuple(declared.names), string_labels=False)  # as HF's run_glue names them
             return _checked(raw, space, label_column, values, validation, fixed)
         absent = sorted(set(range(max(values) + 1)) - set(values))
+        if absent and fixed is None and absent[0] in validation and getattr(raw, "held_out", False):
+            raise _held_out_all_of(absent[0], tuple(map(str, sorted(set(values)))))
         if absent and fixed is None:  # a class the head would have and never see: star ratings 1..5, or a gap
             raise UsageError(
                 f"label column {label_column!r} holds int labels {_listed(tuple(map(str, sorted(set(values)))))}, "
@@ -246,6 +248,15 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
             "give classes as ints 0..N-1 or as strings"
         )
     return _checked(raw, space, label_column, values, validation, fixed)
+
+
+def _held_out_all_of(label, names: tuple[str, ...]) -> UsageError:
+    """A class that the held-out validation split drew every row of, so that the head would never learn it."""
+    return UsageError(
+        f"validation label {label!r} does not occur in the training labels ({_listed(names)}): the validation rows "
+        "held out from the training data (--validation_split_percentage, drawn with --seed) took every row of it; add "
+        "examples of it, or give a --validation_file"
+    )
 
 
 def _checked(
@@ -276,11 +287,7 @@ def _checked(
             "--max_train_samples, or add examples of it"
         )
     if unknown and getattr(raw, "held_out", False):  # no validation data was given: the split drew it there
-        raise UsageError(
-            f"validation label {unknown[0]!r} does not occur in the training labels ({_listed(space.names)}): the "
-            "validation rows held out from the training data (--validation_split_percentage, drawn with --seed) took "
-            "every row of it; add examples of it, or give a --validation_file"
-        )
+        raise _held_out_all_of(unknown[0], space.names)
     if unknown:
         raise UsageError(
             f"validation label {unknown[0]!r} does not occur in the training labels ({_listed(space.names)}); the "
