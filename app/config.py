@@ -112,8 +112,8 @@ class TrainConfig:
         default=None,
     )
     validation_split_percentage: int = flag(
-        "Percent of the training data held out when there is no validation split, drawn at random with --seed; "
-        "given, it is held out in place of a --dataset_name's test split.",
+        "Percent of the training data held out when there is no validation data (a file, or a dataset's validation "
+        "or test split), drawn at random with --seed.",
         default=10,
     )
     max_length: int = flag("Tokens per example; longer texts are truncated.", default=128)

@@ -46,26 +46,27 @@ def test_dataset_name_loads_a_local_folder_through_load_dataset(tmp_path, tiny_m
     assert saved.id2label == {0: "great", 1: "other"} and saved.label2id == {"great": 0, "other": 1}
 
 
-def test_a_share_held_out_of_a_dataset_with_a_validation_split_is_refused_and_a_test_split_stays_a_test(tmp_path):
-    # --validation_split_percentage 20 went unused without a word beside a dataset's validation split (its config
-    # recorded 20), and a test split was evaluated on instead of the 20% of the training rows asked for.
+@pytest.mark.parametrize("split", ["validation", "test", None])
+def test_a_share_held_out_beside_validation_data_of_its_own_is_refused(tmp_path, split):
+    # --validation_split_percentage 20 went unused without a word beside a dataset's validation or test split, or the
+    # embedded reviews' held-out ones, and training_args.yaml recorded it as if it had held 20% out.
     from datasets import Dataset, DatasetDict
 
     rows = {"text": [f"review {i}" for i in range(40)], "label": ["great", "other"] * 20}
     eight = {"text": [f"held {i}" for i in range(8)], "label": ["great", "other"] * 4}
-    DatasetDict(train=Dataset.from_dict(rows), validation=Dataset.from_dict(eight)).save_to_disk(tmp_path / "dev")
-    DatasetDict(train=Dataset.from_dict(rows), test=Dataset.from_dict(eight)).save_to_disk(tmp_path / "test")
-    assert len(data.load_raw(TrainConfig(dataset_name=str(tmp_path / "dev")))["validation"]) == 8
+    if split is None:
+        cfg = TrainConfig()
+        said = "the embedded reviews come with 1,000 held out"
+    else:
+        DatasetDict({"train": Dataset.from_dict(rows), split: Dataset.from_dict(eight)}).save_to_disk(tmp_path / "d")
+        cfg = TrainConfig(dataset_name=str(tmp_path / "d"))
+        said = f"--dataset_name {tmp_path / 'd'} has a {split} split"
+        assert data.load_raw(cfg)["validation"]["text"][0] == "held 0"
     with pytest.raises(UsageError) as refused:
-        data.load_raw(TrainConfig(dataset_name=str(tmp_path / "dev"), validation_split_percentage=20))
+        data.load_raw(replace(cfg, validation_split_percentage=20))
     assert str(refused.value) == (
-        f"--dataset_name {tmp_path / 'dev'} has a validation split, so --validation_split_percentage holds nothing "
-        "out; drop it"
+        f"{said}, the validation data, so --validation_split_percentage holds nothing out; drop it"
     )
-    assert data.load_raw(TrainConfig(dataset_name=str(tmp_path / "test")))["validation"]["text"][0] == "held 0"
-    raw = data.load_raw(TrainConfig(dataset_name=str(tmp_path / "test"), validation_split_percentage=20))
-    assert (len(raw["train"]), len(raw["validation"]), raw.held_out) == (32, 8, True)
-    assert set(raw["validation"]["text"]) <= set(rows["text"])
 
 
 def test_jsonl_with_int_labels_text_pairs_and_a_held_out_split(tmp_path, tiny_model_dir):

@@ -82,15 +82,14 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
         raw = _load_named(cfg.dataset_name, cfg.dataset_config_name)
     else:
         raw = _load_embedded_reviews()
-    if "validation" in raw and cfg.dataset_name and cfg.holds_out_a_share:
-        if getattr(raw, "validation_from", "validation") == "validation":
-            raise UsageError(
-                f"--dataset_name {cfg.dataset_name} has a validation split, so --validation_split_percentage holds "
-                "nothing out; drop it"
-            )
-        raw = DatasetDict(
-            train=raw["train"]
-        )  # rows held out of train as asked, as HF's run_clm does: the test split stays
+    if "validation" in raw and cfg.holds_out_a_share:  # else unused, without a word, and recorded as if it ran
+        if cfg.dataset_name:
+            data = f"--dataset_name {cfg.dataset_name} has a {getattr(raw, 'validation_from', 'validation')} split"
+        elif cfg.train_file:
+            data = f"--validation_file {cfg.validation_file} is given"
+        else:
+            data = f"the embedded reviews come with {len(raw['validation']):,} held out"
+        raise UsageError(f"{data}, the validation data, so --validation_split_percentage holds nothing out; drop it")
     if "validation" in raw:
         splits = Splits(raw)
         splits.validation_from = getattr(raw, "validation_from", "validation")
