@@ -244,6 +244,10 @@ def test_a_text_column_named_as_labels_is_refused_in_one_short_line():
         validation=Dataset.from_dict({"text": ["another review"], "label": ["intent3"]}),
     )
     assert classification.infer_labels(few_shot, "label", fixed=None).names == tuple(sorted(intents))
+    # The training file given as the validation file too: its texts would pass as labels.
+    same_file = DatasetDict(train=raw["train"], validation=raw["train"])
+    with pytest.raises(UsageError, match="holds a different value in each of its"):
+        classification.infer_labels(same_file, "text", fixed=None)
     raw["train"] = raw["train"].select(range(len(texts) - 1))  # fewer rows: as many classes as rows may be real
     with pytest.raises(UsageError, match="does not occur in the training labels") as refused:
         classification.infer_labels(raw, "text", fixed=None)

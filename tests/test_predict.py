@@ -854,3 +854,21 @@ def test_the_predictions_are_as_readable_as_the_umask_allows(trained, tmp_path, 
         assert (tmp_path / "p.csv").stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(before)
+
+
+def test_a_full_disk_under_datasets_cache_is_said_as_such_not_blamed_on_the_input(
+    tmp_path, tiny_disk, trained, monkeypatch, capsys
+):
+    # predict.py's input read into its own cache on datasets' disk (a 16 KB one here): "cannot read big.csv: [Errno 28]
+    # No space left on device; check the file's format", exit 2, blamed the file.
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tiny_disk / "datasets"))
+    big = tmp_path / "big.csv"
+    big.write_text("text\n" + "".join(f"review {i}: fresh coffee, would buy again\n" for i in range(20000)))
+    assert predict("--model_name_or_path", trained, "--input_file", big, "--disable_tqdm") == 4
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert err.startswith(f"error: no space left on device for datasets' copy of {big} in "), err
+    assert err.endswith("free some space, or set HF_DATASETS_CACHE to a folder on a larger disk\n")
+    assert not any((tiny_disk / "datasets").iterdir()), "the input's own cache is removed"

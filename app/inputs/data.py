@@ -26,12 +26,13 @@ from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 
 from app.config import DATA_FILE_TYPES, TrainConfig
-from app.errors import UsageError, first_line
+from app.errors import DiskFull, UsageError, first_line
 from app.host.runtime import pinned_batches
 from app.inputs import hub
 from app.inputs.fingerprint import transform_fingerprint
 from app.inputs.reading import check_no_row_labels, is_columns_object, json_rows, read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
+from app.storage.disk import free_bytes, is_full_disk, size
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -197,9 +198,12 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
     import pandas as pd
 
     kind = DATA_FILE_TYPES[Path(path).suffix.lower()]
-    # Read through datasets for its checks and one-line errors, into a cache of its own: datasets' shared one kept an
-    # Arrow copy of every file predicted on (of a refused run's too), which nothing removes.
-    with _quiet_loading(), tempfile.TemporaryDirectory(prefix="amp-trainer-input-") as cache:
+    # Read through datasets for its checks and one-line errors, into a cache of its own, removed at the end, on the
+    # disk of datasets' own (not /tmp, often a small RAM disk): the shared one kept an Arrow copy of every file
+    # predicted on (of a refused run's too), which nothing removes.
+    shared = Path(datasets.config.HF_DATASETS_CACHE)
+    shared.mkdir(parents=True, exist_ok=True)
+    with _quiet_loading(), tempfile.TemporaryDirectory(prefix="input-", dir=shared) as cache:
         dataset = _read_file(kind, "input", path, cache_dir=cache)
         if kind == "csv":  # a blank line of a file of one column is a row, an empty text, as on stdin (pandas skips it)
             skip_blank = len(dataset.column_names) > 1
@@ -260,7 +264,13 @@ def _read_file(kind: str, split: str, path: str, cache_dir: str | None = None) -
             dataset = load_dataset(kind, data_files={split: path}, cache_dir=cache_dir, **options)[split]
     except UsageError:
         raise
-    except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it"
+    except Exception as e:  # datasets raises many types for a bad file; all mean "cannot read it", but a full disk
+        cache = Path(cache_dir or datasets.config.HF_DATASETS_CACHE)
+        if is_full_disk(e, cache, None):
+            raise DiskFull(
+                f"no space left on device for datasets' copy of {path} in {cache} ({size(free_bytes(cache))} free): "
+                "free some space, or set HF_DATASETS_CACHE to a folder on a larger disk"
+            ) from None
         if Path(path).stat().st_size == 0 or _row_count(path, kind) == 0:  # datasets cannot type a file without rows
             said = "has no rows to predict" if split == "input" else f"has no rows, so the {split} split is empty"
             raise UsageError(f"{path} {said}; add examples to it") from None

@@ -61,7 +61,12 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
                     f"{size(tmp.stat().st_size)} written before the disk filled, {size(free_bytes(tmp.parent))} "
                     f"are free{kept}"
                 ) from None
-    except OSError as error:  # a folder that its permissions let through but takes no new file (/proc, a full quota)
+    except OSError as error:  # the file could not be made or renamed there
+        folder = Path(path).resolve().parent
+        if is_full_disk(error, folder, None):
+            raise DiskFull(
+                f"no space left on device for --output_file {path}: {size(free_bytes(folder))} are free"
+            ) from None
         raise UsageError(f"--output_file {path} cannot be written ({first_line(error)}); name another file") from None
 
 

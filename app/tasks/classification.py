@@ -193,8 +193,10 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
         decimal = lambda number: number["point"] or number["fraction"] or number["exponent"]  # noqa: E731
         if all(numbers) and any(map(decimal, numbers)):  # a csv's decimals: as a json file's floats
             _refuse_floats(label_column, [float(v) for v in values])
-        # Classes of one example each are few-shot data where every validation label is one of them.
-        if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values) and not set(validation) <= set(values):
+        # Classes of one example each are few-shot data where every validation label is one of them, in validation
+        # rows of their own: the training file given as the validation file too (a smoke test) proves nothing.
+        few_shot = set(validation) <= set(values) and validation != values
+        if len(values) >= FREE_TEXT_ROWS and len(set(values)) == len(values) and not few_shot:
             raise UsageError(
                 f"label column {label_column!r} holds a different value in each of its {len(values)} training rows: "
                 f"text, not labels; name the column of labels with --label_column "
