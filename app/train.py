@@ -185,11 +185,7 @@ def fine_tune(
             )
         # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
         accelerator.print(stop.training_line())
-        try:
-            train(training)
-        except TrainingHalted:  # the loss-scale alarm, a fault, a signal: the run's row as it stands, for comparing
-            training.write_hparams_row()  # (a resume's replaces it)
-            raise
+        train(training)
         stop.training_ended()
         if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
             with training.telemetry.paused():
@@ -216,6 +212,9 @@ def fine_tune(
             accelerator.print(f"merged model, float32: {merged}")
         training.write_hparams_row()  # last, for its cells: the run's final eval/* and throughput
         signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
+    except TrainingHalted:  # the loss-scale alarm, a fault, a signal, a full disk: the run's row as it stands, to
+        training.write_hparams_row()  # compare it with the others (a resume's replaces it)
+        raise
     finally:
         training.close()
     wall = time.perf_counter() - started

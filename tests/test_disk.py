@@ -15,6 +15,7 @@ import pytest
 from app.storage.checkpoints import completed_checkpoints
 from app.storage.disk import write_atomically
 from app.storage.integrity import damage
+from tests import tb
 from tests.conftest import data_flags, run_app, start_two_ranks
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
@@ -63,6 +64,19 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_exit_4_and_the_previous_one_is_
     assert damage(root / "step-1") is None, "the previous checkpoint is whole"
     assert not list(root.glob(".staging-*")), "the partial checkpoint is removed, which frees its space"
     assert not list(out.glob(".claim-*")), "the claim is given back"
+    assert [row["precision"] for row in tb.hparams_rows(tmp_path / "runs" / "r")] == ["no"], "its HPARAMS row"
+
+
+def test_a_run_that_a_full_disk_stops_at_its_final_save_keeps_its_hparams_row(
+    tmp_path, small_disk, tiny_model_dir, review_files, capfd
+):
+    # A halt after training (the final save, its evaluation) wrote no row; one inside the training loop did.
+    fill(small_disk, pages_left=64)  # 256 kB: the run's config fits, the model's 4 MB do not
+    flags = run_flags(tiny_model_dir, review_files, small_disk / "out", tmp_path / "runs")
+    flags[flags.index("--save_steps") + 1] = 0
+    assert run_app(flags) == 4, capfd.readouterr().err[-3000:]
+    assert "the final model" in last_line(capfd.readouterr().err)
+    assert [row["precision"] for row in tb.hparams_rows(tmp_path / "runs" / "r")] == ["no"]
 
 
 def test_a_full_disk_at_the_first_checkpoint_says_what_was_written(tmp_path, tiny_model_dir, review_files, capfd):
