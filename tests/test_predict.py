@@ -317,6 +317,7 @@ def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypa
         "an output file that exists",
         "body weights missing",
         "shards without their index",
+        "bin shards without their index",
         "a regression model",
         "a multi-label model",
     ],
@@ -402,14 +403,17 @@ def test_bad_input_one_line_exit_2_nothing_written(
         weights = load_file(model / "model.safetensors")
         del weights["bert.encoder.layer.0.attention.self.query.weight"]
         save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
-    elif case == "shards without their index":  # copied with `cp *.safetensors`: transformers' OSError, a traceback
+    elif case in ("shards without their index", "bin shards without their index"):  # `cp *.safetensors`: a traceback
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         weights = load_file(model / "model.safetensors")
         (model / "model.safetensors").unlink()
         names = sorted(weights)
         for number, held in ((1, names[:5]), (2, names[5:])):
-            shard = model / f"model-0000{number}-of-00002.safetensors"
-            save_file({name: weights[name] for name in held}, shard, metadata={"format": "pt"})
+            shard = {name: weights[name] for name in held}
+            if case.startswith("bin"):
+                torch.save(shard, model / f"pytorch_model-0000{number}-of-00002.bin")
+            else:
+                save_file(shard, model / f"model-0000{number}-of-00002.safetensors", metadata={"format": "pt"})
     elif case in ("a regression model", "a multi-label model"):  # every row LABEL_0 with probability 1.0, exit 0
         model = Path(shutil.copytree(trained, tmp_path / "copied"))
         config = json.loads((model / "config.json").read_text())
@@ -480,6 +484,8 @@ def test_bad_input_one_line_exit_2_nothing_written(
         "whole output folder again\n",
         "shards without their index": f"{tmp_path / 'copied'} holds sharded weights (model-00001-of-00002.safetensors, "
         "...) but not their index (model.safetensors.index.json): copy the whole folder\n",
+        "bin shards without their index": "holds sharded weights (pytorch_model-00001-of-00002.bin, ...) but not their "
+        "index (pytorch_model.bin.index.json): copy the whole folder\n",
         "a regression model": f"--model_name_or_path {tmp_path / 'copied'} is a regression model (one score per "
         "text); predict.py gives a text the one label of a softmax over its classes: read this model's outputs with "
         "transformers (AutoModelForSequenceClassification)\n",

@@ -169,10 +169,12 @@ def check_weight_files(name: str) -> None:
     if holds("config.json") and not holds("model*.safetensors", "pytorch_model*.bin", "adapter_config.json", "*.gguf"):
         raise UsageError(f"{name} holds a config.json but no weight files (model.safetensors): copy the whole folder")
     indexes = list(folder.glob("*.index.json"))
-    if not indexes and (shard := next(iter(sorted(folder.glob("*-00001-of-*.safetensors"))), None)):
-        raise UsageError(  # transformers looks for model.safetensors, and fails with a traceback once loading
-            f"{name} holds sharded weights ({shard.name}, ...) but not their index (model.safetensors.index.json): "
-            "copy the whole folder"
+    indexes_of = {".safetensors": "model.safetensors.index.json", ".bin": "pytorch_model.bin.index.json"}
+    shards = sorted(path for suffix in indexes_of for path in folder.glob(f"*-00001-of-*{suffix}"))
+    if not indexes and shards:  # transformers looks for the index, or one file, and fails with a traceback once loading
+        index = indexes_of[shards[0].suffix]
+        raise UsageError(
+            f"{name} holds sharded weights ({shards[0].name}, ...) but not their index ({index}): copy the whole folder"
         )
     for index in indexes:  # a sharded model: every shard it names
         try:
