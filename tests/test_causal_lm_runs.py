@@ -166,6 +166,23 @@ def test_a_residual_stream_beyond_fp16_kept_in_fp32_is_a_note_not_a_warning(
     assert tb.scalars(tmp_path / "runs" / "lm")[tags.AMP_SKIPPED_STEPS][3] == 0
 
 
+def test_the_best_checkpoint_of_a_model_with_tied_embeddings_loads_at_the_end(tmp_path, tiny_gpt2_dir, review_files):
+    # Its checkpoints hold the tied LM head once, under the embeddings' name: a strict load_state_dict of an earlier
+    # best failed ("Missing key(s) in state_dict: lm_head.weight"), a traceback after the final evaluation.
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(tiny_gpt2_dir).tie_word_embeddings
+    args = lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS, "--mixed_precision", "no", "--max_steps", 4)
+    flags = ["--eval_steps", 2, "--save_steps", 2, "--load_best_model_at_end", "--metric_for_best_model", "perplexity"]
+    assert run_app([*args, *flags, "--greater_is_better", "true"]) == 0  # the worse perplexity: an earlier step
+    best = json.loads((tmp_path / "out" / "checkpoints" / "step-4" / "trainer_state.json").read_text())
+    step = best["state"]["best_step"]
+    assert step == 2, "perplexity falls as it trains: the highest is the first"
+    saved = load_file(tmp_path / "out" / "model.safetensors")
+    stored = load_file(tmp_path / "out" / "checkpoints" / f"step-{step}" / "model.safetensors")
+    assert all(torch.equal(saved[name], stored[name]) for name in stored), "the saved model is the best checkpoint's"
+
+
 def test_best_model_and_early_stopping_take_the_lm_metrics(tmp_path, tiny_gpt2_dir, review_files, capsys):
     args = lm_args(tmp_path, tiny_gpt2_dir, review_files, *PROMPTS, "--mixed_precision", "no", "--max_steps", 6)
     flags = ["--eval_steps", 2, "--load_best_model_at_end", "--metric_for_best_model", "perplexity"]

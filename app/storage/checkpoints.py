@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 from accelerate import Accelerator
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, load_model
 
 from app.errors import UsageError
 from app.host.dropout import DropoutMasks
@@ -285,8 +285,9 @@ class Checkpoints:
     def load_model_weights(self, model: torch.nn.Module, path: Path) -> None:
         """Only the model's weights from checkpoint `path` (as accelerator.save_state wrote them), on every rank."""
         self._check_weights(path)
-        weights = load_file(path / MODEL_FILE)
-        self.accelerator.unwrap_model(model).load_state_dict(weights, strict=self.record.adapters is None)
+        # safetensors' own loader, as Accelerate's save_state wrote the file with its saver: a tied LM head is stored
+        # once, under the embeddings' name, and a plain strict load_state_dict missed it.
+        load_model(self.accelerator.unwrap_model(model), path / MODEL_FILE, strict=self.record.adapters is None)
         self.accelerator.wait_for_everyone()
 
     def _check_weights(self, path: Path) -> None:
