@@ -137,6 +137,6 @@ def final_competes(cfg: TrainConfig, state: TrainState, total_steps: int, final:
         else None.
     """
     best = BestModel(cfg, state)
-    if not evaluates_during_training(cfg.eval_steps, state.opt_step, total_steps):  # else the loop counted it
+    if not evaluates_during_training(cfg, state.opt_step, total_steps):  # else the loop counted it
         best.after_eval(state.opt_step, final)
     return best.step_to_load() if cfg.load_best_model_at_end else None

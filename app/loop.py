@@ -171,7 +171,7 @@ class StepDue:
     @classmethod
     def after(cls, training: Training, step: int, last_step: int) -> StepDue:
         cfg = training.cfg
-        evaluate_now = evaluates_during_training(cfg.eval_steps, step, training.total_steps)
+        evaluate_now = evaluates_during_training(cfg, step, training.total_steps)
         return cls(
             log=cls.logs(cfg, step, last_step),
             evaluate=evaluate_now,
@@ -284,7 +284,7 @@ def train(training: Training, budget: int | None = None) -> None:
             with telemetry.paused():
                 metrics = training.evaluate_and_log()
             stopped_early = best.after_eval(step, metrics)
-            if stopped_early:  # settled above, as every evaluating step is
+            if stopped_early and step < training.total_steps:  # settled above, as every evaluating step is
                 if not logged:  # a run's last step is always logged: its curves end where it ended
                     log_step(training, step, lr)
                 telemetry.writer.log({TRAIN_STOPPED_EARLY: 1.0}, step)

@@ -44,7 +44,6 @@ from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.best import check_best_checkpoint, check_resume_best, final_competes
 from app.config import TrainConfig, metric_tag
-from app.evaluation import evaluates_during_training
 from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
 from app.host.preemption import StopRequest
 from app.host.runtime import HostCollective, backend_name, on_main_process
@@ -400,7 +399,7 @@ def build_training(
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     total_steps = total_optimizer_steps(cfg, len(train_loader))
     tracking = cfg.best_model_flags()
-    if tracking and not evaluates_during_training(cfg.eval_steps, cfg.eval_steps, total_steps):  # the first is the last
+    if tracking and cfg.eval_steps >= total_steps:  # the first evaluation is the last
         accelerator.print(
             f"note: --eval_steps {cfg.eval_steps} leaves no evaluation before the run's last step ({total_steps}): "
             f"{' and '.join(tracking)} act{'s' if len(tracking) == 1 else ''} on the final evaluation alone"

@@ -457,3 +457,21 @@ def test_a_best_of_another_line_with_the_same_step_and_metric_is_told_apart_by_i
     branch = [started, "app/train.py --output_dir branch --resume_from_checkpoint replaced-after-step-1/step-6"]
     assert best_checkpoint(later, aside / "step-6", tmp_path / "branch", branch) == aside / "step-2"
     assert best_checkpoint(later, root / "step-6", commands=[started, replaced]) == root / "step-2"
+
+
+def test_the_last_steps_checkpoint_records_its_evaluation_for_a_resume_that_trains_on(
+    tmp_path, tiny_model_dir, review_files
+):
+    # The last step's evaluation came after its checkpoint: step-8 recorded the best and the patience of step 6, so a
+    # resume to 12 steps compared its evaluations with those, and a later tie of step 8's best took its place.
+    args = common_args(tiny_model_dir, review_files)
+    args[args.index("--max_steps") + 1] = "8"
+    args += ["--save_steps", "4", "--load_best_model_at_end", "--early_stopping_patience", "9"]
+    args += ["--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"]
+    assert run_app(args) == 0
+    losses = tb.scalars(tmp_path / "runs" / "r")["eval/loss"]
+    assert set(losses) == {2, 4, 6, 8}, "evaluated once at each step, the last one too"
+    state = json.loads((tmp_path / "out" / "checkpoints" / "step-8" / "trainer_state.json").read_text())["state"]
+    best = best_step(losses)
+    assert (state["best_step"], state["best_metric"]) == (best, pytest.approx(losses[best]))
+    assert state["evals_without_improvement"] == sum(step > best for step in losses)
