@@ -258,7 +258,8 @@ class TrainConfig:
     logdir: str = flag("TensorBoard root; each run writes to <logdir>/<run_name>/.", default="runs")
     save_steps: int = flag("Checkpoint every N optimizer steps (0: only on preemption or alarm).", default=500)
     save_total_limit: Optional[int] = flag(
-        "Keep only the newest N checkpoints; with --load_best_model_at_end the best stays too, counted among the N.",
+        "Keep only the newest N checkpoints; where the best is tracked (--load_best_model_at_end, "
+        "--early_stopping_patience) it stays too, counted among the N, as in HF Trainer.",
         default=2,
     )
     resume_from_checkpoint: Optional[str] = flag('"latest" (in --output_dir) or a checkpoint folder.', default=None)
