@@ -689,15 +689,20 @@ def test_predict_renders_and_reads_prompts_as_the_model_was_trained(
 
 
 @pytest.mark.parametrize("packing", ["--packing", "--no_packing"])
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
 def test_empty_documents_are_left_out_packed_or_not_and_a_split_of_them_is_refused(
-    tmp_path, tiny_gpt2_dir, capsys, packing
+    tmp_path, tiny_gpt2_dir, capsys, packing, suffix
 ):
     # GPT-2 adds no BOS: an empty text was EOS alone. Unpacked, the note said they were cut at --max_length; packed,
-    # a file of empty texts trained on blocks of EOS without a word.
+    # a file of empty texts trained on blocks of EOS without a word. A csv's empty cell was refused, "" left out.
     def documents(name: str, empty_every: int) -> dict:
-        rows = [{"text": " " if i % empty_every == 0 else "Fresh coffee, great taste."} for i in range(12)]
-        path = tmp_path / f"{name}.jsonl"
-        pd.DataFrame(rows).to_json(path, orient="records", lines=True)
+        empty = " " if suffix == ".jsonl" else ""  # a csv's empty cell, read as None
+        rows = [{"text": empty if i % empty_every == 0 else "Fresh coffee, great taste.", "id": i} for i in range(12)]
+        path = tmp_path / f"{name}{suffix}"
+        if suffix == ".csv":
+            pd.DataFrame(rows).to_csv(path, index=False)
+        else:
+            pd.DataFrame(rows).to_json(path, orient="records", lines=True)
         return {"train": path, "validation": path}
 
     some = lm_args(tmp_path, tiny_gpt2_dir, documents("some", 4), "--text_column", "text", packing)

@@ -73,8 +73,9 @@ def check_columns(raw: DatasetDict, columns: LMColumns) -> None:
                     f"{option} {name!r} is not in the {split} data; its columns are: {', '.join(present)}{hint}"
                 )
             if role != "messages":  # an empty prompt is a prompt (an empty CSV cell is read as None)
-                # A document of "" is left out with a note (a corpus's blank lines, as in wikitext); a response is not.
-                check_text_cells(raw, split, name, may_be_empty=role == "prompt", blank_is_empty=role != "text")
+                # An empty document ("", spaces, an empty cell) is left out with a note (a corpus's blank lines, as in
+                # wikitext: causal_lm.CausalLM._check_empty_documents); an empty response is refused.
+                check_text_cells(raw, split, name, may_be_empty=role != "response", blank_is_empty=role != "text")
                 continue
             for row, value in enumerate(raw[split][name], start=1):
                 problem = _conversation_problem(value)
