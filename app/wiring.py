@@ -107,7 +107,7 @@ def load_inputs(
     task_name, why = resolve_task(cfg.task, model_config)
     accelerator.print(f"task: {task_name} ({why})")
     tokenizer = load_tokenizer(model_path, model_config, gguf_file)
-    check_max_length(cfg.max_length, model_config, tokenizer, pair=bool(cfg.text_pair_column))
+    check_max_length(cfg.max_length, model_config, tokenizer, bool(cfg.text_pair_column), cfg.pad_to_multiple_of)
     raw = data.load_raw(cfg)
     for note in data.held_out_note(raw, cfg):
         accelerator.print(note)

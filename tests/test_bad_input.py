@@ -403,6 +403,13 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
         ),
         ("max_length too long", ["--max_length", "4096"], {}, "--max_length 4096 is beyond the model's 128 positions"),
         (
+            "padding past the model's positions",  # a traceback in the first forward, after the run's files were made
+            ["--max_length", "64", "--pad_to_multiple_of", "256"],
+            {},
+            "--pad_to_multiple_of 256 pads texts of --max_length 64 to 256 tokens, beyond the model's 128 positions; "
+            "use a multiple that 64 rounds up to 128 or less",
+        ),
+        (
             "resume without checkpoint",
             ["--resume_from_checkpoint", "latest", "--output_dir", ws / "fresh"],
             {},

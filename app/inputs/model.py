@@ -313,11 +313,19 @@ def max_positions(config: PretrainedConfig, tokenizer) -> int:
     return min(limits) if limits else 1_000_000
 
 
-def check_max_length(max_length: int, config: PretrainedConfig, tokenizer, pair: bool = False) -> None:
+def check_max_length(
+    max_length: int, config: PretrainedConfig, tokenizer, pair: bool = False, pad_to_multiple_of: int | None = None
+) -> None:
     limit = max_positions(config, tokenizer)
     if max_length > limit:
         raise UsageError(
             f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less"
+        )
+    padded = -(-max_length // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else max_length
+    if padded > limit:  # the longest batch padded past the position table: a traceback in the first forward
+        raise UsageError(
+            f"--pad_to_multiple_of {pad_to_multiple_of} pads texts of --max_length {max_length} to {padded} tokens, "
+            f"beyond the model's {limit} positions; use a multiple that {max_length} rounds up to {limit} or less"
         )
     # Below this the tokenizer does not cut at all (it logs an error): every text would go whole.
     special = tokenizer.num_special_tokens_to_add(pair=pair)
