@@ -194,7 +194,7 @@ def fine_tune(
         training.save_model(paths.output_dir)
         step, saved = training.state.opt_step, paths.output_dir
         accelerator.print(
-            f"the final model is step {step}'s, evaluated above (saved in {saved})"  # the step of an early stop
+            f"the trained model is step {step}'s, evaluated above (saved in {saved})"  # an early stop's, the last's
             if training.evaluated_at(step)
             else f"evaluating the final model (step {step}'s, saved in {saved})"
         )

@@ -141,7 +141,7 @@ def test_early_stopping_and_the_best_model_survive_a_kill_9_and_resume(
     assert steps == [*range(2, expected_stop + 1, 2), expected_stop], steps
     said_at_stop = [line for line in said.out.splitlines() if line.startswith(f"step {expected_stop}: eval/loss")]
     assert len(said_at_stop) == 2, said.out  # the loop's, and the best model's
-    assert f"the final model is step {expected_stop}'s, evaluated above (saved in {tmp_path / 'ref'})" in said.out
+    assert f"the trained model is step {expected_stop}'s, evaluated above (saved in {tmp_path / 'ref'})" in said.out
     assert curves["train/stopped_early"] == {expected_stop: 1.0}
     assert f"early stopping at optimizer step {expected_stop}: eval/loss has not improved" in said.out
     assert "optimizer steps  " + str(expected_stop) in said.out, "training went on after the stop"
