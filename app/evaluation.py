@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from app.config import TrainConfig
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.config import TrainConfig
 
 
 def evaluates_during_training(cfg: TrainConfig, step: int, total_steps: int) -> bool:

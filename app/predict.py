@@ -151,12 +151,8 @@ class PredictConfig:
                 ) from None
         if self.output_file and Path(self.output_file).suffix.lower() not in OUTPUT_TYPES:
             raise UsageError(f"--output_file {self.output_file}: unsupported type; use {' or '.join(OUTPUT_TYPES)}")
-        same = (
-            self.input_file
-            and self.output_file
-            and os.path.realpath(self.output_file) == os.path.realpath(self.input_file)
-        )
-        if same:  # realpath, not Path.resolve(), which raises on a loop of links (check_output_file names it)
+        same_file = os.path.realpath(self.output_file or "") == os.path.realpath(self.input_file or "")
+        if self.input_file and self.output_file and same_file:  # realpath: Path.resolve() raises on a loop of links
             raise UsageError(
                 f"--output_file {self.output_file} is the --input_file: the predictions would replace the file they "
                 "are made from; write them to another file"

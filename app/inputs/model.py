@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Callable
@@ -321,7 +322,7 @@ def check_max_length(
         raise UsageError(
             f"--max_length {max_length} is beyond the model's {limit} positions; use --max_length {limit} or less"
         )
-    padded = -(-max_length // pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else max_length
+    padded = math.ceil(max_length / pad_to_multiple_of) * pad_to_multiple_of if pad_to_multiple_of else max_length
     if padded > limit:  # the longest batch padded past the position table: a traceback in the first forward
         raise UsageError(
             f"--pad_to_multiple_of {pad_to_multiple_of} pads texts of --max_length {max_length} to {padded} tokens, "

@@ -156,13 +156,13 @@ class CausalLM:
         return task
 
     def _check_empty_documents(self, raw: DatasetDict) -> None:
-        """Empty texts ("", spaces alone, an empty cell: a corpus's blank lines) are no documents: left out with a
-        note, packed or not. Rendered, each
-        was EOS alone (or after BOS), which packing joined into blocks of EOS that trained without a word. A split of
-        nothing else is refused: the column of another field, or an export that lost the texts."""
+        """Empty texts (lm_data.is_empty_document: a corpus's blank lines) are no documents: left out with a note,
+        packed or not. Rendered, each was EOS alone (or after BOS), which packing joined into blocks of EOS that
+        trained without a word. A split of nothing else is refused: the column of another field, or an export that
+        lost the texts."""
         name = self.columns.names["text"]
         for split in ("train", "validation"):
-            empty = sum(not (text or "").strip() for text in raw[split][name])  # None: an empty csv cell
+            empty = sum(map(lm_data.is_empty_document, raw[split][name]))
             if empty == len(raw[split]):
                 raise UsageError(
                     f"every {split} text (column {name!r}) is empty: nothing to learn; name the column of texts with "
@@ -254,8 +254,8 @@ class CausalLM:
         return out
 
     def _encode_documents(self, batch: dict) -> dict:
-        texts = [text for text in batch[self.columns.names["text"]] if (text or "").strip()]  # _check_empty_documents
-        documents = [self.renderer.document(text) for text in texts]
+        texts = batch[self.columns.names["text"]]
+        documents = [self.renderer.document(text) for text in texts if not lm_data.is_empty_document(text)]
         if self.cfg.packing:
             blocks = lm_data.pack(documents, self.cfg.max_length)
             return {"input_ids": blocks, "labels": blocks}

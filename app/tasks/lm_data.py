@@ -377,6 +377,11 @@ class Renderer:
         return ids if ids and ids[-1] == eos else ids + [eos]
 
 
+def is_empty_document(text: str | None) -> bool:
+    """A plain-text corpus's empty text ("", spaces alone, or None: an empty csv cell), which is no document."""
+    return not (text or "").strip()
+
+
 def first_empty_prompt(renderer: Renderer, prompts: list) -> int | None:
     """The index of the first prompt that renders as no token at all, so that nothing could follow it: an empty one
     (or None, an empty CSV cell), where the model has no chat template and no BOS. None if every prompt renders."""
