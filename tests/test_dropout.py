@@ -25,6 +25,7 @@ from app.config import TrainConfig
 from app.host.dropout import (
     DropoutMasks,
     FastDropout,
+    drops_out,
     masks_context,
     masks_of_run,
     serial_bernoulli,
@@ -406,3 +407,21 @@ def test_the_backward_pass_keeps_a_byte_of_mask_per_element_not_a_float_copy():
     y.sum().backward()
     keep = y.detach() != 0
     torch.testing.assert_close(x.grad, keep.float() / 0.9, rtol=0, atol=0)
+
+
+def test_dropout_is_found_in_modules_and_in_attention_rates():
+    """The dropout line is said for a model that draws masks: BERT's dropout modules, Llama's attention rate (a number
+    passed to attention, no module), LoRA's dropout on a base without any; not for a model whose rates are all 0."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    assert drops_out(BertForSequenceClassification(tiny_bert_config(64, 0.1, 0.0)))
+    assert drops_out(BertForSequenceClassification(tiny_bert_config(64, 0.0, 0.1)))
+    assert not drops_out(BertForSequenceClassification(tiny_bert_config(64, 0.0, 0.0)))
+    llama = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    assert drops_out(LlamaForCausalLM(LlamaConfig(**llama, attention_dropout=0.1)))
+    assert not drops_out(LlamaForCausalLM(LlamaConfig(**llama, attention_dropout=0.0)))
+    for rate in (0.05, 0.0):
+        lora = LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=rate)
+        adapted = get_peft_model(LlamaForCausalLM(LlamaConfig(**llama, attention_dropout=0.0)), lora)
+        assert drops_out(adapted) == (rate > 0)

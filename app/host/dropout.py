@@ -43,6 +43,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+from transformers import PretrainedConfig
 
 from app.config import TrainConfig
 
@@ -274,6 +275,23 @@ def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: DropoutMa
         return started_with
     serial = serial_bernoulli(torch.backends.mkl.is_available(), intel_cpu())
     return DropoutMasks.SFC64 if cfg.fast_cpu_dropout and serial else DropoutMasks.TORCH
+
+
+def drops_out(model: torch.nn.Module) -> bool:
+    """Whether training `model` draws a dropout mask: a dropout module, or an attention dropout rate that the model
+    passes to `F.scaled_dot_product_attention` as a number (Llama's `attention_dropout`), above 0."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        config = getattr(module, "config", None)
+        rates = vars(config).items() if isinstance(config, PretrainedConfig) else ()
+        if any("att" in name and "drop" in name and _positive(value) for name, value in rates):
+            return True
+    return False
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def masks_context(masks: DropoutMasks) -> Callable[[], contextlib.AbstractContextManager]:
