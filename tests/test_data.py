@@ -8,7 +8,7 @@ import shutil
 from dataclasses import replace
 
 import pytest
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoTokenizer
 
 from app.config import TrainConfig
 from app.errors import UsageError
@@ -758,3 +758,27 @@ def test_a_classlabel_column_with_one_class_in_the_training_rows_is_refused():
     raw = DatasetDict(train=split([1, 1, 1]), validation=split([0, 1]))
     with pytest.raises(UsageError, match="label column 'label' holds one class in the training data \\('pos'\\)"):
         classification.infer_labels(raw, "label", fixed=None)
+
+
+def test_labels_that_differ_only_in_case_are_two_classes_with_a_note(tiny_model_dir):
+    from datasets import Dataset, DatasetDict
+
+    cfg = TrainConfig(model_name_or_path=str(tiny_model_dir), text_column="text", label_column="label")
+    tokenizer, model_config = AutoTokenizer.from_pretrained(tiny_model_dir), AutoConfig.from_pretrained(tiny_model_dir)
+    texts = ["a", "b", "c", "d"]
+    for labels, twins in ((["great", "Great", "bad", "great"], ("Great", "great")), (["great", "bad"] * 2, None)):
+        raw = DatasetDict(
+            train=Dataset.from_dict({"text": texts, "label": labels}),
+            validation=Dataset.from_dict({"text": texts[:2], "label": labels[:2]}),
+        )
+        task = classification.SequenceClassification.from_data(cfg, raw, tokenizer, model_config)
+        said = [note for note in task.notes if "differ only in case" in note]
+        assert said == (
+            [
+                f"note: the labels {twins[0]!r} and {twins[1]!r} differ only in case, so they are two "
+                "classes; if they are one, write them alike"
+            ]
+            if twins
+            else []
+        )
+        assert len(task.labels.names) == len(set(labels))

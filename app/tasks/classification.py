@@ -252,6 +252,19 @@ def infer_labels(raw: DatasetDict, label_column: str, fixed: dict[int, str] | No
     return _checked(raw, space, label_column, values, validation, fixed)
 
 
+def case_twins(space: LabelSpace) -> list[str]:
+    """A note for string labels that differ only in case ("Great" beside "great"): two classes, as written (labels
+    can be case-sensitive codes), which a hand-labelled file more often means as one."""
+    first: dict[str, str] = {}
+    for name in space.names if space.string_labels else ():
+        if (twin := first.setdefault(name.casefold(), name)) != name:
+            return [
+                f"note: the labels {twin!r} and {name!r} differ only in case, so they are two classes; if they are "
+                "one, write them alike"
+            ]
+    return []
+
+
 def _held_out_all_of(label, names: tuple[str, ...]) -> UsageError:
     """A class that the held-out validation split drew every row of, so that the head would never learn it."""
     return UsageError(
@@ -373,7 +386,7 @@ class SequenceClassification:
         check_columns(raw, columns)
         trained_head = model_config.id2label if has_trained_head(model_config) else None
         task = cls(columns, infer_labels(raw, columns.label, trained_head), tokenizer, cfg.max_length)
-        task.notes += pad_as_the_head_reads(tokenizer, model_config)
+        task.notes += case_twins(task.labels) + pad_as_the_head_reads(tokenizer, model_config)
         return task
 
     def tokenize(self, raw: DatasetDict, accelerator: Accelerator) -> DatasetDict:
