@@ -22,6 +22,7 @@ import numpy
 import yaml
 
 from app import errors
+from app.amp.policy import LAUNCHER_ENV, launcher_choice
 from app.cli import OneLineParser, expand_home, flag, unknown_flag_advice
 from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
@@ -497,10 +498,16 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # `--amp false` asks for no precision: the YAML's mixed_precision stays (dropped, `auto` chose one of its own).
     asks_for_a_precision = "mixed_precision" in given or ("amp" in given and known.amp)
     replaced = [PRECISION_FLAGS] if asks_for_a_precision else []
-    if asks_for_a_precision is False and "amp" in given and from_yaml.get("mixed_precision") == "fp16":
+    declines_amp = not asks_for_a_precision and "amp" in given  # `--amp false` and no --mixed_precision
+    if declines_amp and from_yaml.get("mixed_precision") == "fp16":
         raise UsageError(  # a copied training_args.yaml of an fp16 run: it would train in fp16 without a word
             f"--amp false, but --config {known.config} asks for mixed_precision fp16; pass --mixed_precision no or "
             "bf16 for another precision"
+        )
+    if declines_amp and "mixed_precision" not in from_yaml and launcher_choice() == "fp16":
+        raise UsageError(  # the launcher decides where no app flag asks: fp16, against the flag
+            f"--amp false, but accelerate launch asks for fp16 (its --mixed_precision, config file or {LAUNCHER_ENV}); "
+            "pass --mixed_precision no or bf16 for another precision"
         )
     if "num_train_epochs" in given:  # the YAML's max_steps would override the epochs the command line asks for
         replaced.append(frozenset({"max_steps"}))

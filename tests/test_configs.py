@@ -213,6 +213,22 @@ def test_a_precision_on_the_command_line_wins_over_the_other_precision_key_of_th
     )
 
 
+def test_amp_false_under_a_launcher_that_asks_for_fp16_is_refused(tmp_path, monkeypatch):
+    # accelerate launch --mixed_precision fp16 (or its config file) passes fp16 on; --amp false then trained in fp16
+    # without a word, where the same pair from a --config was refused.
+    from app.config import parse_config
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with pytest.raises(UsageError, match="--amp false, but accelerate launch asks for fp16 .*; pass --mixed_precision"):
+        parse_config(["--amp", "false"])
+    path = tmp_path / "run.yaml"
+    path.write_text("mixed_precision: bf16\n")
+    assert parse_config(["--amp", "false", "--config", str(path)]).mixed_precision == "bf16"  # the app's flag decides
+    assert parse_config(["--amp", "false", "--mixed_precision", "no"]).mixed_precision == "no"
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    assert not parse_config(["--amp", "false"]).amp
+
+
 @pytest.mark.parametrize(
     "in_yaml, on_the_command_line, expected",
     [
