@@ -7,6 +7,7 @@ import argparse
 import atexit
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import sys
@@ -55,12 +56,7 @@ class OneLineParser(HfArgumentParser):
         word after it as its value when it reads as a yes or a no (`False`, as HF's flags take it), else that word is
         a text. UsageError where a yes or a no is followed by more words: its value, or the first text ("No" was
         taken for false, and its row was gone)."""
-        switches = {
-            option
-            for action in self._actions
-            if action.nargs == "?" and action.const is True
-            for option in action.option_strings
-        }
+        switches = {f"--{name}" for name in self.switch_names()}
         end = args.index("--") if "--" in args else len(args)
         read = []
         for i, word in enumerate(args):
@@ -83,6 +79,15 @@ class OneLineParser(HfArgumentParser):
     def flag_names(self) -> list[str]:
         return [option.lstrip("-") for action in self._actions for option in action.option_strings]
 
+    def switch_names(self) -> set[str]:
+        """The flags that take an optional yes or no (`--amp`, `--amp false`), without dashes."""
+        return {
+            option.lstrip("-")
+            for action in self._actions
+            if action.nargs == "?" and action.const is True
+            for option in action.option_strings
+        }
+
 
 _NEGATIVE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # -1, -0.5, -1e-5, -.5
 
@@ -93,8 +98,12 @@ _EVALUATE = "use --eval_steps N: an evaluation every N optimizer steps (0: only 
 _ON_CPU = "use accelerate launch --cpu app/train.py, or a CPU config from accelerate_configs/"
 _QUANTIZED = "drop it: quantized bases do not train here; --use_peft --dtype bfloat16 keeps the base in half precision"
 OTHER_NAMES = {
-    "fp16": "use --mixed_precision fp16, or --amp",
-    "bf16": "use --mixed_precision bf16",
+    "fp16": "use --mixed_precision fp16, or --amp (--mixed_precision no: fp32)",
+    "bf16": "use --mixed_precision bf16 (--mixed_precision no: fp32)",
+    "fp16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
+    "bf16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
+    "tf32": "drop it: TF32 for fp32 matmuls on a GPU is torch's setting, left as torch has it (TensorBoard's run/tf32 "
+    "says which)",
     "half_precision_backend": "drop it: the app drives autocast and the loss scaler itself (--mixed_precision)",
     "eval_strategy": _EVALUATE,
     "evaluation_strategy": _EVALUATE,
@@ -172,11 +181,7 @@ OTHER_NAMES = {
     "devices": "processes are accelerate launch's: accelerate launch --num_processes N app/train.py",
     "strategy": "the backend is accelerate launch's: accelerate launch --config_file accelerate_configs/... "
     "app/train.py",
-    # accelerate launch's own flags, given after the script (and an accelerate config's keys in a --config YAML)
-    **dict.fromkeys(
-        ("num_processes", "num_machines", "machine_rank", "main_process_ip", "main_process_port", "multi_gpu", "cpu"),
-        "a flag of accelerate launch: give it before app/train.py (accelerate launch --num_processes 2 app/train.py)",
-    ),
+    # accelerate launch's own flags, given after the script, are found by `launcher_flag`
     **dict.fromkeys(
         ("config_file", "compute_environment", "distributed_type"),
         "an accelerate launch config goes to the launcher: accelerate launch --config_file FILE app/train.py; "
@@ -189,6 +194,7 @@ OTHER_NAMES = {
 PREDICT_OTHER_NAMES = {
     "fp16": "use --mixed_precision fp16",
     "bf16": "use --mixed_precision bf16",
+    "amp": "use --mixed_precision fp16",
     "batch_size": "use --per_device_eval_batch_size",
     "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
     "max_seq_length": "use --max_length",
@@ -218,15 +224,34 @@ def expand_home(cfg: T) -> T:
 
 
 def unknown_flag_advice(
-    name: str, known: typing.Iterable[str], script: str, other_names: dict[str, str] = OTHER_NAMES
+    name: str,
+    known: typing.Iterable[str],
+    script: str,
+    other_names: dict[str, str] = OTHER_NAMES,
+    switches: typing.Collection[str] = (),
 ) -> str:
     """What to say of a flag or --config key that is not one of `known` (flag names without dashes): this app's way
-    for an HF or trl flag (`other_names`: train.py's), else the nearest flag, else where the flags are listed."""
+    for an HF or trl flag (`other_names`: train.py's), a switch's `--no_` form (HF's for a switch that is on by
+    default), a flag of accelerate launch, else the nearest flag, else where the flags are listed."""
     bare = name.removeprefix("--").partition("=")[0]
     if (underscored := bare.replace("-", "_")) in other_names:  # --local-rank, as torch's launchers spell it
         return other_names[underscored]
+    if underscored.startswith("no_") and underscored[3:] in switches:  # "did you mean --amp?" would switch it on
+        return f"use --{underscored[3:]} false"
+    if launcher_flag(underscored):
+        return f"a flag of accelerate launch: give it before {script} (accelerate launch --num_processes 2 {script})"
     nearest = difflib.get_close_matches(bare, list(known), n=1)
     return f"did you mean --{nearest[0]}?" if nearest else f"see python {script} --help for the flags"
+
+
+@functools.cache
+def launcher_flag(name: str) -> bool:
+    """Whether `name` (underscored, no dashes) is a flag of `accelerate launch`, read from its own parser. Not its
+    one-letter aliases, nor --log_dir, which given after the script more likely means this app's --logdir."""
+    from accelerate.commands.launch import launch_command_parser
+
+    names = {o.lstrip("-").replace("-", "_") for a in launch_command_parser()._actions for o in a.option_strings}
+    return len(name) > 1 and name != "log_dir" and name in names
 
 
 def exit_code_of(main_body: Callable[[], int]) -> int:

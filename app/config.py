@@ -529,7 +529,8 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         )
     if unknown:
         raise UsageError(
-            f"unknown flag {unknown[0]!r}; {unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py')}"
+            f"unknown flag {unknown[0]!r}; "
+            f"{unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py', switches=parser.switch_names())}"
         )
     cfg = expand_home(TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names}))
     # `--prompt_column ""`: no column has an empty name (pandas names an empty header "Unnamed: 0"), so it unsets one
@@ -609,7 +610,8 @@ def _read_yaml(path: Path) -> dict:
     hints = typing.get_type_hints(TrainConfig)
     for key, value in values.items():
         if key not in hints:
-            advice = unknown_flag_advice(str(key), hints, "app/train.py")  # str: YAML reads `on:` as True
+            switches = {name for name, kind in hints.items() if kind is bool}
+            advice = unknown_flag_advice(str(key), hints, "app/train.py", switches=switches)  # str: `on:` is True
             raise UsageError(
                 f"--config {path}: unknown key {key!r} ({advice}); its keys are the flag names, without the dashes"
             )

@@ -171,7 +171,9 @@ def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     argv = parser.texts_after_switches(sys.argv[1:] if argv is None else [str(arg) for arg in argv])
     namespace, extras = parser.parse_known_args(argv)
     if extras and extras[0].startswith("-"):
-        advice = unknown_flag_advice(extras[0], parser.flag_names(), "app/predict.py", PREDICT_OTHER_NAMES)
+        advice = unknown_flag_advice(
+            extras[0], parser.flag_names(), "app/predict.py", PREDICT_OTHER_NAMES, parser.switch_names()
+        )
         raise UsageError(f"unknown flag {extras[0]!r}; {advice}")
     if extras:  # argparse takes the texts in one run: those after a flag's value are left over
         raise UsageError(

@@ -4,6 +4,7 @@ explained; the shipped training config loads and equals the defaults."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import yaml
@@ -294,10 +295,31 @@ def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path,
     assert "from --config" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, advice",
+    [
+        (["--no_amp"], "use --amp false"),  # "did you mean --amp?" switched fp16 on
+        (["--fp16", "false"], "use --mixed_precision fp16, or --amp (--mixed_precision no: fp32)"),
+        (["--num_cpu_threads_per_process", "2"], "a flag of accelerate launch: give it before app/train.py"),
+        (["--use_fsdp"], "a flag of accelerate launch: give it before app/train.py"),  # "did you mean --use_peft?"
+        (["--bf16_full_eval"], "drop it: evaluation runs under the training's autocast"),
+        (["--log_dir", "x"], "did you mean --logdir?"),  # accelerate launch has one too: this app's is meant
+    ],
+)
+def test_an_unknown_flag_gets_advice_that_leads_to_what_was_meant(argv, advice, tmp_path):
+    from app.config import parse_config
+
+    with pytest.raises(UsageError, match=re.escape(f"unknown flag '{argv[0]}'; {advice}")):
+        parse_config(argv)
+    path = tmp_path / "run.yaml"
+    path.write_text(f"{argv[0].removeprefix('--')}: {argv[1] if len(argv) > 1 else 'true'}\n")
+    with pytest.raises(UsageError, match=re.escape(f"unknown key '{argv[0].removeprefix('--')}' ({advice}")):
+        parse_config(["--config", str(path)])
+
+
 def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():
     # Each name that HF TrainingArguments or trl gives a flag of another name here (app/cli.OTHER_NAMES) is no flag
     # of the app, and the advice names only flags that the app or accelerate launch has.
-    import re
 
     from accelerate.commands.launch import launch_command_parser
 

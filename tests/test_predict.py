@@ -513,6 +513,10 @@ def test_a_misspelt_flag_gets_the_nearest_one_and_a_stray_text_says_where_texts_
     assert capsys.readouterr().err == "error: unknown flag '--input_fle'; did you mean --input_file?\n"
     assert predict("Fresh coffee.", "--model_name_or_path", trained, "--fp16") == 2  # HF's name for it
     assert capsys.readouterr().err == "error: unknown flag '--fp16'; use --mixed_precision fp16\n"
+    assert predict("Fresh coffee.", "--model_name_or_path", trained, "--amp") == 2  # train.py's name for it
+    assert capsys.readouterr().err == "error: unknown flag '--amp'; use --mixed_precision fp16\n"
+    assert predict("Fresh coffee.", "--model_name_or_path", trained, "--num_processes", "2") == 2
+    assert "a flag of accelerate launch: give it before app/predict.py" in capsys.readouterr().err
     assert predict("Fresh coffee.", "--model_name_or_path", trained, "--local-rank=0") == 2  # torch's old launcher
     assert capsys.readouterr().err.startswith("error: unknown flag '--local-rank=0'; drop it: launch with accelerate")
     assert predict("Fresh coffee.", "--model_name_or_path", trained, "Stale tea, sadly.") == 2
