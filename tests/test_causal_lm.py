@@ -13,8 +13,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from app.errors import UsageError
 from app.tasks import generation, lm_data
 from app.tasks.causal_lm import token_mean_loss
 from app.tasks.lm_data import IGNORE, CausalLMCollator, Renderer
@@ -739,3 +740,13 @@ def test_perplexity_is_exp_of_the_loss_and_nan_for_a_nan_loss():
 
     assert perplexity(1.0) == pytest.approx(math.e) and perplexity(800.0) == math.inf
     assert math.isnan(perplexity(math.nan)), "a NaN loss was reported as an infinite perplexity"
+
+
+@pytest.mark.parametrize("model_type", ["bert", "distilbert", "albert", "deberta-v2", "modernbert"])
+def test_an_encoder_is_refused_as_a_causal_lm_whether_its_config_knows_is_decoder_or_not(model_type):
+    # transformers 5 took is_decoder out of most encoders' configs: reading it was an AttributeError and a traceback.
+    from app.tasks.causal_lm import check_decoder
+
+    with pytest.raises(UsageError, match=f"--task causal_lm needs a decoder model; {model_type} is an encoder"):
+        check_decoder(AutoConfig.for_model(model_type))
+    check_decoder(AutoConfig.for_model("gpt2"))

@@ -37,7 +37,10 @@ def check_decoder(model_config: PretrainedConfig) -> None:
         raise UsageError(
             f"--task causal_lm needs a decoder-only model; {model_config.model_type} is an encoder-decoder"
         )
-    encoder = model_config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not model_config.is_decoder
+    # transformers 5 configs of DistilBERT, ALBERT, DeBERTa, ModernBERT and more have no is_decoder at all
+    encoder = model_config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(
+        model_config, "is_decoder", False
+    )
     if encoder and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in model_config.architectures or []):
         raise UsageError(
             f"--task causal_lm needs a decoder model; {model_config.model_type} is an encoder (use --task "
