@@ -49,7 +49,7 @@ from app.host.runtime import (
 from app.inputs.batch_shape import keep_global_batch
 from app.inputs.sampling import keep_the_runs_seed, recorded_in_examples
 from app.loop import train
-from app.optim import nothing_left_note, resumed_settings
+from app.optim import check_resume_length, nothing_left_note, resumed_settings
 from app.storage import folders
 from app.storage.checkpoints import find_resume_point
 from app.storage.final_model import save_merged_model
@@ -103,6 +103,7 @@ def fine_tune(
     )
     resume_notes = []
     if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
+        check_resume_length(cfg.max_steps, resume.record.state.opt_step, resume.path)  # before notes of its length
         resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
         cfg, resume_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
         recorded = folders.recorded_config(resume.output_dir)

@@ -60,7 +60,7 @@ from app.inputs.model import (
     resolve_model_path,
 )
 from app.inputs.sampling import DataPosition
-from app.optim import build_optimizer, build_schedule, check_resume_length, follow_the_schedule, total_optimizer_steps
+from app.optim import build_optimizer, build_schedule, follow_the_schedule, total_optimizer_steps
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands, weights_unusable
 from app.storage.final_model import AdaptersBase, save_final_model
@@ -121,7 +121,6 @@ def load_inputs(
         check_resume_labels(resume.record.labels, class_names(task), resume.path)
         check_resume_best(cfg, resume.record.state, resume.path)
         on_main_process(accelerator, lambda: check_best_checkpoint(cfg, resume.record, resume.path))
-        check_resume_length(cfg.max_steps, resume.record.state.opt_step, resume.path)
     tokenized = task.tokenize(raw, accelerator)
     for note in task.notes:
         accelerator.print(note)
