@@ -323,7 +323,8 @@ class TrainConfig:
                 raise UsageError(
                     f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
                 )
-        may_scale = self.amp or self.mixed_precision in (None, "auto", "fp16")  # bf16 and fp32 have no scaler
+        # bf16 and fp32 have no scaler; with no app flag, the launcher's choice decides, or `auto` (fp16 on a GPU)
+        may_scale = self.amp or (self.mixed_precision or launcher_choice() or "auto") in ("auto", "fp16")
         if may_scale and self.init_loss_scale < self.min_loss_scale:  # the alarm watches skipped steps only
             raise UsageError(
                 f"--init_loss_scale {self.init_loss_scale:g} is below --min_loss_scale {self.min_loss_scale:g}, the "

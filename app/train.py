@@ -118,7 +118,7 @@ def fine_tune(
     for line in (
         policy.describe(),
         *notes,
-        *fallback.unused_notes(cfg.on_scale_collapse, policy),
+        *fallback.unused_scaler_notes(cfg, policy),
         *compiling,
         *describe_backend(accelerator),
         *(resume.notes if resume else ()),

@@ -354,6 +354,19 @@ def test_a_loss_scale_below_the_alarms_is_refused_only_where_a_scaler_may_run():
         TrainConfig(min_loss_scale=131072, **asked).validate()
 
 
+def test_a_loss_scale_below_the_alarms_under_a_launchers_precision(monkeypatch):
+    from app.config import TrainConfig
+    from app.errors import UsageError
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")  # the launcher's choice: no scaler to start collapsed
+    TrainConfig(min_loss_scale=131072).validate()
+    with pytest.raises(UsageError, match="is below --min_loss_scale"):
+        TrainConfig(min_loss_scale=131072, amp=True).validate()
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    with pytest.raises(UsageError, match="is below --min_loss_scale"):
+        TrainConfig(min_loss_scale=131072).validate()
+
+
 def test_amp_false_over_a_yaml_that_asks_for_fp16_is_refused(tmp_path, capsys):
     # A copied training_args.yaml of an fp16 run records amp: false and mixed_precision: fp16: with --amp false on
     # top, it trained in fp16 without a word.

@@ -284,10 +284,22 @@ def test_fallback_without_a_loss_scale_says_it_has_nothing_to_do_and_saves_no_st
     # In bf16 or fp32 no loss scale can collapse: the flag was ignored without a word, and a step-0 checkpoint written.
     assert run_app([*quick_args, "--max_steps", 2, "--mixed_precision", "no", "--on_scale_collapse", "fallback"]) == 0
     assert (
-        "note: --on_scale_collapse fallback acts when fp16's loss scale collapses; this run computes in fp32, with no "
-        "loss scale, so it has nothing to do"
+        "note: --on_scale_collapse fallback acts on fp16's loss scale; this run computes in fp32, with no loss scale, "
+        "so it has nothing to do"
     ) in capsys.readouterr().out.splitlines()
     assert not (tmp_path / "out" / "checkpoints" / "step-0").exists()
+
+
+def test_loss_scaler_flags_without_a_loss_scale_say_they_have_nothing_to_do(quick_args, capsys, monkeypatch):
+    # They were ignored without a word; and under a launcher's bf16 a start below the alarm's scale was refused as
+    # if an fp16 run were coming.
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    scaler = ["--init_loss_scale", 0.5, "--loss_scale_growth_interval", 5]
+    assert run_app([*quick_args, "--max_steps", 1, "--eval_steps", 0, *scaler]) == 0
+    assert (
+        "note: --init_loss_scale 0.5, --loss_scale_growth_interval 5 act on fp16's loss scale; this run computes in "
+        "bf16, with no loss scale, so they have nothing to do"
+    ) in capsys.readouterr().out.splitlines()
 
 
 def test_a_second_alarm_after_the_fallback_stops_with_exit_3(overflow_model_dir, review_files):

@@ -13,10 +13,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.amp.policy import PrecisionPolicy, bf16_available
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
 from app.storage.checkpoints import ResumePoint
+
+if TYPE_CHECKING:
+    from app.config import TrainConfig
 
 SOURCE = "--on_scale_collapse fallback"
 
@@ -64,14 +68,24 @@ def fall_back(policy: PrecisionPolicy, last_saved: Path | None, alarm_step: int)
     return Fallback(new, last_saved, {"from": policy.mode, "at_step": alarm_step}, why)
 
 
-def unused_notes(on_scale_collapse: str, policy: PrecisionPolicy) -> list[str]:
-    """--on_scale_collapse fallback in a run without a loss scale has nothing to act on: said, not silently ignored;
-    unless the run has fallen back already, which the resume's note says."""
-    if on_scale_collapse != "fallback" or policy.scaler_enabled or policy.source == SOURCE:
+# The flags that set fp16's loss scaler and its alarm.
+SCALER_FLAGS = ("init_loss_scale", "loss_scale_growth_interval", "min_loss_scale", "max_consecutive_skips")
+
+
+def unused_scaler_notes(cfg: TrainConfig, policy: PrecisionPolicy) -> list[str]:
+    """Loss-scaler flags (and --on_scale_collapse fallback) in a run without a loss scale have nothing to act on: said,
+    not silently ignored; unless the run has fallen back already, which the resume's note says. A value at its default
+    was most likely not asked for."""
+    if policy.scaler_enabled or policy.source == SOURCE:
+        return []
+    defaults = {field.name: field.default for field in dataclasses.fields(cfg)}
+    given = [f"--{name} {getattr(cfg, name):g}" for name in SCALER_FLAGS if getattr(cfg, name) != defaults[name]]
+    given += ["--on_scale_collapse fallback"] if cfg.on_scale_collapse == "fallback" else []
+    if not given:
         return []
     return [
-        f"note: --on_scale_collapse fallback acts when fp16's loss scale collapses; this run computes in "
-        f"{policy.label}, with no loss scale, so it has nothing to do"
+        f"note: {', '.join(given)} act{'s' if len(given) == 1 else ''} on fp16's loss scale; this run computes in "
+        f"{policy.label}, with no loss scale, so {'it has' if len(given) == 1 else 'they have'} nothing to do"
     ]
 
 
