@@ -76,6 +76,20 @@ def test_fp16_on_cpu_warns_and_names_the_alternatives(monkeypatch, native):
     assert ("--mixed_precision bf16" in warning) == native
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
+def test_bf16_asked_for_on_a_cpu_without_native_bf16_warns(monkeypatch, native):
+    # Emulated, it is several times slower than fp32: fp16 on a CPU warned, bf16 said nothing.
+    force_bf16_probe(monkeypatch, native)
+    expected = (
+        "warning: this CPU has no native bf16 (AVX512-BF16 or AMX): bf16 is emulated, several times slower than fp32 "
+        "here (docs/precision.md). It is kept because it was asked for. For speed use --mixed_precision no."
+    )
+    for amp, flag, launcher in ((False, "bf16", None), (False, None, "bf16")):
+        policy, notes = resolve_precision(amp, flag, "cpu", launcher)
+        assert policy.mode == "bf16"
+        assert [n for n in notes if n.startswith("warning:")] == ([] if native else [expected])
+
+
 def cpuinfo_flags() -> set[str]:
     with open("/proc/cpuinfo") as cpuinfo:
         return {flag for line in cpuinfo if line.startswith("flags") for flag in line.split(":", 1)[1].split()}

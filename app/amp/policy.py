@@ -24,6 +24,11 @@ _CPU_FP16_NOTE = (
     "seldom beat fp32 (docs/benchmarks.md). It is kept because it was asked for"
 )
 
+_CPU_EMULATED_BF16_NOTE = (
+    "this CPU has no native bf16 (AVX512-BF16 or AMX): bf16 is emulated, several times slower than fp32 here "
+    "(docs/precision.md). It is kept because it was asked for"
+)
+
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
@@ -136,6 +141,8 @@ def resolve_precision(
     if mode == "fp16" and device_type == "cpu":
         alternative = "--mixed_precision bf16 (this CPU has native bf16) or " if cpu_has_native_bf16() else ""
         notes.append(f"warning: {_CPU_FP16_NOTE}. For speed use {alternative}--mixed_precision no.")
+    if mode == "bf16" and device_type == "cpu" and not cpu_has_native_bf16():
+        notes.append(f"warning: {_CPU_EMULATED_BF16_NOTE}. For speed use --mixed_precision no.")
     if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("bf16 was asked for but this GPU has no bf16 support; use --mixed_precision fp16 or no")
     return PrecisionPolicy(mode, device_type, source, reason), notes
