@@ -520,8 +520,12 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     for name in set().union(*replaced) - set(given):
         from_yaml.pop(name, None)
     parser.set_defaults(**from_yaml)
-    # Where a value came from, for a line that names a flag the user did not type (errors.with_sources).
-    errors.set_config_sources({name: known.config for name in from_yaml if name not in given})
+    # Where a value came from, for a line that names a flag the user did not type (errors.with_sources); not a
+    # default that the file repeats (a training_args.yaml holds every flag), which set nothing.
+    defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
+    errors.set_config_sources(
+        {name: known.config for name, value in from_yaml.items() if name not in given and value != defaults.get(name)}
+    )
     namespace, unknown = parser.parse_known_args(argv)
     if unknown and not unknown[0].startswith("-"):  # a word where a flag goes: a file meant for --train_file?
         raise UsageError(

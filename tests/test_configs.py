@@ -279,8 +279,8 @@ def test_the_command_line_replaces_what_a_yaml_set_for_the_same_choice(
 def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path, capsys):
     from tests.conftest import run_app
 
-    path = tmp_path / "run.yaml"
-    path.write_text("lora_r: 4\nlearning_rate: 0.0001\n")
+    path = tmp_path / "run.yaml"  # use_peft at its default, as a training_args.yaml holds it: it set nothing
+    path.write_text("lora_r: 4\nlearning_rate: 0.0001\nuse_peft: false\n")
     assert run_app(["--config", path]) == 2
     assert capsys.readouterr().err == (
         "error: --lora_r applies to adapters only; add --use_peft, or drop --lora_r (--lora_r: from --config "
