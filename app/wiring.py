@@ -44,7 +44,13 @@ from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.best import check_best_checkpoint, check_resume_best, final_competes
 from app.config import TrainConfig, metric_tag
-from app.host.dropout import DropoutMasks, masks_context, masks_of_run, recompute_under_the_masks_mode
+from app.host.dropout import (
+    DropoutMasks,
+    drops_out,
+    masks_context,
+    masks_of_run,
+    recompute_under_the_masks_mode,
+)
 from app.host.preemption import StopRequest
 from app.host.runtime import HostCollective, backend_name, on_main_process
 from app.inputs import data, gguf
@@ -442,6 +448,12 @@ def build_training(
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "
                 "--fast_cpu_dropout applies to new runs"
+            )
+        elif masks != resume.record.dropout_masks and drops_out(model):  # compiled, or on a GPU: torch's own
+            notes.append(
+                f"note: the run started with dropout masks from {resume.record.dropout_masks.said}; this resume draws "
+                f"{masks.said} ({'compiled' if cfg.torch_compile else 'on ' + accelerator.device.type}), so it does "
+                "not continue exactly as the run would have"
             )
         for line in notes:
             accelerator.print(line)

@@ -425,3 +425,23 @@ def test_dropout_is_found_in_modules_and_in_attention_rates():
         lora = LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=rate)
         adapted = get_peft_model(LlamaForCausalLM(LlamaConfig(**llama, attention_dropout=0.0)), lora)
         assert drops_out(adapted) == (rate > 0)
+
+
+def test_a_compiled_resume_of_a_run_on_fast_masks_says_it_draws_torchs(
+    tmp_path, monkeypatch, tiny_model_dir, review_files, capsys
+):
+    # Compiled, the masks are torch's own whatever the run started with: the resume went on without a word.
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the run draws SFC64 masks
+    common = [
+        *("--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"], "--max_eval_samples", 8),
+        *("--validation_file", review_files["validation"], "--per_device_train_batch_size", 8, "--max_length", 32),
+        *("--max_steps", 2, "--save_steps", 2, "--mixed_precision", "no", "--disable_tqdm", "--run_name", "r"),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs"),
+    ]
+    assert run_app(common) == 0
+    capsys.readouterr()
+    assert run_app([*common, "--torch_compile", "--resume_from_checkpoint", "latest"]) == 0  # nothing left to train
+    assert (
+        "note: the run started with dropout masks from 32 bits of SFC64 per element; this resume draws torch's own "
+        "(compiled), so it does not continue exactly as the run would have"
+    ) in capsys.readouterr().out.splitlines()
