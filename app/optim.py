@@ -33,8 +33,9 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Ada
 
 
 # What a resume takes from the run, not from the flags: AdamW's parameter groups keep their learning rate and weight
-# decay, the schedule its base learning rate and its warmup (a new length alone recomputes it).
-KEPT_BY_A_RESUME = ("learning_rate", "weight_decay", "warmup_ratio")
+# decay, the schedule its base learning rate and its warmup (a new length alone recomputes it), the adapters their
+# dropout (the rest of their settings must match: adapters/plan.check_resume).
+KEPT_BY_A_RESUME = ("learning_rate", "weight_decay", "warmup_ratio", "lora_dropout")
 
 
 def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, list[str]]:
@@ -54,8 +55,8 @@ def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, lis
         ran = " and ".join(f"{name} {kept[name]:g}" for name in asked)
         flags = ", ".join(f"--{name} {getattr(cfg, name):g}" for name in asked)
         notes.append(
-            f"note: a resume continues the run's optimizer and schedule: {ran} as the run had them, not {flags}; a "
-            "new run can change them"
+            f"note: a resume continues the run's training as it was set: {ran} as the run had them, not {flags}; "
+            "a new run can change them"
         )
     steps, epochs = recorded.get("max_steps"), recorded.get("num_train_epochs")
     if (

@@ -235,7 +235,7 @@ def test_a_resume_says_which_flags_the_checkpoint_overrides_and_records_what_ran
     assert run_app([*changed, "--resume_from_checkpoint", "latest"]) == 0
     lines = capfd.readouterr().out.splitlines()
     assert (
-        "note: a resume continues the run's optimizer and schedule: learning_rate 5e-05 and weight_decay 0.01 as the "
+        "note: a resume continues the run's training as it was set: learning_rate 5e-05 and weight_decay 0.01 as the "
         "run had them, not --learning_rate 0.001, --weight_decay 0.1; a new run can change them"
     ) in lines
     assert (
@@ -447,10 +447,17 @@ def test_a_plain_resume_of_a_run_with_its_own_settings_has_nothing_to_say():
     cfg, notes = resumed_settings(changed, recorded)
     assert cfg.warmup_ratio == 0.0
     assert notes == [
-        "note: a resume continues the run's optimizer and schedule: learning_rate 0.0001 and warmup_ratio 0 as the run "
+        "note: a resume continues the run's training as it was set: learning_rate 0.0001 and warmup_ratio 0 as the run "
         "had them, not --learning_rate 0.0003, --warmup_ratio 0.9; a new run can change them",
         "note: the run was set to 4 optimizer steps, this resume to 2 epoch(s): the learning-rate schedule is "
         "recomputed for the new length, so the learning rate changes from the checkpoint's",
+    ]
+    # Another adapter dropout trained on under the run's model card and adapter_config.json, without a word.
+    cfg, notes = resumed_settings(TrainConfig(max_steps=4, lora_dropout=0.3), {**recorded, "lora_dropout": 0.05})
+    assert cfg.lora_dropout == 0.05
+    assert notes == [
+        "note: a resume continues the run's training as it was set: lora_dropout 0.05 as the run had them, not "
+        "--lora_dropout 0.3; a new run can change them"
     ]
 
 
