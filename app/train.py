@@ -47,6 +47,7 @@ from app.host.runtime import (
     requested_backend,
 )
 from app.inputs.batch_shape import keep_global_batch
+from app.inputs.model import another_model_note
 from app.inputs.sampling import keep_the_runs_seed, recorded_in_examples
 from app.loop import train
 from app.optim import check_resume_length, nothing_left_note, resumed_settings
@@ -110,7 +111,7 @@ def fine_tune(
         cfg, seed_notes = keep_the_runs_seed(cfg, resume.record, recorded)
         resume_notes += seed_notes
         cfg, kept_notes = resumed_settings(cfg, recorded)
-        resume_notes += kept_notes + untracked_by_a_resume(cfg, recorded)
+        resume_notes += kept_notes + untracked_by_a_resume(cfg, recorded) + another_model_note(cfg, recorded)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------

@@ -4,6 +4,7 @@ one, a damaged checkpoint named by path is refused, older unrecorded ones and a 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pandas as pd
@@ -698,3 +699,23 @@ def test_the_replaced_lines_curves_move_before_its_checkpoints(five_steps, monke
             run_app([*flags, "--resume_from_checkpoint", out / "checkpoints" / "step-3"])
     assert run_app([*flags, "--resume_from_checkpoint", "latest"]) == 0  # the old line's step-5: nothing left
     assert tb.raw_points(run_dir / "replaced-after-step-3", tags.TRAIN_LOSS) == replaced, "aside, not lost"
+
+
+def test_a_resume_that_names_another_model_says_whose_config_and_tokenizer_go_on(run_copy, tiny_model_dir, capfd):
+    # The checkpoint's weights went on under another folder's config and tokenizer without a word; the same folder
+    # by another path (a relative one) is the run's.
+    out, flags = run_copy
+    other = out.parent / "copy-of-the-model"
+    shutil.copytree(tiny_model_dir, other)
+    model_at = flags.index("--model_name_or_path") + 1
+    for model in (os.path.relpath(tiny_model_dir), other):
+        resumed = [*flags[:model_at], model, *flags[model_at + 1 :], "--resume_from_checkpoint", "latest"]
+        capfd.readouterr()
+        assert run_app(resumed) == 0  # at the run's last step: saved and evaluated again
+        said = [line for line in capfd.readouterr().out.splitlines() if line.startswith("note: the run was trained")]
+        expected = (
+            f"note: the run was trained from {tiny_model_dir}, this resume names {other}: the checkpoint's weights "
+            "go on under its config and tokenizer, which the output folder will hold; resume with the run's "
+            "--model_name_or_path to keep the run's"
+        )
+        assert said == ([expected] if model == other else [])

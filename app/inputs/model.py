@@ -7,6 +7,7 @@ the scaler refuses to unscale fp16 gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -64,6 +65,23 @@ def portable_name(cfg: TrainConfig) -> str:
         given = Path(cfg.model_name_or_path)
         return str(given.resolve()) if given.is_dir() and not given.is_absolute() else cfg.model_name_or_path
     return EMBEDDED_LM_NAME if cfg.task == "causal_lm" else EMBEDDED_MODEL_NAME
+
+
+def another_model_note(cfg: TrainConfig, recorded: dict) -> list[str]:
+    """A note for a resume that names another model than its run's (`recorded`: its training_args.yaml): the
+    checkpoint's weights go on under the config and tokenizer of the model named now, and a tokenizer that differs
+    gives the trained model other token ids. A folder named by another path (relative, or moved) is the same."""
+    if "model_name_or_path" not in recorded:  # no file of the run's to compare with
+        return []
+    run = dataclasses.replace(cfg, model_name_or_path=recorded["model_name_or_path"] or None)
+    was, now = portable_name(run), portable_name(cfg)
+    if was == now or (Path(was).is_dir() and Path(now).is_dir() and Path(was).resolve() == Path(now).resolve()):
+        return []
+    return [
+        f"note: the run was trained from {was}, this resume names {now}: the checkpoint's weights go on under its "
+        "config and tokenizer, which the output folder will hold; resume with the run's --model_name_or_path to keep "
+        "the run's"
+    ]
 
 
 def gguf_base(cfg: TrainConfig) -> str | None:
