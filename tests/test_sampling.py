@@ -203,15 +203,20 @@ def test_sorted_evaluation_gives_the_metrics_of_unsorted_evaluation(tiny_model_d
     assert torch.equal(in_data_order.argmax(-1), logits(unsorted).argmax(-1))
 
 
-@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
-def test_a_resume_with_another_seed_keeps_the_runs_order_and_says_so(tokenizer, strategy):
-    # The order is drawn from the seed; a resume whose --seed differs would train some examples twice and skip others.
-    lengths = mixed_lengths(16 * 6)
+def saved_after_two_steps(tokenizer, lengths: list[int], strategy: str):
+    """A one-process run's loader, and the state and record of its checkpoint after two steps of epoch 0."""
     saving = loader_for(tokenizer, lengths, strategy)
     saved = DataPosition(saving, BATCH, 1, accumulation=1)
     state = TrainState(epoch=0, batches_in_epoch=2)
     state.samples_in_epoch = saved.samples(state)
-    record = CheckpointRecord("r", "no", 1, state, data=saved.record())
+    return saving, state, CheckpointRecord("r", "no", 1, state, data=saved.record())
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
+def test_a_resume_with_another_seed_keeps_the_runs_order_and_says_so(tokenizer, strategy):
+    # The order is drawn from the seed; a resume whose --seed differs would train some examples twice and skip others.
+    lengths = mixed_lengths(16 * 6)
+    saving, state, record = saved_after_two_steps(tokenizer, lengths, strategy)
 
     resuming = loader_for(tokenizer, lengths, strategy)
     get_sampler(resuming).seed = SEED + 2  # as --seed 7 would
@@ -228,6 +233,30 @@ def test_a_resume_with_another_seed_keeps_the_runs_order_and_says_so(tokenizer, 
         f"note: the training data has {len(lengths) - 16} examples, the checkpoint's run had {len(lengths)}: the rest "
         "of the epoch is not the examples the run would have seen"
     ]
+
+
+@pytest.mark.parametrize("strategy", ["group_by_length", "random"])
+def test_a_resume_on_other_token_counts_says_so_where_the_order_sorts_by_them(tokenizer, strategy):
+    # Another --max_length, tokenizer or training file of as many rows sorts the same indices into another grouped
+    # order: the rest of the epoch would train some examples twice and others never.
+    lengths = mixed_lengths(16 * 6)
+    saving, state, record = saved_after_two_steps(tokenizer, lengths, strategy)
+
+    truncated = loader_for(tokenizer, [min(n, 32) for n in lengths], strategy)  # as a lower --max_length
+    notes = DataPosition(truncated, BATCH, 1, accumulation=1).resume(replace(state), record)
+    if strategy == "random":  # the same order whatever the lengths: the run's examples follow
+        assert notes == []
+        return
+    assert get_sampler(truncated).order(0).tolist() != get_sampler(saving).order(0).tolist()
+    assert notes == [
+        "note: the training examples have other token counts than the checkpoint's run had (another --max_length, "
+        "tokenizer or training data), which the length-grouped order sorts by: the rest of the epoch is not the "
+        "examples the run would have seen"
+    ]
+    # A checkpoint written before the digest was recorded has nothing to compare: no note, as before.
+    older = replace(record, data={**record.data, "order": {**record.data["order"]}})
+    del older.data["order"]["lengths"]
+    assert DataPosition(truncated, BATCH, 1, accumulation=1).resume(replace(state), older) == []
 
 
 def test_a_resume_keeps_the_runs_seed_from_its_training_args_where_the_checkpoint_has_none():

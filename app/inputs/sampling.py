@@ -13,8 +13,10 @@ docs/benchmarks.md for the default job's share). Grouping examples of similar le
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from functools import cached_property
 
 import torch
 from torch.utils.data import Sampler
@@ -82,7 +84,9 @@ class LengthGroupedSampler(EpochOrder):
     only there.
 
     The step size is the one the run started with, and stays with the run: checkpoints record it (spec()), and a
-    resume with another process count follows it (follow()), only cutting the same order into other batches.
+    resume with another process count follows it (follow()), only cutting the same order into other batches. They
+    record a digest of the lengths too: other token counts (another --max_length, tokenizer or training file of as
+    many rows) sort the same indices into another order, which a resume cannot follow (DataPosition.resume says so).
     """
 
     def __init__(self, lengths: Sequence[int], step_size: int, seed: int):
@@ -92,7 +96,17 @@ class LengthGroupedSampler(EpochOrder):
         self.mega_batch_size = step_size * MEGA_BATCH_BATCHES
 
     def spec(self) -> dict:
-        return {"strategy": "group_by_length", "group_size": self.group_size, "mega_batch_size": self.mega_batch_size}
+        return {
+            "strategy": "group_by_length",
+            "group_size": self.group_size,
+            "mega_batch_size": self.mega_batch_size,
+            "lengths": self.lengths_digest,
+        }
+
+    @cached_property
+    def lengths_digest(self) -> str:
+        """The token counts the order sorts by, hashed: computed once, recorded at every checkpoint."""
+        return hashlib.sha256(self.lengths.numpy().tobytes()).hexdigest()
 
     def follow(self, spec: dict) -> bool:
         if spec.get("strategy") != "group_by_length":
@@ -181,12 +195,26 @@ class DataPosition:
                 f"note: the training data has {self.sampler.num_examples} examples, the checkpoint's run had "
                 f"{examples}: the rest of the epoch is not the examples the run would have seen"
             )
-        if not self.sampler.follow(record.data["order"]):
+        order = record.data["order"]
+        if not self.sampler.follow(order):
             notes.append(
                 "note: --train_sampling_strategy changed since the checkpoint, so the rest of the epoch is not the "
                 "examples the run would have seen"
             )
+        elif examples in (None, self.sampler.num_examples) and _sorted_by_other_lengths(order, self.sampler):
+            notes.append(
+                "note: the training examples have other token counts than the checkpoint's run had (another "
+                "--max_length, tokenizer or training data), which the length-grouped order sorts by: the rest of the "
+                "epoch is not the examples the run would have seen"
+            )
         return notes
+
+
+def _sorted_by_other_lengths(recorded: dict, sampler: EpochOrder) -> bool:
+    """Whether the run's order (`recorded`, its spec) sorted other token counts than `sampler` has. Checkpoints
+    written before the digest was recorded, and orders that do not sort by length, give no answer: False."""
+    digest = recorded.get("lengths")
+    return digest is not None and digest != sampler.spec().get("lengths")
 
 
 def keep_the_runs_seed(cfg, record, recorded: dict):
