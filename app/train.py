@@ -105,9 +105,9 @@ def fine_tune(
     resume_notes = []
     if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
         check_resume_length(cfg.max_steps, resume.record.state.opt_step, resume.path)  # before notes of its length
-        resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg))
-        cfg, resume_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
         recorded = folders.recorded_config(resume.output_dir)
+        resume = dataclasses.replace(resume, record=recorded_in_examples(resume.record, cfg, recorded))
+        cfg, resume_notes = keep_global_batch(cfg, resume.record, accelerator.num_processes)
         cfg, seed_notes = keep_the_runs_seed(cfg, resume.record, recorded)
         resume_notes += seed_notes
         cfg, kept_notes = resumed_settings(cfg, recorded)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -25,12 +26,33 @@ def resume_flags(output_dir, tmp_path, *extra) -> list:
     ]
 
 
-def test_an_old_checkpoint_resumes_where_the_old_run_went(tmp_path):
+def notes_on_the_examples(capsys) -> list[str]:
+    """The notes of a resume that say how its examples or batches differ from the run's."""
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:") and "examples" in line]
+
+
+def resume_step_2(tmp_path, *flags):
+    """A copy of the old run, resumed from its step-2 checkpoint to step 4 with these flags added; its folder."""
     old = tmp_path / "old_run"
     shutil.copytree(FIXTURES / "old_run", old)
     step_2 = old / "checkpoints" / "step-2"
     args = resume_flags(old, tmp_path, "--max_steps", 4, "--resume_from_checkpoint", step_2, "--run_name", "again")
-    assert run_app(args) == 0
+    assert run_app([*args, *flags]) == 0
+    return old
+
+
+# The checkpoints have no batch record: the run's training_args.yaml says 4 per device, 1 accumulated; not the flags.
+KEPT = "this run keeps them: 1 process(es) x 4 per device x 1 accumulated, and continues at example 8 of epoch 0"
+
+
+@pytest.mark.parametrize(
+    "flags", [(), ("--per_device_train_batch_size", 8), ("--gradient_accumulation_steps", 2)], ids=str
+)
+def test_an_old_checkpoint_resumes_where_the_old_run_went(tmp_path, capsys, flags):
+    old = resume_step_2(tmp_path, *flags)
+    notes = notes_on_the_examples(capsys)
+    assert len(notes) == (1 if flags else 0) and all(KEPT in note for note in notes), notes
+    step_2 = old / "checkpoints" / "step-2"
     resumed, recorded = load_file(old / "model.safetensors"), load_file(FIXTURES / "old_run" / "model.safetensors")
     before = load_file(step_2 / "model.safetensors")
     assert resumed.keys() == recorded.keys()
@@ -39,6 +61,14 @@ def test_an_old_checkpoint_resumes_where_the_old_run_went(tmp_path):
     # The tolerance is far below what two steps of training move: a resume that lost its place would show.
     moved = max((recorded[k] - before[f"bert.{k}" if f"bert.{k}" in before else k]).abs().max() for k in recorded)
     assert moved > 20 * ACROSS_MACHINES["atol"]
+
+
+def test_an_old_checkpoint_resumed_with_another_strategy_says_its_order_is_not_the_runs(tmp_path, capsys):
+    resume_step_2(tmp_path, "--train_sampling_strategy", "random")  # the run's training_args.yaml: group_by_length
+    assert notes_on_the_examples(capsys) == [
+        "note: --train_sampling_strategy changed since the checkpoint, so the rest of the epoch is not the examples "
+        "the run would have seen"
+    ]
 
 
 def test_an_old_run_continues_from_latest_and_its_model_predicts(tmp_path, capsys):

@@ -117,7 +117,7 @@ def resumed(tokenizer, lengths, strategy, state: TrainState, processes: int, sav
     loader = loader_for(tokenizer, lengths, strategy, processes)
     position = DataPosition(loader, BATCH, processes, accumulation=1)
     cfg = replace(TrainConfig(), per_device_train_batch_size=BATCH, train_sampling_strategy=strategy)
-    record = recorded_in_examples(CheckpointRecord("r", "no", saved_by, state, data=saved), cfg)
+    record = recorded_in_examples(CheckpointRecord("r", "no", saved_by, state, data=saved), cfg, {})
     resumed_state = replace(record.state)
     assert not position.resume(resumed_state, record), "the run's own order: nothing to note"
     return loader, resumed_state

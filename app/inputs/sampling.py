@@ -234,23 +234,31 @@ def keep_the_runs_seed(cfg, record, recorded: dict):
     return replace(cfg, seed=seed), [note]
 
 
-def recorded_in_examples(record, cfg):
+def recorded_in_examples(record, cfg, recorded: dict):
     """`record` (storage/checkpoints.CheckpointRecord) with its order, global batch and position in examples.
 
     Checkpoints written before these were recorded grouped their order by batch size x processes and counted their
-    position in batches: of this run's batch size and accumulation, the only ones known.
+    position in batches: of the batch size, accumulation and strategy in the run's training_args.yaml (`recorded`),
+    and of the flags only where it has none, so that a resume with other flags keeps the run's batches and says so.
     """
     if record.data is not None and record.state.samples_in_epoch is not None:
         return record
-    group = cfg.per_device_train_batch_size * record.num_processes
-    order = {
-        "strategy": cfg.train_sampling_strategy,
-        "group_size": group,
-        "mega_batch_size": group * MEGA_BATCH_BATCHES,
-    }
+    per_device = _recorded_count(recorded, "per_device_train_batch_size", cfg.per_device_train_batch_size)
+    accumulation = _recorded_count(recorded, "gradient_accumulation_steps", cfg.gradient_accumulation_steps)
+    strategy = recorded.get("train_sampling_strategy")
+    if strategy not in ("group_by_length", "random"):
+        strategy = cfg.train_sampling_strategy
+    group = per_device * record.num_processes
+    order = {"strategy": strategy, "group_size": group, "mega_batch_size": group * MEGA_BATCH_BATCHES}
     state = replace(record.state, samples_in_epoch=record.state.batches_in_epoch * group)
-    data = {"order": order, "global_batch_size": group * cfg.gradient_accumulation_steps}
+    data = {"order": order, "global_batch_size": group * accumulation}
     return replace(record, state=state, data=data)
+
+
+def _recorded_count(recorded: dict, name: str, flag: int) -> int:
+    """A positive count that training_args.yaml records under `name`; the flag's value where it records none."""
+    value = recorded.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else flag
 
 
 def _find_order(loader) -> EpochOrder:
