@@ -138,7 +138,9 @@ class PredictConfig:
     def validate(self, texts: list[str]) -> None:
         refuse_empty_values(self)
         if not self.model_name_or_path:
-            raise UsageError("give --model_name_or_path: the output folder of a training run, or a sequence classifier")
+            raise UsageError(
+                "give --model_name_or_path: the output folder of a training run, a sequence classifier or a causal LM"
+            )
         if self.input_file and texts:
             raise UsageError("give texts on the command line or --input_file, not both")
         for number, text in enumerate(texts, start=1):

@@ -125,7 +125,11 @@ def main() -> int:
         import bench_job
 
         return bench_job.main([arg for arg in sys.argv[1:] if arg != "--job"])
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="--job: the whole default job, this app against HF Trainer, each in its own process (its own flags: "
+        "bench.py --job --help)",
+    )
     parser.add_argument(
         "--steps",
         type=at_least(2),

@@ -604,3 +604,8 @@ def test_compare_amp_s_launcher_passes_every_value_accelerate_would_warn_of(tmp_
     result = forked.run([*compare_amp.default_launcher(), str(script)], env=clean_env(tmp_path), timeout=120)
     assert result.returncode == 0 and "launched" in result.stdout, result.stderr[-2000:]
     assert "were not passed" not in result.stderr, result.stderr[-2000:]
+
+
+def test_bench_help_names_the_job_benchmark(run_here):
+    # The README's headline benchmark is `bench.py --job`, which bench.py's own --help did not mention.
+    assert "--job: the whole default job" in " ".join(run_here("bench.py", "--help").split())
