@@ -33,7 +33,7 @@ from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_de
 from app.best import stopped_early, untracked_by_a_resume
 from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
-from app.errors import TrainingHalted, UsageError
+from app.errors import TrainingHalted, UsageError, with_sources
 from app.host.dropout import DropoutMasks, drops_out
 from app.host.memory import keep_freed_memory
 from app.host.preemption import StopRequest
@@ -117,8 +117,7 @@ def fine_tune(
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
     compiling = compile_notes(cfg.torch_compile, accelerator.device)
     for line in (
-        policy.describe(),
-        *notes,
+        *map(with_sources, (policy.describe(), *notes)),  # a precision a --config asked for says so
         *fallback.unused_scaler_notes(cfg, policy),
         *compiling,
         *describe_backend(accelerator),

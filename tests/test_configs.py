@@ -432,3 +432,21 @@ def test_a_home_folder_in_a_path_flag_or_a_yaml_is_the_users_home(tmp_path, monk
     assert (cfg.output_dir, cfg.train_file, cfg.logdir) == (f"{home}/out", f"{home}/data/train.csv", f"{home}/runs")
     predicting, _ = parse_args(["a text", "--model_name_or_path=~/out", "--output_file=~/predicted.csv"])
     assert (predicting.model_name_or_path, predicting.output_file) == (f"{home}/out", f"{home}/predicted.csv")
+
+
+def test_a_precision_from_a_config_says_where_it_came_from(tmp_path, quick_args, capsys, monkeypatch):
+    # "(from --mixed_precision ...)" and "note: --mixed_precision no overrides the launcher's 'fp16'" named a flag the
+    # user had not typed.
+    from tests.conftest import run_app
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    path = tmp_path / "run.yaml"
+    path.write_text("mixed_precision: 'no'\n")
+    assert run_app([*quick_args, "--config", path, "--max_steps", 1, "--eval_steps", 0]) == 0
+    said = capsys.readouterr().out.splitlines()
+    source = f"(--mixed_precision: from --config {path}; a flag on the command line overrides it)"
+    assert (
+        said[0]
+        == f"precision: fp32, no autocast, on cpu, loss scaling off (from --mixed_precision: no was asked for) {source}"
+    )
+    assert said[1] == f"note: --mixed_precision no overrides the launcher's 'fp16' {source}"
