@@ -98,8 +98,8 @@ _EVALUATE = "use --eval_steps N: an evaluation every N optimizer steps (0: only 
 _ON_CPU = "use accelerate launch --cpu app/train.py, or a CPU config from accelerate_configs/"
 _QUANTIZED = "drop it: quantized bases do not train here; --use_peft --dtype bfloat16 keeps the base in half precision"
 OTHER_NAMES = {
-    "fp16": "use --mixed_precision fp16, or --amp (--mixed_precision no: fp32)",
-    "bf16": "use --mixed_precision bf16 (--mixed_precision no: fp32)",
+    "fp16": "use --mixed_precision fp16, or --amp; --mixed_precision no for fp32",
+    "bf16": "use --mixed_precision bf16; --mixed_precision no for fp32",
     "fp16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
     "bf16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
     "tf32": "drop it: TF32 for fp32 matmuls on a GPU is torch's setting, left as torch has it (TensorBoard's run/tf32 "

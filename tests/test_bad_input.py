@@ -139,7 +139,7 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "HF Trainer's bf16 in a yaml",
             ["--config", write(csv_dir / "hf.yaml", "bf16: true\n")],
             {},
-            "unknown key 'bf16' (use --mixed_precision bf16); its keys are the flag names, without the dashes",
+            "unknown key 'bf16' (use --mixed_precision bf16; --mixed_precision no for fp32); its keys are the flag",
         ),
         ("malformed yaml", ["--config", write(csv_dir / "bad.yaml", "learning_rate: [1, 2\n")], {}, "not valid YAML"),
         (

@@ -299,7 +299,7 @@ def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path,
     "argv, advice",
     [
         (["--no_amp"], "use --amp false"),  # "did you mean --amp?" switched fp16 on
-        (["--fp16", "false"], "use --mixed_precision fp16, or --amp (--mixed_precision no: fp32)"),
+        (["--fp16", "false"], "use --mixed_precision fp16, or --amp; --mixed_precision no for fp32"),
         (["--num_cpu_threads_per_process", "2"], "a flag of accelerate launch: give it before app/train.py"),
         (["--use_fsdp"], "a flag of accelerate launch: give it before app/train.py"),  # "did you mean --use_peft?"
         (["--bf16_full_eval"], "drop it: evaluation runs under the training's autocast"),
