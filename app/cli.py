@@ -19,7 +19,7 @@ from typing import Callable, TypeVar
 from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
-from app.errors import DiskFull, TrainingHalted, UsageError, with_sources
+from app.errors import DiskFull, ProcessLost, TrainingHalted, UsageError, with_sources
 
 T = TypeVar("T")
 
@@ -267,14 +267,15 @@ def exit_code_of(main_body: Callable[[], int]) -> int:
 
 
 def say_why(halt: UsageError | TrainingHalted) -> None:
-    """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why. Said before the process
-    group ends: once one rank exits, torchrun stops the others, and rank 0 could be stopped before its line."""
+    """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why, or every rank left when another
+    process is gone (it may be rank 0). Said before the process group ends: once one rank exits, torchrun stops the
+    others, and rank 0 could be stopped before its line."""
     if getattr(halt, "said", False):
         return
     halt.said = True
     world = os.environ.get("WORLD_SIZE", "1")
     alone = not world.isdigit() or int(world) <= 1  # a RANK left over in the shell: this process is the only one
-    if alone or os.environ.get("RANK", "0") == "0":
+    if alone or os.environ.get("RANK", "0") == "0" or isinstance(halt, ProcessLost):
         line = str(halt)
         if isinstance(halt, UsageError):  # with the --config file that set a flag it names, which was not typed
             line = f"error: {with_sources(line)}"

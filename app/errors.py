@@ -23,6 +23,14 @@ class TrainingHalted(Exception):
 NUMERIC_FAULT_EXIT_CODE = 3
 
 
+class ProcessLost(TrainingHalted):
+    """Another process of the run ended (killed, crashed) and a collective with it failed: no checkpoint can be written
+    without it. Said by every rank that is left, since the main process may be the one gone. Exit code 1."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
+
+
 class DiskFull(TrainingHalted):
     """A checkpoint or the final model did not fit on the disk; the previous checkpoint is intact. Exit code 4."""
 

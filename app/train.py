@@ -8,9 +8,10 @@
     python app/train.py --config run.yaml                   # plain python works too
     tensorboard --logdir runs
 
-Exit codes: 0 done, 2 bad input, 3 numeric fault or loss-scale alarm, 4 disk full (the previous checkpoint intact),
-130/143 stopped by SIGINT/SIGTERM (after a checkpoint, or with the model saved whole if the signal came during the
-final evaluation or save). Plain python passes these through; `accelerate launch` and `torchrun` report any failure
+Exit codes: 0 done, 1 another process of the run ended (killed, crashed; resume from the checkpoint it names), 2 bad
+input, 3 numeric fault or loss-scale alarm, 4 disk full (the previous checkpoint intact), 130/143 stopped by
+SIGINT/SIGTERM (after a checkpoint, or with the model saved whole if the signal came during the final evaluation or
+save). Plain python passes these through; `accelerate launch` and `torchrun` report any failure
 of a process as 1, and their failure summary gives each process's own code.
 """
 
@@ -22,7 +23,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # `python app/train.py` from a checkout, without installing the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
 import dataclasses
+import signal
 import time
 
 from accelerate import Accelerator
@@ -33,11 +36,12 @@ from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_de
 from app.best import stopped_early, untracked_by_a_resume
 from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
-from app.errors import TrainingHalted, UsageError, with_sources
+from app.errors import ProcessLost, TrainingHalted, UsageError, with_sources
 from app.host.dropout import DropoutMasks, drops_out
 from app.host.memory import keep_freed_memory
 from app.host.preemption import StopRequest
 from app.host.runtime import (
+    another_process_ended,
     build_accelerator,
     compile_notes,
     describe_backend,
@@ -58,7 +62,7 @@ from app.storage.folders import FolderClaims, claim_output_dir, claim_run_folder
 from app.telemetry import report
 from app.telemetry.console import show_library_notices, show_progress_bars
 from app.telemetry.writer import open_writer
-from app.wiring import build_training, load_inputs
+from app.wiring import Training, build_training, load_inputs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,40 +183,42 @@ def fine_tune(
 
     # ---- train, then save ---------------------------------------------------------------------------------------
     try:
-        if signum := stop.agreed():  # it came while loading or tokenizing: nothing trained yet, a checkpoint to resume
-            path = training.save_checkpoint()
-            raise TrainingHalted(
-                f"stopped by signal {signum} before training started; resume from {path}", stop.exit_code(signum)
-            )
-        # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
-        accelerator.print(stop.training_line())
-        train(training)
-        stop.training_ended()
-        if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
-            with training.telemetry.paused():
-                training.save_checkpoint()
-        # The trained model first, so that nothing after training (a final evaluation that fails) can lose it.
-        training.save_model(paths.output_dir)
-        step, saved = training.state.opt_step, paths.output_dir
-        accelerator.print(
-            f"the trained model is step {step}'s, evaluated above (saved in {saved})"  # an early stop's, the last's
-            if training.evaluated_at(step)
-            else f"evaluating the final model (step {step}'s, saved in {saved})"
-        )
-        final = training.evaluate_and_log()
-        final, best_loaded = training.end_with_best(final)
-        if best_loaded:  # --load_best_model_at_end: the best checkpoint's weights take the trained model's place
-            # Logged after the trained model's, as HF's evaluate() after training: the last eval/* values (HPARAMS'
-            # cells) are then the saved model's, as in the model card and the summary.
-            training.telemetry.log_eval(training.state.opt_step, final)
+        with stopped_when_another_process_ends(training):
+            # A signal that came while loading or tokenizing: nothing trained yet, a checkpoint to resume from.
+            if signum := stop.agreed():
+                path = training.save_checkpoint()
+                raise TrainingHalted(
+                    f"stopped by signal {signum} before training started; resume from {path}", stop.exit_code(signum)
+                )
+            # From this line on, a signal is caught by the loop at its next optimizer step (tests wait for this line).
+            accelerator.print(stop.training_line())
+            train(training)
+            stop.training_ended()
+            if cfg.save_steps:  # a SIGKILL after the grace period must not lose the steps since the last checkpoint
+                with training.telemetry.paused():
+                    training.save_checkpoint()
+            # The trained model first, so that nothing after training (a final evaluation that fails) can lose it.
             training.save_model(paths.output_dir)
-        if accelerator.is_main_process:
-            training.write_model_card(paths.run_name, paths.output_dir, final)
-        if cfg.save_merged_model:  # last: it merges the adapters into the model in place
-            merged = save_merged_model(accelerator, training.model, inputs.tokenizer, paths.output_dir)
-            accelerator.print(f"merged model, float32: {merged}")
-        training.write_hparams_row()  # last, for its cells: the run's final eval/* and throughput
-        signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
+            step, saved = training.state.opt_step, paths.output_dir
+            accelerator.print(
+                f"the trained model is step {step}'s, evaluated above (saved in {saved})"  # an early stop's, the last's
+                if training.evaluated_at(step)
+                else f"evaluating the final model (step {step}'s, saved in {saved})"
+            )
+            final = training.evaluate_and_log()
+            final, best_loaded = training.end_with_best(final)
+            if best_loaded:  # --load_best_model_at_end: the best checkpoint's weights take the trained model's place
+                # Logged after the trained model's, as HF's evaluate() after training: the last eval/* values (HPARAMS'
+                # cells) are then the saved model's, as in the model card and the summary.
+                training.telemetry.log_eval(training.state.opt_step, final)
+                training.save_model(paths.output_dir)
+            if accelerator.is_main_process:
+                training.write_model_card(paths.run_name, paths.output_dir, final)
+            if cfg.save_merged_model:  # last: it merges the adapters into the model in place
+                merged = save_merged_model(accelerator, training.model, inputs.tokenizer, paths.output_dir)
+                accelerator.print(f"merged model, float32: {merged}")
+            training.write_hparams_row()  # last, for its cells: the run's final eval/* and throughput
+            signum = stop.agreed()  # it came during the final evaluation or save, which were let finish
     except TrainingHalted:  # the loss-scale alarm, a fault, a signal, a full disk: the run's row as it stands, to
         training.write_hparams_row()  # compare it with the others (a resume's replaces it)
         raise
@@ -229,6 +235,35 @@ def fine_tune(
             stop.exit_code(signum),
         )
     return 0
+
+
+@contextlib.contextmanager
+def stopped_when_another_process_ends(training: Training):
+    """Another process of the run gone (killed, crashed) fails this one's next collective, with gloo's traceback:
+    one line instead, that says which checkpoint to resume from. Any other error is a bug and keeps its traceback."""
+    try:
+        yield
+    except Exception as error:
+        if not another_process_ended(error):
+            raise
+        training.stop.ending()
+        raise ProcessLost(another_process_ended_line(training)) from None
+
+
+def another_process_ended_line(training: Training) -> str:
+    signum = training.stop.signum
+    unwritten = (
+        f"the checkpoint that {signal.Signals(signum).name} asked for could not be written"
+        if signum
+        else "this one stops too (a checkpoint needs every process)"
+    )
+    newest = training.checkpoints.newest()
+    resume = (
+        f"resume with --resume_from_checkpoint {newest} (or latest)"
+        if newest
+        else "it has no checkpoint to resume from: start it again with --overwrite_output_dir"
+    )
+    return f"stopped: another process of this run ended (killed or crashed), so {unwritten}; {resume}"
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -300,3 +301,35 @@ def test_a_non_finite_loss_is_a_numeric_fault_at_an_evaluation_too(tmp_path, qui
     assert run_app([*quick_args, *flags]) == 3
     assert "numeric fault: a NaN/inf loss was applied to the weights" in capfd.readouterr().err
     assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed, signalled", [(1, True), (0, False)])
+def test_a_rank_killed_mid_run_leaves_the_other_one_line_naming_the_checkpoint_to_resume(
+    tmp_path, tiny_model_dir, review_files, killed, signalled
+):
+    # The survivor printed 20 lines of gloo's traceback ("Connection reset by peer"), after its promise to checkpoint.
+    out = tmp_path / "out"
+    args = [*data_args(tiny_model_dir, review_files), "--mixed_precision", "no", "--max_steps", "100000"]
+    args += ["--save_steps", "2", "--output_dir", out, "--logdir", tmp_path / "runs"]
+    ranks = start_two_ranks(args, tmp_path)
+    gone, survivor = ranks[killed], ranks[1 - killed]
+    try:
+        deadline = time.monotonic() + 180
+        while not completed_checkpoints(out / "checkpoints") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        gone.send_signal(signal.SIGSTOP)  # no collective completes from here on: no checkpoint can be written
+        if signalled:
+            survivor.send_signal(signal.SIGTERM)  # as torchrun's agent does once a worker has died
+        gone.kill()
+        err = survivor.communicate(timeout=120)[1]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert survivor.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    line = err.strip().splitlines()[-1]
+    unwritten = "the checkpoint that SIGTERM asked for could not be written" if signalled else "this one stops too"
+    assert line.startswith(f"stopped: another process of this run ended (killed or crashed), so {unwritten}"), line
+    newest = completed_checkpoints(out / "checkpoints")[-1]
+    assert line.endswith(f"; resume with --resume_from_checkpoint {newest} (or latest)"), line

@@ -14,6 +14,7 @@ from app.amp.scaler import make_scaler
 from app.config import TrainConfig, parse_config
 from app.errors import UsageError
 from app.host.runtime import (
+    another_process_ended,
     backend_name,
     build_accelerator,
     device_type,
@@ -23,6 +24,24 @@ from app.host.runtime import (
 )
 from tests.conftest import clean_env, run_app
 from tests.harness import build_training, train
+
+GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/{}] {}. This is typically caused by a remote worker"
+
+
+@pytest.mark.parametrize(
+    "error, ended",
+    [
+        (RuntimeError(GLOO.format("pair.cc:537", "Read error [127.0.0.1]:3989: Connection reset by peer")), True),
+        (RuntimeError(GLOO.format("pair.cc:590", "Connection closed by peer [127.0.0.1]:23456")), True),
+        (torch.distributed.DistBackendError("NCCL communicator was aborted"), True),
+        # A hang is not a process gone, nor is this process's own error whatever its words: their tracebacks stay.
+        (RuntimeError(GLOO.format("unbound_buffer.cc:81", "Timed out waiting 1800000ms for recv operation")), False),
+        (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+        (ConnectionResetError(104, "Connection reset by peer"), False),
+    ],
+)
+def test_only_a_collective_failed_by_a_process_gone_counts_as_another_process_ended(error, ended):
+    assert another_process_ended(error) is ended
 
 
 @pytest.mark.parametrize("launcher", ["bf16", "fp16"])

@@ -81,6 +81,11 @@ class StopRequest:
         """From here on a signal stops the run after the final save and evaluation, which are let finish."""
         self.acknowledged = ACKNOWLEDGED_AFTER_TRAINING
 
+    def ending(self) -> None:
+        """The run ends now without a checkpoint (another process is gone): a signal from here on is not acknowledged,
+        since the acknowledgment promises one."""
+        self.announce = False
+
     def restore(self) -> None:
         """Put the previous handlers back; safe to call more than once."""
         for sig, handler in self._previous.items():

@@ -155,6 +155,19 @@ def _quiet_libraries() -> None:
     datasets.disable_progress_bars()
 
 
+# What gloo's TCP transport says when the process at the other end of a connection is gone: its socket closed.
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+
+
+def another_process_ended(error: BaseException) -> bool:
+    """Whether a collective failed because another process of the run is gone (killed, crashed): torch's
+    DistBackendError, or gloo's RuntimeError from a closed connection. Any other error is this process's own."""
+    if isinstance(error, torch.distributed.DistBackendError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and "gloo" in text and any(words in text for words in _PEER_GONE)
+
+
 class HostCollective:
     """Collectives over values the host already has (a count, a signal), on a CPU (gloo) group: they never wait for
     the GPU's queued work, as a reduce of a device tensor would. No-ops in a single process."""

@@ -206,6 +206,12 @@ class Checkpoints:
             "continues this run; delete that folder when you no longer need them"
         )
 
+    def newest(self) -> Path | None:
+        """The newest complete checkpoint of this run: the last one published under its folder (a save that failed
+        after publishing never set `last_saved`), else the one it resumed from elsewhere; None if there is none."""
+        published = completed_checkpoints(self.root)
+        return published[-1] if published else self.last_saved
+
     def path(self, step: int) -> Path:
         """Where the checkpoint of optimizer step `step` is (or would be)."""
         return self.root / f"step-{step}"
