@@ -391,7 +391,7 @@ def predict_and_write(
     predictor = TextGenerator(*shared, max_new_tokens, chat) if task == "causal_lm" else LabelPredictor(*shared)
     bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
     started = time.perf_counter()
-    results = predictor.predict(accelerator, policy, inputs, lambda done: bar.update(done * accelerator.num_processes))
+    results = predictor.predict(accelerator, policy, inputs, lambda done: advance(bar, done, accelerator.num_processes))
     seconds = time.perf_counter() - started
     bar.close()
     check_finite(predictor.non_finite if task == "causal_lm" else non_finite_rows(results), len(table), policy)
@@ -414,6 +414,12 @@ def predict_and_write(
         if cfg.output_file:
             say(f"predictions written to {cfg.output_file}")
     return 0
+
+
+def advance(bar: tqdm, done: int, num_processes: int) -> None:
+    """Move the bar on by `done` texts of the main process's share, times the process count, up to the total: the
+    shares differ by a text where the count does not divide, and the main process's, the largest, overshot it."""
+    bar.update(min(done * num_processes, bar.total - bar.n))
 
 
 def non_finite_rows(probabilities: torch.Tensor) -> int:

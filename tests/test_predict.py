@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -154,11 +155,15 @@ def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, rev
         *(ACCELERATE, "launch", "--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml"),
         *("--main_process_port", free_port(), PREDICT, "--model_name_or_path", trained),
         *("--input_file", tmp_path / "in.csv", "--output_file", tmp_path / "out.jsonl"),
-        *("--per_device_eval_batch_size", "4", "--mixed_precision", "no", "--disable_tqdm"),
+        *("--per_device_eval_batch_size", "4", "--mixed_precision", "no"),
     ]
     result = forked.run(cmd, env=clean_env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 process(es)" in result.stderr
+    # The bar counted the main process's batches twice: 6 of them, the last of 3, so it ended at 46 of 45 (which tqdm
+    # writes as "46text", without the total).
+    counts = [int(n) for n in re.findall(r"\b(\d+)(?:/45|text) \[", result.stderr)]
+    assert max(counts) == 45, result.stderr[-3000:]
     assert_predictions_match(pd.read_json(tmp_path / "out.jsonl", lines=True), source, trained)
     # One text for two processes: the second had none to tokenize, an IndexError.
     source.head(1).to_csv(tmp_path / "one.csv", index=False)
