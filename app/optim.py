@@ -103,11 +103,20 @@ def _length(max_steps: int, epochs: float) -> str:
 
 
 def total_optimizer_steps(cfg: TrainConfig, micro_batches_per_epoch: int) -> int:
-    """Optimizer steps in the run: --max_steps, or the epochs' worth (a last partial accumulation counts as one)."""
+    """Optimizer steps in the run: --max_steps, or the epochs' worth."""
     if cfg.max_steps > 0:
         return cfg.max_steps
-    steps_per_epoch = math.ceil(micro_batches_per_epoch / cfg.gradient_accumulation_steps)
-    return max(1, math.ceil(cfg.num_train_epochs * steps_per_epoch))
+    return max(1, math.ceil(cfg.num_train_epochs * steps_per_epoch(cfg, micro_batches_per_epoch)))
+
+
+def steps_per_epoch(cfg: TrainConfig, micro_batches_per_epoch: int) -> int:
+    """An epoch's optimizer steps: a last partial accumulation counts as one."""
+    return math.ceil(micro_batches_per_epoch / cfg.gradient_accumulation_steps)
+
+
+def ends_an_epoch(from_step: int, to_step: int, per_epoch: int) -> bool:
+    """Whether the optimizer steps after `from_step` up to `to_step` finish an epoch of `per_epoch` steps."""
+    return to_step // per_epoch > from_step // per_epoch
 
 
 def build_schedule(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):

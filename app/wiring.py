@@ -66,7 +66,14 @@ from app.inputs.model import (
     resolve_model_path,
 )
 from app.inputs.sampling import DataPosition
-from app.optim import build_optimizer, build_schedule, follow_the_schedule, total_optimizer_steps
+from app.optim import (
+    build_optimizer,
+    build_schedule,
+    ends_an_epoch,
+    follow_the_schedule,
+    steps_per_epoch,
+    total_optimizer_steps,
+)
 from app.state import TrainState
 from app.storage.checkpoints import CheckpointRecord, Checkpoints, ResumePoint, run_commands, weights_unusable
 from app.storage.final_model import AdaptersBase, save_final_model
@@ -377,9 +384,6 @@ def build_training(
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
     train_loader, eval_loader = data.make_loaders(inputs.tokenized, collate, cfg, accelerator.num_processes)
-    examples = len(inputs.tokenized["train"])
-    for note in uneven_epoch_note(examples, cfg.per_device_train_batch_size, accelerator.num_processes):
-        accelerator.print(note)
     started_with = resume.record.dropout_masks if resume else None
     masks = masks_of_run(cfg, accelerator.device, started_with)
     plan = inputs.plan
@@ -403,6 +407,11 @@ def build_training(
     optimizer = build_optimizer(model, cfg)
     model, optimizer, train_loader, eval_loader = accelerator.prepare(model, optimizer, train_loader, eval_loader)
     total_steps = total_optimizer_steps(cfg, len(train_loader))
+    trained = resume.record.state.opt_step if resume else 0
+    if ends_an_epoch(trained, total_steps, steps_per_epoch(cfg, len(train_loader))):  # else no example repeats
+        examples = len(inputs.tokenized["train"])
+        for note in uneven_epoch_note(examples, cfg.per_device_train_batch_size, accelerator.num_processes):
+            accelerator.print(note)
     tracking = cfg.best_model_flags()
     if tracking and cfg.eval_steps >= total_steps:  # the first evaluation is the last
         accelerator.print(

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app
+from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app, start_two_ranks
 from tests.workers.record_examples import recording_load
 
 
@@ -38,6 +38,23 @@ def test_two_ranks_in_fp16_print_each_evaluation_once_and_log_the_headroom_and_t
         "The last command ran in each of 2 processes, started by `accelerate launch` or `torchrun` (16 examples per "
         "optimizer step)."
     ) in card, card
+
+
+@pytest.mark.slow
+def test_the_note_on_an_uneven_epoch_s_repeats_comes_with_a_run_that_reaches_an_epoch_s_end(tmp_path, quick_args):
+    # 90 examples on 2 processes x 8: 6 optimizer steps an epoch, the last micro-step 6 short. The note came with
+    # --max_steps 2 too, which trains none of the repeats.
+    args = [*quick_args, "--max_train_samples", "90", "--eval_steps", "0", "--max_eval_samples", "8"]
+    args += ["--mixed_precision", "no", "--skip_amp_preflight", "--save_steps", "2"]
+    note = "note: 90 training examples leave each epoch's last micro-step 6 short on 2 processes x 8"
+    said = []
+    for more in (["--max_steps", "2"], ["--max_steps", "7", "--resume_from_checkpoint", "latest"]):
+        ranks = start_two_ranks([*args, *more], tmp_path)
+        outputs = [rank.communicate(timeout=300) for rank in ranks]
+        assert [rank.returncode for rank in ranks] == [0, 0], outputs[0][1][-3000:]
+        said.append(outputs[0][0])
+    assert note not in said[0], said[0][-3000:]
+    assert said[1].count(note) == 1, said[1][-3000:]  # the resume trains steps 3 to 7: step 6 ends the epoch
 
 
 RECORDER = ROOT / "tests" / "workers" / "record_examples.py"

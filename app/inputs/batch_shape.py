@@ -62,7 +62,8 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
 def uneven_epoch_note(examples: int, per_device: int, num_processes: int) -> list[str]:
     """Several processes take a batch each per micro-step; where the epoch's examples leave its last micro-step short,
     Accelerate fills it from the epoch's first examples (even_batches, as under HF Trainer), so those train twice
-    in that epoch and a run on one process would not match: said once, at the start."""
+    in that epoch and a run on one process would not match: said once, at the start of a run that finishes an
+    epoch (one that ends before trains none of the repeats)."""
     per_micro_step = per_device * num_processes
     repeated = -examples % per_micro_step
     if num_processes == 1 or repeated == 0:
