@@ -162,9 +162,9 @@ def test_a_resume_naming_the_same_targets_in_another_order_fits(tiny_model_dir):
         return ModelPlan(torch.float32, "", adapters, "base", None)
 
     saved = plan("query", "value").record()
-    check_resume(saved, plan("value", "query"), Path("step-3"), model)
+    check_resume(saved, plan("value", "query"), Path("step-3"), model, "sequence_classification")
     with pytest.raises(UsageError, match=r"\(--lora_target_modules on 4 modules, not bert.encoder.layer.0.attention"):
-        check_resume(saved, plan("query", "value", "key"), Path("step-3"), model)
+        check_resume(saved, plan("query", "value", "key"), Path("step-3"), model, "sequence_classification")
 
 
 def test_a_full_model_checkpoint_or_another_base_is_refused(tiny_model_dir, review_files, tmp_path, capsys):

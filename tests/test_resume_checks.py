@@ -719,3 +719,39 @@ def test_a_resume_that_names_another_model_says_whose_config_and_tokenizer_go_on
             "--model_name_or_path to keep the run's"
         )
         assert said == ([expected] if model == other else [])
+
+
+LM_FLAGS = ["--task", "causal_lm", "--prompt_column", "text", "--response_column", "label"]
+CLASSIFIER_FLAGS = ["--task", "sequence_classification", "--text_column", "text", "--label_column", "label"]
+
+
+@pytest.mark.parametrize(
+    "trained, resumed, lacking",
+    [
+        (LM_FLAGS, CLASSIFIER_FLAGS, "score.weight is not in the checkpoint"),
+        (CLASSIFIER_FLAGS, LM_FLAGS, "score.weight is not in this run's model"),
+    ],
+    ids=["causal_lm as a classifier", "classifier as a causal_lm"],
+)
+def test_a_checkpoint_resumed_as_another_task_is_one_line_before_anything_is_written(
+    tmp_path, tiny_llama_dir, review_files, capfd, trained, resumed, lacking
+):
+    # The tied LM head is stored once, so an LM's checkpoint held no weight the classifier lacks: the check passed,
+    # the run rewrote training_args.yaml with the new task and columns, and Accelerate's load failed (exit 1).
+    flags = [
+        *data_flags(tiny_llama_dir, review_files),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--run_name", "r", "--max_steps", 2),
+        *("--save_steps", 2, "--per_device_train_batch_size", 8, "--max_length", 48, "--max_eval_samples", 8),
+        *("--mixed_precision", "no", "--disable_tqdm"),
+    ]
+    assert run_app([*flags, *trained]) == 0
+    before = folder_state(tmp_path, files_only=True)
+    step_2 = tmp_path / "out" / "checkpoints" / "step-2"
+    capfd.readouterr()
+    assert run_app([*flags, *resumed, "--max_steps", 4, "--resume_from_checkpoint", "latest"]) == 2
+    was, now = trained[1], resumed[1]
+    assert capfd.readouterr().err == (
+        f"error: --resume_from_checkpoint {step_2} holds a {was} model, not one for this run's --task {now} "
+        f"({lacking}): resume with --task {was}, or start the new task in another --output_dir\n"
+    )
+    assert folder_state(tmp_path, files_only=True) == before

@@ -16,9 +16,9 @@ from app.adapters.lora import AdapterPlan, adapter_parameters, add_adapters, new
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
 from app.errors import UsageError
-from app.storage.checkpoints import MODEL_FILE, shape_mismatch
+from app.storage.checkpoints import MODEL_FILE, stored_shapes, weights_mismatch
 from app.tasks.first_token import compute_the_first_token_alone
-from app.tasks.task import Task
+from app.tasks.task import Task, task_of_weights
 from app.telemetry.footprint import Footprint
 
 
@@ -104,19 +104,14 @@ def describe_trainable(model: torch.nn.Module, plan: ModelPlan) -> list[str]:
     return [plan.adapters.describe(), *([warning] if warning else []), f"frozen base ({plan.why}): {held}; {trains}"]
 
 
-def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: torch.nn.Module) -> None:
+def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: torch.nn.Module, task: str) -> None:
     """A checkpoint continues only the run that wrote it: the same kind (full or adapters), base and adapters; a
-    full fine-tune's weights of the shapes of this run's model (`empty`, on the meta device: another model or another
-    label count would otherwise fail inside Accelerate's load, after the run's folders were written)."""
+    full fine-tune's weights of the names and shapes of this run's model (`empty`, on the meta device, for `task`:
+    another model, task or label count would otherwise fail inside Accelerate's load)."""
     now = plan.record()
     where = f"--resume_from_checkpoint {checkpoint}"
     if saved is None and now is None:
-        mismatch = shape_mismatch(checkpoint / MODEL_FILE, empty)
-        if mismatch:
-            raise UsageError(
-                f"{where} holds the weights of another model ({mismatch}): resume with the model and labels it was "
-                "trained with, or start the new model in another --output_dir"
-            )
+        check_full_weights(checkpoint, empty, task)
         return
     if saved is None:
         raise UsageError(
@@ -137,6 +132,23 @@ def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: t
         flags = ", ".join(_SHAPE_FLAGS[key] for key in differ)
         was = ", ".join(f"{_SHAPE_FLAGS[key]} {_shown(saved[key], now[key])}" for key in differ)
         raise UsageError(f"{where} holds adapters of another shape ({was}): resume with the same {flags}")
+
+
+def check_full_weights(checkpoint: Path, empty: torch.nn.Module, task: str) -> None:
+    """A full fine-tune's checkpoint holds every weight of this run's model (`empty`, for `task`), and no other."""
+    stored = stored_shapes(checkpoint / MODEL_FILE)
+    if stored is None or not (mismatch := weights_mismatch(stored, empty)):
+        return
+    where = f"--resume_from_checkpoint {checkpoint}"
+    if trained_for := task_of_weights(set(stored), empty.config, besides=task):
+        raise UsageError(
+            f"{where} holds a {trained_for} model, not one for this run's --task {task} ({mismatch}): resume with "
+            f"--task {trained_for}, or start the new task in another --output_dir"
+        )
+    raise UsageError(
+        f"{where} holds the weights of another model ({mismatch}): resume with the model and labels it was trained "
+        "with, or start the new model in another --output_dir"
+    )
 
 
 def check_resume_labels(saved: list[str] | None, now: list[str] | None, checkpoint: Path) -> None:

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -309,19 +309,47 @@ class Checkpoints:
 
 def shape_mismatch(weights: Path, model: torch.nn.Module) -> str | None:
     """How the weights in a checkpoint's `weights` file differ from `model`'s (one on the meta device will do), from
-    the file's header alone: the first stored weight the model lacks or has in another shape; None if they fit, or
-    if there is no such file (FSDP's sharded state and DeepSpeed's have their own layout, which Accelerate reads)."""
+    the file's header alone: the first stored weight the model lacks or has in another shape, else the first weight of
+    the model that the file lacks; None if they fit, or if there is no such file (FSDP's sharded state and
+    DeepSpeed's have their own layout, which Accelerate reads)."""
+    stored = stored_shapes(weights)
+    return None if stored is None else weights_mismatch(stored, model)
+
+
+def stored_shapes(weights: Path) -> dict[str, list[int]] | None:
+    """The name and shape of each weight in a checkpoint's `weights` file, from its header alone (DDP's wrapper
+    prefix dropped); None if there is no such file."""
     if not weights.is_file():
         return None
-    expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
     with safe_open(weights, "pt") as stored:
-        for name in stored.keys():
-            shape, here = stored.get_slice(name).get_shape(), expected.get(name.removeprefix("module."))
-            if here is None:
-                return f"{name} is not in this run's model"
-            if here != shape:
-                return f"{name} is {shape} there, {here} in this run's model"
+        return {name.removeprefix("module."): stored.get_slice(name).get_shape() for name in stored.keys()}
+
+
+def weights_mismatch(stored: dict[str, list[int]], model: torch.nn.Module) -> str | None:
+    """How `stored` (stored_shapes) differs from `model`'s weights, in words: a weight that only one side has
+    (names_mismatch), else the first stored weight of another shape in the model; None if they fit."""
+    if mismatch := names_mismatch(stored, model):
+        return mismatch
+    expected = {name: list(tensor.shape) for name, tensor in model.state_dict().items()}
+    for name, shape in stored.items():
+        if expected[name] != shape:
+            return f"{name} is {shape} there, {expected[name]} in this run's model"
     return None
+
+
+def names_mismatch(stored: Iterable[str], model: torch.nn.Module) -> str | None:
+    """The first stored weight that `model` lacks, else the first weight of `model` that is not stored, in words;
+    None if both hold the same. Tied weights (an LM head that is the embeddings) count as stored when one of their
+    names is: save_state stores them once."""
+    aliases: dict[int, list[str]] = {}  # the names of each tensor
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        aliases.setdefault(id(tensor), []).append(name)
+    known = {name for names in aliases.values() for name in names}
+    if extra := next((name for name in stored if name not in known), None):
+        return f"{extra} is not in this run's model"
+    held = set(stored)
+    lacking = next((names[0] for names in aliases.values() if held.isdisjoint(names)), None)
+    return f"{lacking} is not in the checkpoint" if lacking else None
 
 
 def is_checkpoint_folder(path: Path) -> bool:

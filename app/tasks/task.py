@@ -11,12 +11,13 @@ from typing import Callable, Protocol
 import torch
 from accelerate import Accelerator
 from datasets import DatasetDict
-from transformers import PretrainedConfig
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PretrainedConfig
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, metric_tag
 from app.errors import UsageError
 from app.inputs.model import is_decoder
+from app.storage.checkpoints import names_mismatch
 from app.tasks.causal_lm import CausalLM
 from app.tasks.classification import SequenceClassification
 
@@ -73,6 +74,27 @@ def resolve_task(requested: str | None, model_config: PretrainedConfig) -> tuple
     if is_decoder(model_config):
         return "causal_lm", f"model type {kind} is a decoder, which transformers loads as a causal LM"
     return "sequence_classification", f"model type {kind} is not a decoder, so it gets a classification head"
+
+
+def task_of_weights(names: set[str], model_config: PretrainedConfig, besides: str) -> str | None:
+    """The task other than `besides` whose model for `model_config` holds exactly the weights `names` (a checkpoint's),
+    or None: a checkpoint of this model trained for another task. Names alone: a classifier's label count is its
+    own."""
+    for name in TASKS:
+        if name != besides and (model := _bare_model(name, model_config)) and not names_mismatch(names, model):
+            return name
+    return None
+
+
+def _bare_model(task: str, model_config: PretrainedConfig) -> torch.nn.Module | None:
+    """The model of `task` for `model_config` on the meta device, with transformers' default head; None where
+    transformers has none (an encoder without a causal LM)."""
+    auto = {"causal_lm": AutoModelForCausalLM, "sequence_classification": AutoModelForSequenceClassification}[task]
+    try:
+        with torch.device("meta"):
+            return auto.from_config(model_config)
+    except ValueError:
+        return None
 
 
 def build_task(name: str, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig) -> Task:
