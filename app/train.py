@@ -150,21 +150,24 @@ def fine_tune(
         cfg, run_name=paths.run_name, output_dir=str(paths.output_dir), amp=False, mixed_precision=policy.mode
     )
 
-    # ---- every input check, before any weights load; then the folders -------------------------------------------
+    # ---- every input check, before any weights load ----------------------------------------------------------------
     inputs = load_inputs(cfg, accelerator, policy, resume)
-    if cfg.overwrite_output_dir and (signum := stop.agreed()):  # a Ctrl-C on seeing the folder must keep its run
-        on_main_process(accelerator, claims.remove_created)
-        raise TrainingHalted(
-            f"stopped by signal {signum} before --overwrite_output_dir removed anything: {paths.output_dir} is as it "
-            "was",
-            stop.exit_code(signum),
-        )
-    on_main_process(accelerator, lambda: folders.prepare(paths, cfg))  # its bad input stops every rank
     purge_step = resume.record.state.opt_step + 1 if resume else None
     writer = open_writer(paths.log_dir, accelerator.is_main_process, purge_step)  # the file opens at its first write
 
     # ---- model, optimizer, schedule, scaler, checkpoints and telemetry, resumed if asked ---------------------------
-    training = build_training(cfg, accelerator, policy, inputs, paths=paths, resume=resume, writer=writer, stop=stop)
+    # The folders are prepared in there: a new run's before its weights load, a resume's once its checkpoint has.
+    training = build_training(
+        cfg,
+        accelerator,
+        policy,
+        inputs,
+        paths=paths,
+        resume=resume,
+        writer=writer,
+        stop=stop,
+        prepare_folders=lambda: prepare_folders(cfg, accelerator, paths, stop, claims),
+    )
     finished = resume and (resume.record.state.opt_step >= training.total_steps or stopped_early(cfg, training.state))
     if finished:  # its final evaluation is of the checkpoint's step, which the earlier run may have logged
         writer.replace_evaluation_at(resume.record.state.opt_step)  # before the first write, which purges
@@ -264,6 +267,21 @@ def another_process_ended_line(training: Training) -> str:
         else "it has no checkpoint to resume from: start it again with --overwrite_output_dir"
     )
     return f"stopped: another process of this run ended (killed or crashed), so {unwritten}; {resume}"
+
+
+def prepare_folders(
+    cfg: TrainConfig, accelerator: Accelerator, paths: folders.RunPaths, stop: StopRequest, claims: FolderClaims
+) -> None:
+    """The run's folders made ready (storage/folders.prepare: --overwrite_output_dir, training_args.yaml), on every
+    rank, after every input check."""
+    if cfg.overwrite_output_dir and (signum := stop.agreed()):  # a Ctrl-C on seeing the folder must keep its run
+        on_main_process(accelerator, claims.remove_created)
+        raise TrainingHalted(
+            f"stopped by signal {signum} before --overwrite_output_dir removed anything: {paths.output_dir} is as it "
+            "was",
+            stop.exit_code(signum),
+        )
+    on_main_process(accelerator, lambda: folders.prepare(paths, cfg))  # its bad input stops every rank
 
 
 if __name__ == "__main__":

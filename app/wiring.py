@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -367,6 +368,7 @@ def build_training(
     writer: TensorBoardWriter | NullWriter | None = None,
     stop: StopRequest | None = None,
     model: torch.nn.Module | None = None,
+    prepare_folders: Callable[[], None] = lambda: None,
 ) -> Training:
     """Build a training, resumed from `resume` if given.
 
@@ -378,6 +380,9 @@ def build_training(
         writer: the TensorBoard writer (main process) or a NullWriter; a NullWriter if not given.
         stop: the signal handler, installed by the caller before any heavy work; a new one if not given.
         model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.
+        prepare_folders: readies the run's folders (train.py: storage/folders.prepare); called before anything is
+            written there: for a resume once its checkpoint has loaded, so that a refusal or a crash while loading
+            leaves them as they were; for a new run before its weights load, so that its refusals come first.
     """
     inputs = inputs or load_inputs(cfg, accelerator, policy, resume)
     stop = stop or StopRequest.for_run(accelerator)
@@ -392,6 +397,8 @@ def build_training(
     say = accelerator.print  # what the model's files lack, made at random: a resume then loads it from its checkpoint
     if resume:
         say = lambda line: accelerator.print(f"{line}, then loaded from {resume.path}")  # noqa: E731
+    if not resume:  # its refusals (--overwrite_output_dir's) before the heavy work
+        prepare_folders()
     model = model or load_model(inputs.task, inputs.model_path, plan, say, as_begun)
     first_token_alone = cut_layer(model) is not None  # where it applies (tasks/first_token.py)
     for line in describe_trainable(model, plan):
@@ -440,11 +447,11 @@ def build_training(
     )
     trainable = trainable_names(accelerator.unwrap_model(model)) if plan.adapters else None
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)
-    checkpoints.remove_staging()
     state = TrainState()
     writer = writer or NullWriter()
     if resume:
         checkpoints.load(resume.path)
+        prepare_folders()  # only now: a refusal or crash while loading leaves the folders as they were
         follow_the_schedule(schedule)  # for this run's length, which may not be the checkpoint's
         checkpoints.resumed = resume.path
         state = TrainState(**vars(resume.record.state))
@@ -466,6 +473,7 @@ def build_training(
             )
         for line in notes:
             accelerator.print(line)
+    checkpoints.remove_staging()
 
     telemetry = Telemetry(
         accelerator,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 
 import pandas as pd
@@ -755,3 +756,19 @@ def test_a_checkpoint_resumed_as_another_task_is_one_line_before_anything_is_wri
         f"({lacking}): resume with --task {was}, or start the new task in another --output_dir\n"
     )
     assert folder_state(tmp_path, files_only=True) == before
+
+
+def test_a_resume_that_fails_while_loading_the_checkpoint_leaves_the_run_s_folders_as_they_were(run_copy, capfd):
+    # training_args.yaml was written before the checkpoint loaded: the crash left the run's folders recording a
+    # resume that never ran (predict.py then read its flags).
+    out, flags = run_copy
+    step_4 = out / "checkpoints" / "step-4"
+    (step_4 / RECORD).unlink()  # an older checkpoint, unrecorded, whose optimizer state is damaged: nothing checks it
+    saved = json.loads((step_4 / "trainer_state.json").read_text())
+    (step_4 / "trainer_state.json").write_text(json.dumps({**saved, "data": None}))
+    (step_4 / "optimizer.bin").write_bytes(b"not a pickle")
+    runs = flags[flags.index("--logdir") + 1] / "r"
+    before = folder_state(out, files_only=True), folder_state(runs, files_only=True)
+    with pytest.raises(pickle.UnpicklingError):  # a crash, not bad input: its traceback stays
+        run_app([*flags, "--max_steps", 6, "--learning_rate", 1e-3, "--resume_from_checkpoint", "latest"])
+    assert (folder_state(out, files_only=True), folder_state(runs, files_only=True)) == before

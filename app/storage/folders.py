@@ -340,8 +340,9 @@ def _remove_empty(created: list[Path]) -> None:
 
 
 def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
-    """Create the folders and record the resolved config in both. Main process, after every input check, so that bad
-    input leaves them as they were: only here are an earlier run's checkpoints and model deleted
+    """Create the folders and record the resolved config in both. Main process, after every input check (and for a
+    resume, once its checkpoint has loaded: wiring.build_training), so that bad input, or a checkpoint that fails to
+    load, leaves them as they were: only here are an earlier run's checkpoints and model deleted
     (`--overwrite_output_dir`), and the event files of a start that failed before logging a step (check_log_dir),
     which the new run's replace."""
     if not paths.continues:
