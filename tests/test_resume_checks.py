@@ -772,3 +772,57 @@ def test_a_resume_that_fails_while_loading_the_checkpoint_leaves_the_run_s_folde
     with pytest.raises(pickle.UnpicklingError):  # a crash, not bad input: its traceback stays
         run_app([*flags, "--max_steps", 6, "--learning_rate", 1e-3, "--resume_from_checkpoint", "latest"])
     assert (folder_state(out, files_only=True), folder_state(runs, files_only=True)) == before
+
+
+@pytest.fixture(scope="module")
+def hf_trainer_output(tmp_path_factory, tiny_model_dir, review_files):
+    """HF Trainer's output folder with its checkpoint-2: the tiny BERT classifier trained 2 steps on the reviews."""
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
+
+    folder = tmp_path_factory.mktemp("hf-trainer") / "hf"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    frame = pd.read_csv(review_files["train"]).head(16)
+    frame["label"] = (frame["label"] == "other").astype(int)
+    data = Dataset.from_pandas(frame).map(
+        lambda rows: tokenizer(rows["text"], truncation=True, max_length=32), batched=True
+    )
+    names = {0: "great", 1: "other"}  # the labels named, so that a run on the reviews can start from its weights
+    model = AutoModelForSequenceClassification.from_pretrained(
+        tiny_model_dir, id2label=names, label2id={name: i for i, name in names.items()}
+    )
+    args = TrainingArguments(
+        folder, max_steps=2, save_steps=2, per_device_train_batch_size=8, report_to=[], use_cpu=True
+    )
+    Trainer(model=model, args=args, train_dataset=data, processing_class=tokenizer).train()
+    assert (folder / "checkpoint-2" / "trainer_state.json").is_file()
+    return folder
+
+
+def test_hf_trainer_s_checkpoint_is_one_line_that_says_how_to_start_from_its_weights(
+    run_copy, hf_trainer_output, tmp_path, capfd
+):
+    # It was called damaged: "trainer_state.json cannot be read (KeyError); resume from another checkpoint".
+    _, flags = run_copy
+    checkpoint = hf_trainer_output / "checkpoint-2"
+    start = f"this app cannot resume HF Trainer's checkpoints; --model_name_or_path {checkpoint} starts a new run from "
+    before = folder_state(hf_trainer_output.parent, files_only=True)
+    capfd.readouterr()
+    expected = {
+        ("--resume_from_checkpoint", checkpoint): f"--resume_from_checkpoint {checkpoint} is HF Trainer's checkpoint: ",
+        ("--resume_from_checkpoint", "latest", "--output_dir", hf_trainer_output): (
+            f"--resume_from_checkpoint latest: no checkpoint in {hf_trainer_output}/checkpoints; {hf_trainer_output} "
+            "holds HF Trainer's checkpoint-N folders (the newest: checkpoint-2): "
+        ),
+        ("--resume_from_checkpoint", hf_trainer_output): (
+            f"--resume_from_checkpoint {hf_trainer_output} holds HF Trainer's checkpoint-N folders (the newest: "
+            "checkpoint-2): "
+        ),
+    }
+    for resume, said in expected.items():
+        assert run_app([*flags, *resume]) == 2
+        assert capfd.readouterr().err == f"error: {said}{start}its weights\n"
+    assert folder_state(hf_trainer_output.parent, files_only=True) == before
+    # What the line advises: a new run from the checkpoint's weights.
+    new_run = ["--model_name_or_path", checkpoint, "--output_dir", tmp_path / "new", "--run_name", "new"]
+    assert run_app([*flags, *new_run, "--max_steps", 1, "--save_steps", 0]) == 0

@@ -34,6 +34,7 @@ MODEL_FILE = "model.safetensors"  # Accelerate's name for the first model's weig
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _STAGING = ".staging-"  # the prefix of a checkpoint folder until every rank has written its part
 _SET_ASIDE = re.compile(r"^replaced-after-step-(\d+)(-\d+)?$")  # Checkpoints.set_aside_later's folders
+_HF_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")  # HF Trainer's checkpoints, in its output_dir
 
 
 @dataclass(frozen=True)
@@ -499,34 +500,79 @@ def find_checkpoint(spec: str, output_dir: str | None) -> Path:
     return _candidates(spec, output_dir)[0]
 
 
+def is_hf_trainer_checkpoint(path: Path) -> bool:
+    """Whether `path` is a checkpoint that HF Trainer wrote: its trainer_state.json (TrainerState) counts global_step
+    and keeps a log_history, where this app's records the run and its state."""
+    try:
+        saved = json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and {"global_step", "log_history"} <= saved.keys() and "state" not in saved
+
+
+def newest_hf_trainer_checkpoint(folder: Path) -> Path | None:
+    """The newest of HF Trainer's `checkpoint-N` folders in its output folder `folder`; None if it holds none."""
+    if not folder.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _HF_CHECKPOINT.match(p.name))]
+    return next((path for _, path in sorted(found, reverse=True) if is_hf_trainer_checkpoint(path)), None)
+
+
+def _from_hf_trainer(checkpoint: Path) -> str:
+    """What to do with HF Trainer's `checkpoint`, which this app cannot resume (another layout and record)."""
+    return (
+        f"this app cannot resume HF Trainer's checkpoints; --model_name_or_path {checkpoint} starts a new run from its "
+        "weights"
+    )
+
+
+def _hf_trainer_output(folder: Path) -> str | None:
+    """What to say of `folder` where it is HF Trainer's output folder, with its checkpoint-N; None if it is not."""
+    if hf := newest_hf_trainer_checkpoint(folder):
+        return f"{folder} holds HF Trainer's checkpoint-N folders (the newest: {hf.name}): {_from_hf_trainer(hf)}"
+    return None
+
+
 def _candidates(spec: str, output_dir: str | None) -> list[Path]:
     """The folders `--resume_from_checkpoint` may mean, preferred first: the path it names, or for "latest" every
     complete checkpoint in `output_dir`, newest first. UsageError if there is none."""
     if spec != "latest":  # config.parse_config reads true and Latest as latest too
-        path = Path(spec)
-        if not path.is_dir():
-            raise UsageError(
-                f"--resume_from_checkpoint {spec}: {'a file, not a folder' if path.exists() else 'no such folder'}; "
-                "give a checkpoint folder "
-                "(<output_dir>/checkpoints/step-N), or latest with the run's --output_dir"
-            )
-        if not (path / STATE_FILE).is_file() and (path / "checkpoints").is_dir():
-            raise UsageError(
-                f"--resume_from_checkpoint {spec} is a run's output folder; pass --resume_from_checkpoint latest "
-                f"--output_dir {spec}, or one of its checkpoints ({path / 'checkpoints' / 'step-N'})"
-            )
-        if not (path / STATE_FILE).is_file():
-            raise UsageError(f"--resume_from_checkpoint {spec}: not a complete checkpoint folder (no {STATE_FILE})")
-        return [path]
+        return [_named_checkpoint(spec)]
     if not output_dir:
         raise UsageError(
             "--resume_from_checkpoint latest needs --output_dir, the folder of the run to continue (or the "
             "--run_name of a run in outputs/)"
         )
     found = _step_folders(Path(output_dir) / "checkpoints")  # a damaged newest one is named, not passed over
+    if not found and (hf_trainer := _hf_trainer_output(Path(output_dir))):
+        raise UsageError(f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; {hf_trainer}")
     if not found:
         raise UsageError(
             f"--resume_from_checkpoint latest: no checkpoint in {output_dir}/checkpoints; pass the --output_dir of the "
             "run to continue, or drop the flag to start fresh"
         )
     return found[::-1]
+
+
+def _named_checkpoint(spec: str) -> Path:
+    """The checkpoint folder that `--resume_from_checkpoint PATH` names; UsageError, saying what to pass, if it is
+    none (a file, a run's output folder, HF Trainer's checkpoint)."""
+    path = Path(spec)
+    if not path.is_dir():
+        raise UsageError(
+            f"--resume_from_checkpoint {spec}: {'a file, not a folder' if path.exists() else 'no such folder'}; "
+            "give a checkpoint folder "
+            "(<output_dir>/checkpoints/step-N), or latest with the run's --output_dir"
+        )
+    if is_hf_trainer_checkpoint(path):
+        raise UsageError(f"--resume_from_checkpoint {spec} is HF Trainer's checkpoint: {_from_hf_trainer(path)}")
+    if (path / STATE_FILE).is_file():
+        return path
+    if (path / "checkpoints").is_dir():
+        raise UsageError(
+            f"--resume_from_checkpoint {spec} is a run's output folder; pass --resume_from_checkpoint latest "
+            f"--output_dir {spec}, or one of its checkpoints ({path / 'checkpoints' / 'step-N'})"
+        )
+    if hf_trainer := _hf_trainer_output(path):
+        raise UsageError(f"--resume_from_checkpoint {hf_trainer}")
+    raise UsageError(f"--resume_from_checkpoint {spec}: not a complete checkpoint folder (no {STATE_FILE})")
