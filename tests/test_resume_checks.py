@@ -826,3 +826,33 @@ def test_hf_trainer_s_checkpoint_is_one_line_that_says_how_to_start_from_its_wei
     # What the line advises: a new run from the checkpoint's weights.
     new_run = ["--model_name_or_path", checkpoint, "--output_dir", tmp_path / "new", "--run_name", "new"]
     assert run_app([*flags, *new_run, "--max_steps", 1, "--save_steps", 0]) == 0
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ({"state": {"opt_step": "4"}}, 'state.opt_step "4", not a whole number of 0 or more'),
+        ({"num_processes": 0}, "num_processes 0, not a whole number of 1 or more"),
+        ({"state": []}, "state [], not a mapping"),
+    ],
+    ids=["a count as text", "no processes", "no state"],
+)
+def test_an_older_checkpoint_with_a_hand_edited_record_is_named_as_damaged(run_copy, capfd, edit, said):
+    # No file record vouches for an older checkpoint: "opt_step": "4" was a TypeError in optim.check_resume_length,
+    # "num_processes": 0 a ValueError in batch_shape.resumed_shape, each a traceback.
+    out, flags = run_copy
+    step_4 = out / "checkpoints" / "step-4"
+    (step_4 / RECORD).unlink()
+    saved = json.loads((step_4 / "trainer_state.json").read_text())
+    saved["data"] = None  # as versions before file records wrote it
+    for key, value in edit.items():
+        saved[key] = {**saved[key], **value} if isinstance(value, dict) else value
+    (step_4 / "trainer_state.json").write_text(json.dumps(saved))
+    before = folder_state(out, files_only=True)
+    capfd.readouterr()
+    assert run_app([*flags, "--max_steps", 6, "--resume_from_checkpoint", step_4]) == 2
+    assert capfd.readouterr().err == (
+        f"error: --resume_from_checkpoint {step_4} is damaged: {step_4 / 'trainer_state.json'} records {said}; "
+        "resume from another checkpoint\n"
+    )
+    assert folder_state(out, files_only=True) == before

@@ -61,7 +61,9 @@ class CheckpointRecord:
 
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
+        """The record in `checkpoint`. KeyError for a value it lacks; UnfitRecord for one this app never writes."""
         saved = json.loads((checkpoint / STATE_FILE).read_text())
+        check_recorded_values(saved)
         counters = {f.name for f in dataclasses.fields(TrainState)}  # counters of older versions are dropped
         state = TrainState(**{k: v for k, v in saved.pop("state").items() if k in counters})
         return cls(
@@ -94,6 +96,74 @@ class CheckpointRecord:
                 f"note: loss scaling toggled since the checkpoint ({scaler_toggled}): starting a fresh scaler state"
             )
         return notes
+
+
+class UnfitRecord(ValueError):
+    """A checkpoint's record holds a value of a type or range that this app never writes (a hand edit)."""
+
+
+Kind = tuple[str, Callable[[object], bool]]  # what a recorded value may be: in words, and the test
+
+
+def _optional(kind: Kind) -> Kind:
+    return f"{kind[0]} or null", lambda value: value is None or kind[1](value)
+
+
+def _list_of(kind: Kind) -> Kind:
+    return f"a list of {kind[0]}", lambda value: isinstance(value, list) and all(map(kind[1], value))
+
+
+# `type(value) is int` leaves out JSON's true and false, which Python counts as ints.
+_WHOLE: Kind = "a whole number", lambda value: type(value) is int
+_COUNT: Kind = "a whole number of 0 or more", lambda value: type(value) is int and value >= 0
+_POSITIVE: Kind = "a whole number of 1 or more", lambda value: type(value) is int and value >= 1
+_NUMBER: Kind = "a number", lambda value: type(value) in (int, float)
+_TEXT: Kind = "text", lambda value: isinstance(value, str)
+_FLAG: Kind = "true or false", lambda value: isinstance(value, bool)
+_MAPPING: Kind = "a mapping", lambda value: isinstance(value, dict)
+_PRECISION: Kind = '"no", "fp16" or "bf16"', lambda value: value in ("no", "fp16", "bf16")
+# What each value of a record may be, by where it is. Those it must have are read by name (a KeyError if absent).
+_RECORD_VALUES: dict[str, dict[str, Kind]] = {
+    "": {
+        "run_name": _TEXT,
+        "precision": _PRECISION,
+        "num_processes": _POSITIVE,
+        "state": _MAPPING,
+        "fallback": _optional(_MAPPING),
+        "data": _optional(_MAPPING),
+        "adapters": _optional(_MAPPING),
+        "commands": _optional(_list_of(_optional(_TEXT))),
+        "first_token_alone": _FLAG,
+        "labels": _optional(_list_of(_TEXT)),
+    },
+    "state.": {
+        **dict.fromkeys(("epoch", "batches_in_epoch", "opt_step", "applied_updates", "skipped_steps"), _COUNT),
+        **dict.fromkeys(("consecutive_skips", "evals_without_improvement"), _COUNT),
+        **dict.fromkeys(("samples_in_epoch", "best_step"), _optional(_COUNT)),
+        "best_metric": _optional(_NUMBER),
+        **dict.fromkeys(("best_checkpoint", "best_metric_tag"), _optional(_TEXT)),
+        "best_greater_is_better": _optional(_FLAG),
+        "interval_losses": _optional(_list_of(_NUMBER)),
+        **dict.fromkeys(("interval_items", "interval_start"), _optional(_list_of(_COUNT))),
+    },
+    "fallback.": {"from": _PRECISION, "at_step": _COUNT},
+    "data.": {"order": _MAPPING, "global_batch_size": _POSITIVE, "seed": _WHOLE, "examples": _COUNT},
+    "data.order.": {"group_size": _POSITIVE, "mega_batch_size": _POSITIVE},
+}
+
+
+def check_recorded_values(saved: object) -> None:
+    """UnfitRecord naming the first value of a checkpoint's record (trainer_state.json, as read) that this app never
+    writes: a hand-edited older checkpoint, which no file record vouches for, failed deep in the resume instead."""
+    if not isinstance(saved, dict):
+        raise UnfitRecord(f"holds {json.dumps(saved)[:40]}, not a mapping")
+    data = saved.get("data")
+    sections = {"": saved, "state.": saved.get("state"), "fallback.": saved.get("fallback"), "data.": data}
+    sections["data.order."] = data.get("order") if isinstance(data, dict) else None
+    for where, values in sections.items():  # outer first: an inner section is known to be a mapping or null
+        for key, (said, fits) in _RECORD_VALUES[where].items():
+            if isinstance(values, dict) and key in values and not fits(values[key]):
+                raise UnfitRecord(f"records {where}{key} {json.dumps(values[key])}, not {said}")
 
 
 @dataclass(frozen=True)
@@ -476,6 +546,8 @@ def _checked(path: Path) -> tuple[CheckpointRecord | None, str | None]:
         return None, problem
     try:
         record = CheckpointRecord.read(path)
+    except UnfitRecord as e:  # an unrecorded checkpoint whose state file was edited
+        return None, f"{path / STATE_FILE} {e}"
     except (ValueError, KeyError, TypeError) as e:  # an unrecorded checkpoint whose state file was damaged
         return None, f"{path / STATE_FILE} cannot be read ({type(e).__name__})"
     if record.data is not None and not integrity.is_recorded(path):  # the versions that record data record files
