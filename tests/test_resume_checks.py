@@ -856,3 +856,24 @@ def test_an_older_checkpoint_with_a_hand_edited_record_is_named_as_damaged(run_c
         "resume from another checkpoint\n"
     )
     assert folder_state(out, files_only=True) == before
+
+
+def test_the_same_model_named_otherwise_is_the_runs(tiny_model_dir, tmp_path, monkeypatch):
+    # False notes: a relative folder recorded from another working directory, the embedded default by its folder or
+    # hub name, the embedded LM by its hub name with the task left to be inferred.
+    from app.config import TrainConfig
+    from app.inputs.model import EMBEDDED_LM_NAME, EMBEDDED_MODEL_NAME, another_model_note, embedded_model_dir
+
+    monkeypatch.chdir(tmp_path)
+    now = TrainConfig(model_name_or_path=str(tiny_model_dir))
+    assert another_model_note(now, {"model_name_or_path": "models/tiny-bert"}) == []  # relative, from elsewhere
+    assert another_model_note(now, {"model_name_or_path": os.path.relpath(tiny_model_dir)}) == []
+    for named in (str(embedded_model_dir()), EMBEDDED_MODEL_NAME):
+        assert another_model_note(TrainConfig(model_name_or_path=named), {"model_name_or_path": None}) == []
+    lm = {"model_name_or_path": None, "task": "causal_lm"}
+    assert another_model_note(TrainConfig(model_name_or_path=EMBEDDED_LM_NAME), lm) == []
+    assert another_model_note(now, {"model_name_or_path": None}) == [  # the default, then a folder: another model
+        f"note: the run was trained from {EMBEDDED_MODEL_NAME}, this resume names {tiny_model_dir}: the checkpoint's "
+        "weights go on under its config and tokenizer, which the output folder will hold; resume with the run's "
+        "--model_name_or_path to keep the run's"
+    ]

@@ -7,7 +7,6 @@ the scaler refuses to unscale fp16 gradients.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import math
@@ -70,18 +69,43 @@ def portable_name(cfg: TrainConfig) -> str:
 def another_model_note(cfg: TrainConfig, recorded: dict) -> list[str]:
     """A note for a resume that names another model than its run's (`recorded`: its training_args.yaml): the
     checkpoint's weights go on under the config and tokenizer of the model named now, and a tokenizer that differs
-    gives the trained model other token ids. A folder named by another path (relative, or moved) is the same."""
+    gives the trained model other token ids. The same model named otherwise (another path to its folder, an embedded
+    model by its hub name or its folder) is the run's; a name that is no folder here, beside one that is, may be a
+    relative path from another working directory: nothing is said."""
     if "model_name_or_path" not in recorded:  # no file of the run's to compare with
         return []
-    run = dataclasses.replace(cfg, model_name_or_path=recorded["model_name_or_path"] or None)
-    was, now = portable_name(run), portable_name(cfg)
-    if was == now or (Path(was).is_dir() and Path(now).is_dir() and Path(was).resolve() == Path(now).resolve()):
+    was, was_here = _named_model(recorded["model_name_or_path"], recorded.get("task"))
+    now, now_here = _named_model(cfg.model_name_or_path, cfg.task)
+    if was == now or (now_here and not was_here and embedded_source(was) is None):
         return []
     return [
         f"note: the run was trained from {was}, this resume names {now}: the checkpoint's weights go on under its "
         "config and tokenizer, which the output folder will hold; resume with the run's --model_name_or_path to keep "
         "the run's"
     ]
+
+
+def _named_model(name: str | None, task: str | None) -> tuple[str, bool]:
+    """What --model_name_or_path `name` loads for `task`, and whether it is a folder here: an embedded model by its
+    hub name, a folder by its real path, else the name as given."""
+    if not name:
+        return (EMBEDDED_LM_NAME if task == "causal_lm" else EMBEDDED_MODEL_NAME), False
+    folder = Path(name).expanduser()
+    if embedded_source(name) is not None or not folder.is_dir():
+        return name, False
+    real = folder.resolve()
+    return _embedded_folders().get(real, str(real)), True
+
+
+def _embedded_folders() -> dict[Path, str]:
+    """The folders of the embedded models that are installed, to their hub names."""
+    folders = {}
+    for name, find in ((EMBEDDED_MODEL_NAME, embedded_model_dir), (EMBEDDED_LM_NAME, lambda: embedded_lm()[0])):
+        try:
+            folders[Path(find()).resolve()] = name
+        except UsageError:  # not installed
+            continue
+    return folders
 
 
 def gguf_base(cfg: TrainConfig) -> str | None:
