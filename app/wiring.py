@@ -460,12 +460,14 @@ def build_training(
         # The replaced line's curves go aside with its checkpoints, from where the lines part, and first.
         if set_aside := checkpoints.set_aside_later(resume.path, state.opt_step, writer.set_aside_replaced_line):
             notes.append(set_aside)
-        if masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
+        if not drops_out(model):  # no mask to draw: nothing to say of them
+            pass
+        elif masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "
                 "--fast_cpu_dropout applies to new runs"
             )
-        elif masks != resume.record.dropout_masks and drops_out(model):  # compiled, or on a GPU: torch's own
+        elif masks != resume.record.dropout_masks:  # compiled, or on a GPU: torch's own
             notes.append(
                 f"note: the run started with dropout masks from {resume.record.dropout_masks.said}; this resume draws "
                 f"{masks.said} ({'compiled' if cfg.torch_compile else 'on ' + accelerator.device.type}), so it does "

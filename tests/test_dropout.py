@@ -410,10 +410,11 @@ def test_the_backward_pass_keeps_a_byte_of_mask_per_element_not_a_float_copy():
 
 
 def test_dropout_is_found_in_modules_and_in_attention_rates():
-    """The dropout line is said for a model that draws masks: BERT's dropout modules, Llama's attention rate (a number
-    passed to attention, no module), LoRA's dropout on a base without any; not for a model whose rates are all 0."""
+    """The dropout line is said for a model that draws masks: BERT's dropout modules, Llama's attention rate and OPT's
+    dropout (numbers passed to attention and F.dropout, no module), LoRA's dropout on a base without any; not for a
+    model whose rates are all 0."""
     from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
     assert drops_out(BertForSequenceClassification(tiny_bert_config(64, 0.1, 0.0)))
     assert drops_out(BertForSequenceClassification(tiny_bert_config(64, 0.0, 0.1)))
@@ -425,6 +426,10 @@ def test_dropout_is_found_in_modules_and_in_attention_rates():
         lora = LoraConfig(r=2, target_modules=["q_proj"], lora_dropout=rate)
         adapted = get_peft_model(LlamaForCausalLM(LlamaConfig(**llama, attention_dropout=0.0)), lora)
         assert drops_out(adapted) == (rate > 0)
+    opt = dict(vocab_size=64, hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2)
+    opt |= dict(word_embed_proj_dim=32, attention_dropout=0.0, activation_dropout=0.0, layerdrop=0.2)
+    assert drops_out(OPTForCausalLM(OPTConfig(**opt, dropout=0.1)))  # F.dropout with its config's rate, no module
+    assert not drops_out(OPTForCausalLM(OPTConfig(**opt, dropout=0.0)))  # LayerDrop skips layers, draws no mask
 
 
 def test_a_compiled_resume_of_a_run_on_fast_masks_says_it_draws_torchs(
@@ -445,3 +450,19 @@ def test_a_compiled_resume_of_a_run_on_fast_masks_says_it_draws_torchs(
         "note: the run started with dropout masks from 32 bits of SFC64 per element; this resume draws torch's own "
         "(compiled), so it does not continue exactly as the run would have"
     ) in capsys.readouterr().out.splitlines()
+
+
+def test_a_resume_of_a_model_without_dropout_says_nothing_of_masks(
+    tmp_path, monkeypatch, tiny_model_no_dropout, review_files, capsys
+):
+    # It said the masks were drawn as when the run started, for a model that draws none.
+    monkeypatch.setattr(app.host.dropout, "intel_cpu", lambda: False)  # where the run draws SFC64 masks
+    common = [
+        *("--model_name_or_path", tiny_model_no_dropout, "--train_file", review_files["train"]),
+        *("--validation_file", review_files["validation"], "--per_device_train_batch_size", 8, "--max_length", 32),
+        *("--max_steps", 2, "--save_steps", 2, "--mixed_precision", "no", "--disable_tqdm", "--run_name", "r"),
+        *("--output_dir", tmp_path / "out", "--logdir", tmp_path / "runs", "--max_eval_samples", 8),
+    ]
+    assert run_app(common) == 0
+    assert run_app([*common, "--fast_cpu_dropout", "false", "--resume_from_checkpoint", "latest"]) == 0
+    assert "dropout" not in capsys.readouterr().out

@@ -278,14 +278,15 @@ def masks_of_run(cfg: TrainConfig, device: torch.device, started_with: DropoutMa
 
 
 def drops_out(model: torch.nn.Module) -> bool:
-    """Whether training `model` draws a dropout mask: a dropout module, or an attention dropout rate that the model
-    passes to `F.scaled_dot_product_attention` as a number (Llama's `attention_dropout`), above 0."""
+    """Whether training `model` draws a dropout mask: a dropout module, or a rate in a model config that the model
+    passes to `F.dropout` or to attention as a number (OPT's `dropout`, Llama's `attention_dropout`, Falcon's
+    `hidden_dropout`), above 0. Not LayerDrop, which skips whole layers and draws no mask."""
     for module in model.modules():
         if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
             return True
         config = getattr(module, "config", None)
         rates = vars(config).items() if isinstance(config, PretrainedConfig) else ()
-        if any("att" in name and "drop" in name and _positive(value) for name, value in rates):
+        if any("drop" in name and "layerdrop" not in name and _positive(value) for name, value in rates):
             return True
     return False
 
