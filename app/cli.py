@@ -102,6 +102,8 @@ OTHER_NAMES = {
     "bf16": "use --mixed_precision bf16; --mixed_precision no for fp32",
     "fp16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
     "bf16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
+    "debug": "drop it: the fp16 pre-flight (with --amp) and the overflow report name the module that overflows, as "
+    "HF's underflow_overflow does (docs/fp16-troubleshooting.md)",
     "tf32": "drop it: TF32 for fp32 matmuls on a GPU is torch's setting, left as torch has it (TensorBoard's run/tf32 "
     "says which)",
     "half_precision_backend": "drop it: the app drives autocast and the loss scaler itself (--mixed_precision)",

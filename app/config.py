@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import numpy
+import torch
 import yaml
 
 from app import errors
@@ -292,6 +293,14 @@ class TrainConfig:
         "An evaluation improves only if it beats the best by more than this.", default=0.0
     )
 
+    @classmethod
+    def defaults(cls) -> dict:
+        """Each flag's default value (a list's too)."""
+        return {
+            field.name: field.default_factory() if field.default is dataclasses.MISSING else field.default
+            for field in dataclasses.fields(cls)
+        }
+
     def validate(self) -> None:
         """Reject values that cannot work, with the fix in the message."""
         hints = typing.get_type_hints(TrainConfig)
@@ -323,8 +332,9 @@ class TrainConfig:
                 raise UsageError(
                     f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
                 )
-        # bf16 and fp32 have no scaler; with no app flag, the launcher's choice decides, or `auto` (fp16 on a GPU)
-        may_scale = self.amp or (self.mixed_precision or launcher_choice() or "auto") in ("auto", "fp16")
+        # bf16 and fp32 have no scaler; with no app flag, the launcher's choice decides, or `auto`, fp16 on a GPU only
+        requested = "fp16" if self.amp else self.mixed_precision or launcher_choice() or "auto"
+        may_scale = requested == "fp16" or (requested == "auto" and torch.cuda.is_available())
         if may_scale and self.init_loss_scale < self.min_loss_scale:  # the alarm watches skipped steps only
             raise UsageError(
                 f"--init_loss_scale {self.init_loss_scale:g} is below --min_loss_scale {self.min_loss_scale:g}, the "
@@ -522,7 +532,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     parser.set_defaults(**from_yaml)
     # Where a value came from, for a line that names a flag the user did not type (errors.with_sources); not a
     # default that the file repeats (a training_args.yaml holds every flag), which set nothing.
-    defaults = {field.name: field.default for field in dataclasses.fields(TrainConfig)}
+    defaults = TrainConfig.defaults()
     errors.set_config_sources(
         {name: known.config for name, value in from_yaml.items() if name not in given and value != defaults.get(name)}
     )

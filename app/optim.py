@@ -50,7 +50,7 @@ def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, lis
     }
     notes = []
     # A value at its default was most likely not asked for (the run's command without the flag): nothing to say.
-    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    defaults = TrainConfig.defaults()
     if asked := [name for name in kept if getattr(cfg, name) != defaults[name]]:
         ran = " and ".join(f"{name} {kept[name]:g}" for name in asked)
         flags = ", ".join(f"--{name} {getattr(cfg, name):g}" for name in asked)

@@ -121,8 +121,9 @@ def fine_tune(
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------
     compiling = compile_notes(cfg.torch_compile, accelerator.device)
     for line in (
-        *map(with_sources, (policy.describe(), *notes)),  # a precision a --config asked for says so
-        *fallback.unused_scaler_notes(cfg, policy),
+        # A precision or a scaler flag that a --config asked for says so (not in a warning's advice).
+        *(line if line.startswith("warning:") else with_sources(line) for line in (policy.describe(), *notes)),
+        *map(with_sources, fallback.unused_scaler_notes(cfg, policy)),
         *compiling,
         *describe_backend(accelerator),
         *(resume.notes if resume else ()),

@@ -7,6 +7,7 @@ import dataclasses
 import re
 
 import pytest
+import torch
 import yaml
 from accelerate.commands.config.config_args import load_config_from_file
 
@@ -304,6 +305,7 @@ def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path,
         (["--use_fsdp"], "a flag of accelerate launch: give it before app/train.py"),  # "did you mean --use_peft?"
         (["--bf16_full_eval"], "drop it: evaluation runs under the training's autocast"),
         (["--log_dir", "x"], "did you mean --logdir?"),  # accelerate launch has one too: this app's is meant
+        (["--debug", "underflow_overflow"], "drop it: the fp16 pre-flight (with --amp) and the overflow report"),
     ],
 )
 def test_an_unknown_flag_gets_advice_that_leads_to_what_was_meant(argv, advice, tmp_path):
@@ -347,11 +349,30 @@ def test_a_loss_scale_below_the_alarms_is_refused_only_where_a_scaler_may_run():
     from app.config import TrainConfig
     from app.errors import UsageError
 
-    for asked in ({"amp": True}, {"mixed_precision": "fp16"}, {"mixed_precision": "auto"}, {}):
+    for asked in ({"amp": True}, {"mixed_precision": "fp16"}):
         with pytest.raises(UsageError, match="is below --min_loss_scale"):
             TrainConfig(min_loss_scale=131072, **asked).validate()
     for asked in ({"mixed_precision": "bf16"}, {"mixed_precision": "no"}):  # no scaler: nothing to collapse
         TrainConfig(min_loss_scale=131072, **asked).validate()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto picks fp16 on a GPU")
+def test_a_loss_scale_below_the_alarms_is_no_refusal_where_auto_cannot_pick_fp16():
+    # auto on a CPU picks bf16 or fp32: no scaler to start collapsed (it was refused as if fp16 were coming).
+    from app.config import TrainConfig
+
+    for asked in ({"mixed_precision": "auto"}, {}):
+        TrainConfig(min_loss_scale=131072, **asked).validate()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU, where auto picks fp16")
+def test_a_loss_scale_below_the_alarms_is_refused_where_auto_picks_fp16():
+    from app.config import TrainConfig
+    from app.errors import UsageError
+
+    for asked in ({"mixed_precision": "auto"}, {}):
+        with pytest.raises(UsageError, match="is below --min_loss_scale"):
+            TrainConfig(min_loss_scale=131072, **asked).validate()
 
 
 def test_a_loss_scale_below_the_alarms_under_a_launchers_precision(monkeypatch):

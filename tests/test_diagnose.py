@@ -290,15 +290,17 @@ def test_fallback_without_a_loss_scale_says_it_has_nothing_to_do_and_saves_no_st
     assert not (tmp_path / "out" / "checkpoints" / "step-0").exists()
 
 
-def test_loss_scaler_flags_without_a_loss_scale_say_they_have_nothing_to_do(quick_args, capsys, monkeypatch):
+def test_loss_scaler_flags_without_a_loss_scale_say_they_have_nothing_to_do(tmp_path, quick_args, capsys, monkeypatch):
     # They were ignored without a word; and under a launcher's bf16 a start below the alarm's scale was refused as
     # if an fp16 run were coming.
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
-    scaler = ["--init_loss_scale", 0.5, "--loss_scale_growth_interval", 5]
-    assert run_app([*quick_args, "--max_steps", 1, "--eval_steps", 0, *scaler]) == 0
+    path = tmp_path / "scaler.yaml"
+    path.write_text("loss_scale_growth_interval: 1000000\n")  # an int, as typed: not 1e+06
+    assert run_app([*quick_args, "--max_steps", 1, "--eval_steps", 0, "--init_loss_scale", 0.5, "--config", path]) == 0
     assert (
-        "note: --init_loss_scale 0.5, --loss_scale_growth_interval 5 act on fp16's loss scale; this run computes in "
-        "bf16, with no loss scale, so they have nothing to do"
+        "note: --init_loss_scale 0.5, --loss_scale_growth_interval 1000000 act on fp16's loss scale; this run "
+        "computes in bf16, with no loss scale, so they have nothing to do (--loss_scale_growth_interval: from --config "
+        f"{path}; a flag on the command line overrides it)"
     ) in capsys.readouterr().out.splitlines()
 
 

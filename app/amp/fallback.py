@@ -78,8 +78,8 @@ def unused_scaler_notes(cfg: TrainConfig, policy: PrecisionPolicy) -> list[str]:
     was most likely not asked for."""
     if policy.scaler_enabled or policy.source == SOURCE:
         return []
-    defaults = {field.name: field.default for field in dataclasses.fields(cfg)}
-    given = [f"--{name} {getattr(cfg, name):g}" for name in SCALER_FLAGS if getattr(cfg, name) != defaults[name]]
+    defaults = cfg.defaults()
+    given = [f"--{name} {_shown(getattr(cfg, name))}" for name in SCALER_FLAGS if getattr(cfg, name) != defaults[name]]
     given += ["--on_scale_collapse fallback"] if cfg.on_scale_collapse == "fallback" else []
     if not given:
         return []
@@ -87,6 +87,10 @@ def unused_scaler_notes(cfg: TrainConfig, policy: PrecisionPolicy) -> list[str]:
         f"note: {', '.join(given)} act{'s' if len(given) == 1 else ''} on fp16's loss scale; this run computes in "
         f"{policy.label}, with no loss scale, so {'it has' if len(given) == 1 else 'they have'} nothing to do"
     ]
+
+
+def _shown(value: float | int) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)  # a growth interval of 1000000, not 1e+06
 
 
 def resumed_policy(policy: PrecisionPolicy, resume: ResumePoint | None) -> tuple[PrecisionPolicy, list[str]]:
