@@ -265,7 +265,8 @@ def another_process_ended_line(training: Training) -> str:
     resume = (
         f"resume with --resume_from_checkpoint {newest} (or latest)"
         if newest
-        else "it has no checkpoint to resume from: start it again with --overwrite_output_dir"
+        else "it has no checkpoint to resume from: start it again with --overwrite_output_dir and another --run_name "
+        "(its TensorBoard run holds this one's curves)"
     )
     return f"stopped: another process of this run ended (killed or crashed), so {unwritten}; {resume}"
 

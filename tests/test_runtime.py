@@ -37,6 +37,8 @@ GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/{}] {}. This i
         # A hang is not a process gone, nor is this process's own error whatever its words: their tracebacks stay.
         (RuntimeError(GLOO.format("unbound_buffer.cc:81", "Timed out waiting 1800000ms for recv operation")), False),
         (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+        (torch.distributed.DistBackendError("NCCL error in: ProcessGroupNCCL.cpp:3356, invalid usage"), False),
+        (torch.distributed.DistBackendError("NCCL error: unhandled cuda error, out of memory"), False),
         (ConnectionResetError(104, "Connection reset by peer"), False),
     ],
 )

@@ -155,17 +155,25 @@ def _quiet_libraries() -> None:
     datasets.disable_progress_bars()
 
 
-# What gloo's TCP transport says when the process at the other end of a connection is gone: its socket closed.
-_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+# What a collective says when the process at the other end is gone: gloo's TCP transport, its socket closed; NCCL's
+# remote error, and its communicator aborted after a peer failed.
+_PEER_GONE = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "remote process exited",
+    "communicator was aborted",
+)
 
 
 def another_process_ended(error: BaseException) -> bool:
     """Whether a collective failed because another process of the run is gone (killed, crashed): torch's
-    DistBackendError, or gloo's RuntimeError from a closed connection. Any other error is this process's own."""
-    if isinstance(error, torch.distributed.DistBackendError):
-        return True
+    DistBackendError, or gloo's RuntimeError, in the words of a peer gone. Any other error (this process's own NCCL
+    error, a timeout) is this process's, and keeps its traceback."""
     text = str(error)
-    return isinstance(error, RuntimeError) and "gloo" in text and any(words in text for words in _PEER_GONE)
+    if not any(words in text for words in _PEER_GONE):
+        return False
+    return isinstance(error, torch.distributed.DistBackendError) or (isinstance(error, RuntimeError) and "gloo" in text)
 
 
 class HostCollective:
