@@ -54,9 +54,10 @@ def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, lis
     if asked := [name for name in kept if getattr(cfg, name) != defaults[name]]:
         ran = " and ".join(f"{name} {kept[name]:g}" for name in asked)
         flags = ", ".join(f"--{name} {getattr(cfg, name):g}" for name in asked)
+        them = "them" if len(asked) > 1 else "it"
         notes.append(
-            f"note: a resume continues the run's training as it was set: {ran} as the run had them, not {flags}; "
-            "a new run can change them"
+            f"note: a resume continues the run's training as it was set: {ran} as the run had {them}, not {flags}; "
+            f"a new run can change {them}"
         )
     steps, epochs = recorded.get("max_steps"), recorded.get("num_train_epochs")
     if (

@@ -7,7 +7,8 @@ train.py, the tests' harness and the scripts all build their trainings here, so 
     train(training)                                                       # app/loop.py
     training.close()
 
-`load_inputs` is separate so that train.py can create its folders between the input checks and the heavy work.
+`load_inputs` is separate so that every input check comes before the heavy work; `build_training` readies the run's
+folders through train.py's callback: a new run's before its weights load, a resume's once its checkpoint has loaded.
 `Training` holds the parts and the few acts that need several of them (a precision switch, a rewind, the fp16
 diagnostics, the model card); every part below it is given what it needs, never the `Training`.
 """

@@ -766,7 +766,9 @@ def test_labels_that_differ_only_in_case_are_two_classes_with_a_note(tiny_model_
     cfg = TrainConfig(model_name_or_path=str(tiny_model_dir), text_column="text", label_column="label")
     tokenizer, model_config = AutoTokenizer.from_pretrained(tiny_model_dir), AutoConfig.from_pretrained(tiny_model_dir)
     texts = ["a", "b", "c", "d"]
-    for labels, twins in ((["great", "Great", "bad", "great"], ("Great", "great")), (["great", "bad"] * 2, None)):
+    cases = [(["great", "Great", "bad", "great"], ("Great", "great")), (["great", "bad"] * 2, None)]
+    cases += [(["strasse", "straße", "weg", "weg"], None)]  # other letters, not only case (casefold made them one)
+    for labels, twins in cases:
         raw = DatasetDict(
             train=Dataset.from_dict({"text": texts, "label": labels}),
             validation=Dataset.from_dict({"text": texts[:2], "label": labels[:2]}),

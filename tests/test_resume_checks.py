@@ -458,8 +458,8 @@ def test_a_plain_resume_of_a_run_with_its_own_settings_has_nothing_to_say():
     cfg, notes = resumed_settings(TrainConfig(max_steps=4, lora_dropout=0.3), {**recorded, "lora_dropout": 0.05})
     assert cfg.lora_dropout == 0.05
     assert notes == [
-        "note: a resume continues the run's training as it was set: lora_dropout 0.05 as the run had them, not "
-        "--lora_dropout 0.3; a new run can change them"
+        "note: a resume continues the run's training as it was set: lora_dropout 0.05 as the run had it, not "
+        "--lora_dropout 0.3; a new run can change it"
     ]
 
 
@@ -469,13 +469,14 @@ def test_the_weights_check_of_a_resume_leaves_sharded_layouts_to_accelerate(tmp_
     import torch
     from safetensors.torch import save_file
 
-    from app.storage.checkpoints import shape_mismatch
+    from app.storage.checkpoints import stored_shapes, weights_mismatch
 
     model = torch.nn.Linear(3, 2)
     (tmp_path / "pytorch_model_fsdp_0").mkdir()
-    assert shape_mismatch(tmp_path / "model.safetensors", model) is None
+    assert stored_shapes(tmp_path / "model.safetensors") is None  # adapters/plan.check_full_weights: nothing to check
     save_file({"weight": torch.zeros(2, 4), "bias": torch.zeros(2)}, tmp_path / "model.safetensors")
-    assert shape_mismatch(tmp_path / "model.safetensors", model) == "weight is [2, 4] there, [2, 3] in this run's model"
+    stored = stored_shapes(tmp_path / "model.safetensors")
+    assert weights_mismatch(stored, model) == "weight is [2, 4] there, [2, 3] in this run's model"
 
 
 def test_the_model_card_shows_the_command_that_started_the_run_then_each_resumes(run_copy, monkeypatch):

@@ -378,18 +378,10 @@ class Checkpoints:
             raise UsageError(f"{path / MODEL_FILE} does not hold this run's adapters; resume from a checkpoint of it")
 
 
-def shape_mismatch(weights: Path, model: torch.nn.Module) -> str | None:
-    """How the weights in a checkpoint's `weights` file differ from `model`'s (one on the meta device will do), from
-    the file's header alone: the first stored weight the model lacks or has in another shape, else the first weight of
-    the model that the file lacks; None if they fit, or if there is no such file (FSDP's sharded state and
-    DeepSpeed's have their own layout, which Accelerate reads)."""
-    stored = stored_shapes(weights)
-    return None if stored is None else weights_mismatch(stored, model)
-
-
 def stored_shapes(weights: Path) -> dict[str, list[int]] | None:
     """The name and shape of each weight in a checkpoint's `weights` file, from its header alone (DDP's wrapper
-    prefix dropped); None if there is no such file."""
+    prefix dropped); None if there is no such file (FSDP's sharded state and DeepSpeed's have their own layout, which
+    Accelerate reads)."""
     if not weights.is_file():
         return None
     with safe_open(weights, "pt") as stored:

@@ -257,7 +257,7 @@ def case_twins(space: LabelSpace) -> list[str]:
     can be case-sensitive codes), which a hand-labelled file more often means as one."""
     first: dict[str, str] = {}
     for name in space.names if space.string_labels else ():
-        if (twin := first.setdefault(name.casefold(), name)) != name:
+        if (twin := first.setdefault(name.lower(), name)) != name:  # not casefold(): "straße" is no "strasse"
             return [
                 f"note: the labels {twin!r} and {name!r} differ only in case, so they are two classes; if they are "
                 "one, write them alike"
