@@ -824,6 +824,12 @@ def test_hf_trainer_s_checkpoint_is_one_line_that_says_how_to_start_from_its_wei
         assert run_app([*flags, *resume]) == 2
         assert capfd.readouterr().err == f"error: {said}{start}its weights\n"
     assert folder_state(hf_trainer_output.parent, files_only=True) == before
+    # A checkpoint of peft adapters holds no model to start from: the advice led to a refusal that sent the user back.
+    adapters = tmp_path / "lora" / "checkpoint-2"
+    shutil.copytree(checkpoint, adapters)
+    (adapters / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    assert run_app([*flags, "--resume_from_checkpoint", adapters]) == 2
+    assert "holds peft adapters, not a model: merge them into their base with peft" in capfd.readouterr().err
     # What the line advises: a new run from the checkpoint's weights.
     new_run = ["--model_name_or_path", checkpoint, "--output_dir", tmp_path / "new", "--run_name", "new"]
     assert run_app([*flags, *new_run, "--max_steps", 1, "--save_steps", 0]) == 0

@@ -584,6 +584,12 @@ def newest_hf_trainer_checkpoint(folder: Path) -> Path | None:
 
 def _from_hf_trainer(checkpoint: Path) -> str:
     """What to do with HF Trainer's `checkpoint`, which this app cannot resume (another layout and record)."""
+    if (checkpoint / "adapter_config.json").is_file():  # peft's adapters alone: no model to start from
+        return (
+            "this app cannot resume HF Trainer's checkpoints, and this one holds peft adapters, not a model: merge "
+            "them into their base with peft (merge_and_unload, then save_pretrained) and pass that folder as "
+            "--model_name_or_path, or train new adapters on the base with --use_peft"
+        )
     return (
         f"this app cannot resume HF Trainer's checkpoints; --model_name_or_path {checkpoint} starts a new run from its "
         "weights"
