@@ -349,6 +349,15 @@ def test_a_causal_lm_trains_adapters_and_predict_generates_from_the_folder(
     assert json.loads((folder / "adapter_config.json").read_text())["task_type"] == "CAUSAL_LM"
     assert predict(["Great coffee.", "--model_name_or_path", str(folder), "--max_new_tokens", "3"]) == 0
     assert capsys.readouterr().out.startswith("text,generated_text\n")
+    # Resumed as a classifier, the refusal blamed --lora_modules_to_save ("on 0 modules, not score"), never given.
+    classify = ["--task", "sequence_classification", "--text_column", "text", "--label_column", "label"]
+    args = lora_args(tmp_path, tiny_llama_dir, review_files, "lm", "--mixed_precision", "bf16", *classify)
+    assert run_app([*args, *RUN, "--resume_from_checkpoint", "latest"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --resume_from_checkpoint {folder / 'checkpoints' / 'step-6'} holds adapters trained for --task "
+        "causal_lm, not this run's --task sequence_classification: resume with --task causal_lm, or start the new "
+        "task in another --output_dir\n"
+    )
 
 
 def test_the_best_adapters_are_loaded_at_the_end(tiny_model_dir, review_files, tmp_path, capsys):

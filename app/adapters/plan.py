@@ -29,10 +29,11 @@ class ModelPlan:
     adapters: AdapterPlan | None  # None: every weight trains
     base: str | None  # the base's fingerprint (adapters only): checkpoints record it, a resume must match it
     footprint: Footprint
+    task: str | None = None  # what the adapters are trained for (the task's name): a resume must match it
 
     def record(self) -> dict | None:
         """What checkpoints record of the adapters (None for a full fine-tune)."""
-        return self.adapters.record(self.base) if self.adapters else None
+        return {**self.adapters.record(self.base), "task": self.task} if self.adapters else None
 
 
 def plan_model(
@@ -57,7 +58,8 @@ def plan_model(
     copied = sum(p.numel() for name in adapters.trained_in_full for p in modules[name].parameters())
     parameters = sum(p.numel() for p in empty.parameters())
     trainable = adapter_parameters(empty, adapters) + copied
-    return ModelPlan(dtype, why, adapters, base_model.fingerprint(model_path), Footprint(parameters, dtype, trainable))
+    footprint = Footprint(parameters, dtype, trainable)
+    return ModelPlan(dtype, why, adapters, base_model.fingerprint(model_path), footprint, task.name)
 
 
 def load_model(
@@ -121,6 +123,11 @@ def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: t
     if now is None:
         raise UsageError(
             f"{where} holds LoRA adapters: resume with --use_peft and the --lora_* flags it was saved with"
+        )
+    if saved.get("task", now["task"]) != now["task"]:  # checkpoints from before the task was recorded: the shape
+        raise UsageError(
+            f"{where} holds adapters trained for --task {saved['task']}, not this run's --task {task}: resume with "
+            f"--task {saved['task']}, or start the new task in another --output_dir"
         )
     if saved["base"] != now["base"]:
         raise UsageError(
