@@ -10,14 +10,13 @@ half precision, and a float16 base under bf16 autocast fails in LayerNorm (mixed
 from __future__ import annotations
 
 import hashlib
-import json
-import struct
 from pathlib import Path
 
 import torch
 
 from app.amp.policy import PrecisionPolicy
 from app.errors import UsageError
+from app.storage.checkpoints import stored_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 FP16_MAX = torch.finfo(torch.float16).max
@@ -117,19 +116,13 @@ def fingerprint(model_path: str) -> str:
 def stored_keys(model_path: str) -> set[str] | None:
     """The tensor names a local model folder stores, from the safetensors headers alone; None if they cannot be read
     that way (PyTorch .bin files, a hub id)."""
-    shapes = stored_shapes(model_path)
+    shapes = folder_shapes(model_path)
     return None if shapes is None else set(shapes)
 
 
-def stored_shapes(model_path: str) -> dict[str, list[int]] | None:
+def folder_shapes(model_path: str) -> dict[str, list[int]] | None:
     """The tensors a local model folder stores, name -> shape, from the safetensors headers alone; None as above."""
     files = weight_files(model_path)
     if not files or files[0].suffix != ".safetensors":
         return None
-    shapes = {}
-    for file in files:
-        with open(file, "rb") as stream:
-            (length,) = struct.unpack("<Q", stream.read(8))
-            header = json.loads(stream.read(length))
-            shapes.update((k, v["shape"]) for k, v in header.items() if k != "__metadata__")
-    return shapes
+    return {name: shape for file in files for name, shape in stored_shapes(file).items()}

@@ -22,7 +22,7 @@ from typing import Protocol
 import torch
 from accelerate import Accelerator
 from safetensors import safe_open
-from safetensors.torch import load_file, load_model
+from safetensors.torch import load_model
 
 from app.errors import UsageError
 from app.host.dropout import DropoutMasks
@@ -373,8 +373,7 @@ class Checkpoints:
         # FSDP's checkpoints hold the model in a layout of their own (pytorch_model_fsdp*), which Accelerate reads.
         if self.record.adapters is None or not (path / MODEL_FILE).is_file():
             return
-        stored = {name.removeprefix("module.") for name in load_file(path / MODEL_FILE)}  # DDP's wrapper prefixes
-        if stored != self.trainable:
+        if set(stored_shapes(path / MODEL_FILE)) != self.trainable:  # the names, from the file's header alone
             raise UsageError(f"{path / MODEL_FILE} does not hold this run's adapters; resume from a checkpoint of it")
 
 

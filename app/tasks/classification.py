@@ -21,7 +21,7 @@ from datasets import ClassLabel, DatasetDict
 from transformers import AutoConfig, AutoModelForSequenceClassification, DataCollatorWithPadding, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
-from app.adapters.base import stored_shapes
+from app.adapters.base import folder_shapes
 from app.adapters.trained import holds_adapters, load_trained
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
@@ -130,7 +130,7 @@ def check_head_stored(name: str, config: PretrainedConfig) -> None:
     would predict with a head made at random, and one whose weights are of other shapes than its config.json gives
     (another run's config copied in) would not load: one line each, before anything loads (safetensors headers)."""
     quantized = getattr(config, "quantization_config", None)  # packed weights: other shapes than the config gives
-    if holds_adapters(name) or quantized or (stored := stored_shapes(name)) is None:
+    if holds_adapters(name) or quantized or (stored := folder_shapes(name)) is None:
         return  # adapters bring their head along; PyTorch .bin files are checked as they load (load_weights)
     try:
         with torch.device("meta"):  # the names and shapes alone, no memory
