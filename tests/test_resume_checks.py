@@ -884,3 +884,13 @@ def test_the_same_model_named_otherwise_is_the_runs(tiny_model_dir, tmp_path, mo
         "weights go on under its config and tokenizer, which the output folder will hold; resume with the run's "
         "--model_name_or_path to keep the run's"
     ]
+
+
+def test_every_counter_of_the_training_state_has_its_record_check():
+    # A field added to TrainState without a kind in _RECORD_VALUES would go unchecked in an older checkpoint.
+    import dataclasses
+
+    from app.state import TrainState
+    from app.storage.checkpoints import _RECORD_VALUES
+
+    assert set(_RECORD_VALUES["state."]) == {field.name for field in dataclasses.fields(TrainState)}
