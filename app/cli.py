@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import threading
+import time
 import typing
 from dataclasses import field
 from typing import Callable, TypeVar
@@ -268,6 +269,9 @@ def exit_code_of(main_body: Callable[[], int]) -> int:
         return halt.exit_code
 
 
+QUIET_RANKS_WAIT_S = 2.0  # what a rank that does not say why waits for rank 0 to say it
+
+
 def say_why(halt: UsageError | TrainingHalted) -> None:
     """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why, or every rank left when another
     process is gone (it may be rank 0). Said before the process group ends: once one rank exits, torchrun stops the
@@ -284,6 +288,10 @@ def say_why(halt: UsageError | TrainingHalted) -> None:
         elif isinstance(halt, DiskFull):
             line = f"error: {line}"
         print(line, file=sys.stderr)
+    elif isinstance(halt, UsageError):
+        # Bad input stops every rank alike, often before they share a process group: the first rank to exit ends the
+        # launch, and rank 0 was at times stopped before its line (1 launch in 10). The others give it time to say it.
+        time.sleep(QUIET_RANKS_WAIT_S)
 
 
 class OutputPastItsReader:

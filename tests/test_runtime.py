@@ -159,3 +159,22 @@ def test_training_args_yaml_records_the_precision_that_ran(
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16" if recorded != "bf16" else "no")
     cfg = parse_config(["--config", str(tmp_path / "out" / "training_args.yaml")])
     assert resolve_precision(cfg.amp, cfg.mixed_precision, "cpu", launcher_choice())[0].mode == recorded
+
+
+def test_a_rank_that_does_not_say_why_gives_rank_0_time_to_say_it(monkeypatch, capsys):
+    # Bad input stops both ranks of a launch before they share a process group; rank 1 exited at once, and torchrun at
+    # times stopped rank 0 before its line: no error line at all (1 launch in 10).
+    import time
+
+    import app.cli
+    from app.cli import say_why
+    from app.errors import UsageError
+
+    monkeypatch.setattr(app.cli, "QUIET_RANKS_WAIT_S", 0.3)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, waits, says in (("1", True, False), ("0", False, True)):
+        monkeypatch.setenv("RANK", rank)
+        started = time.perf_counter()
+        say_why(UsageError("--learning_rate must be above 0, got -1"))
+        assert (time.perf_counter() - started >= 0.3) == waits
+        assert (capsys.readouterr().err == "error: --learning_rate must be above 0, got -1\n") == says
