@@ -609,3 +609,8 @@ def test_compare_amp_s_launcher_passes_every_value_accelerate_would_warn_of(tmp_
 def test_bench_help_names_the_job_benchmark(run_here):
     # The README's headline benchmark is `bench.py --job`, which bench.py's own --help did not mention.
     assert "--job: the whole default job" in " ".join(run_here("bench.py", "--help").split())
+
+
+def test_bench_bf16_matmul_times_both_precisions(run_here):
+    said = run_here("bench_bf16_matmul.py", "--rounds", 2)
+    assert said.startswith("fp32 ") and " ms, bf16 autocast " in said and "(medians of 2)" in said
