@@ -447,10 +447,12 @@ def check_finite(bad: int, rows: int, policy: PrecisionPolicy) -> None:
 def main(argv: list[str] | None = None) -> int:
     try:
         return exit_code_of(lambda: _main(argv))
-    except KeyboardInterrupt:  # one line, not a traceback; from the main process alone, as say_why's
-        if os.environ.get("RANK", "0") == "0":
-            print("stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except KeyboardInterrupt:  # one line, not a traceback, said as every stop is
+        halt = TrainingHalted(
+            "stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all", 128 + signal.SIGINT
+        )
+        say_why(halt)
+        return halt.exit_code
 
 
 def _main(argv: list[str] | None) -> int:

@@ -84,10 +84,8 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
     else:
         raw = _load_embedded_reviews()
     if "validation" in raw and cfg.holds_out_a_share:  # else unused, without a word, and recorded as if it ran
-        if cfg.dataset_name:
+        if cfg.dataset_name:  # beside a --validation_file, TrainConfig.validate refuses it
             data = f"--dataset_name {cfg.dataset_name} has a {getattr(raw, 'validation_from', 'validation')} split"
-        elif cfg.train_file:
-            data = f"--validation_file {cfg.validation_file} is given"
         else:
             data = f"the embedded reviews come with {len(raw['validation']):,} held out"
         raise UsageError(f"{data}, the validation data, so --validation_split_percentage holds nothing out; drop it")
