@@ -132,7 +132,7 @@ def load_inputs(
             model_path = str(gguf.convert(model_path, gguf_file, converted, accelerator.print))
     plan = plan_model(cfg, policy, task, model_config, model_path)  # reads the base's files, loads no weight
     if resume:
-        check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config), task_name)
+        check_resume(resume.record.adapters, plan, resume.path, task.empty_model(model_config))
         check_resume_labels(resume.record.labels, class_names(task), resume.path)
         check_resume_best(cfg, resume.record.state, resume.path)
         on_main_process(accelerator, lambda: check_best_checkpoint(cfg, resume.record, resume.path))

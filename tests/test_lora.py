@@ -159,12 +159,12 @@ def test_a_resume_naming_the_same_targets_in_another_order_fits(tiny_model_dir):
 
     def plan(*targets: str) -> ModelPlan:
         adapters = plan_adapters(TrainConfig(use_peft=True, lora_target_modules=list(targets)), model, [], True)
-        return ModelPlan(torch.float32, "", adapters, "base", None)
+        return ModelPlan(torch.float32, "", adapters, "base", None, "sequence_classification")
 
     saved = plan("query", "value").record()
-    check_resume(saved, plan("value", "query"), Path("step-3"), model, "sequence_classification")
+    check_resume(saved, plan("value", "query"), Path("step-3"), model)
     with pytest.raises(UsageError, match=r"\(--lora_target_modules on 4 modules, not bert.encoder.layer.0.attention"):
-        check_resume(saved, plan("query", "value", "key"), Path("step-3"), model, "sequence_classification")
+        check_resume(saved, plan("query", "value", "key"), Path("step-3"), model)
 
 
 def test_a_full_model_checkpoint_or_another_base_is_refused(tiny_model_dir, review_files, tmp_path, capsys):
@@ -550,7 +550,7 @@ def test_an_adapter_rank_no_layer_can_use_is_warned_of(tiny_llama_dir, tiny_gpt2
     cfg = TrainConfig(use_peft=True, lora_r=16, lora_target_modules=["k_proj"])
     adapters = plan_adapters(cfg, llama, [], classifier=False)
     lines = describe_trainable(
-        add_adapters(llama, adapters, "causal_lm"), ModelPlan(torch.float32, "", adapters, "", None)
+        add_adapters(llama, adapters, "causal_lm"), ModelPlan(torch.float32, "", adapters, "", None, "causal_lm")
     )
     assert lines[0].startswith("adapters: LoRA r=16") and lines[1] == adapters.rank_warning(), lines
 

@@ -29,7 +29,7 @@ class ModelPlan:
     adapters: AdapterPlan | None  # None: every weight trains
     base: str | None  # the base's fingerprint (adapters only): checkpoints record it, a resume must match it
     footprint: Footprint
-    task: str | None = None  # what the adapters are trained for (the task's name): a resume must match it
+    task: str  # the task's name: adapters record it, and a resume of any checkpoint must match it
 
     def record(self) -> dict | None:
         """What checkpoints record of the adapters (None for a full fine-tune)."""
@@ -49,7 +49,8 @@ def plan_model(
             "or lower --per_device_train_batch_size to save memory"
         )
     if not cfg.use_peft:
-        return ModelPlan(dtype, why, None, None, Footprint(0, dtype, sum(p.numel() for p in empty.parameters())))
+        footprint = Footprint(0, dtype, sum(p.numel() for p in empty.parameters()))
+        return ModelPlan(dtype, why, None, None, footprint, task.name)
     new = new_modules(empty, base_model.stored_keys(model_path))
     adapters = plan_adapters(cfg, empty, new, classifier=task.name == "sequence_classification")
     if dtype == torch.float16:
@@ -106,14 +107,14 @@ def describe_trainable(model: torch.nn.Module, plan: ModelPlan) -> list[str]:
     return [plan.adapters.describe(), *([warning] if warning else []), f"frozen base ({plan.why}): {held}; {trains}"]
 
 
-def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: torch.nn.Module, task: str) -> None:
+def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: torch.nn.Module) -> None:
     """A checkpoint continues only the run that wrote it: the same kind (full or adapters), base and adapters; a
-    full fine-tune's weights of the names and shapes of this run's model (`empty`, on the meta device, for `task`:
+    full fine-tune's weights of the names and shapes of this run's model (`empty`, on the meta device, for its task:
     another model, task or label count would otherwise fail inside Accelerate's load)."""
     now = plan.record()
     where = f"--resume_from_checkpoint {checkpoint}"
     if saved is None and now is None:
-        check_full_weights(checkpoint, empty, task)
+        check_full_weights(checkpoint, empty, plan.task)
         return
     if saved is None:
         raise UsageError(
@@ -124,10 +125,10 @@ def check_resume(saved: dict | None, plan: ModelPlan, checkpoint: Path, empty: t
         raise UsageError(
             f"{where} holds LoRA adapters: resume with --use_peft and the --lora_* flags it was saved with"
         )
-    if saved.get("task", now["task"]) != now["task"]:  # checkpoints from before the task was recorded: the shape
+    if saved.get("task", plan.task) != plan.task:  # checkpoints from before the task was recorded: the shape check
         raise UsageError(
-            f"{where} holds adapters trained for --task {saved['task']}, not this run's --task {task}: resume with "
-            f"--task {saved['task']}, or start the new task in another --output_dir"
+            f"{where} holds adapters trained for --task {saved['task']}, not this run's --task {plan.task}: resume "
+            f"with --task {saved['task']}, or start the new task in another --output_dir"
         )
     if saved["base"] != now["base"]:
         raise UsageError(
