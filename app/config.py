@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import numpy
-import torch
 import yaml
 
 from app import errors
-from app.amp.policy import LAUNCHER_ENV, launcher_choice
+from app.amp.policy import LAUNCHER_ENV, launcher_choice, picks_fp16
 from app.cli import OneLineParser, expand_home, flag, unknown_flag_advice
 from app.errors import UsageError
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
@@ -332,9 +331,10 @@ class TrainConfig:
                 raise UsageError(
                     f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
                 )
-        # bf16 and fp32 have no scaler; with no app flag, the launcher's choice decides, or `auto`, fp16 on a GPU only
-        requested = "fp16" if self.amp else self.mixed_precision or launcher_choice() or "auto"
-        may_scale = requested == "fp16" or (requested == "auto" and torch.cuda.is_available())
+        from app.host.runtime import device_type  # which imports this module
+
+        # bf16 and fp32 have no scaler: the precision as resolve_precision will pick it, the launcher's included
+        may_scale = picks_fp16(self.amp, self.mixed_precision, launcher_choice(), device_type())
         if may_scale and self.init_loss_scale < self.min_loss_scale:  # the alarm watches skipped steps only
             raise UsageError(
                 f"--init_loss_scale {self.init_loss_scale:g} is below --min_loss_scale {self.min_loss_scale:g}, the "

@@ -116,14 +116,7 @@ def resolve_precision(
     if amp and mixed_precision not in (None, "fp16"):
         raise UsageError(f"--amp means fp16 but --mixed_precision is {mixed_precision!r}; pass only one of them")
     notes = []
-    if amp:
-        requested, source = "fp16", "--amp"
-    elif mixed_precision is not None:
-        requested, source = mixed_precision, "--mixed_precision"
-    elif launcher is not None:
-        requested, source = launcher, "accelerate launch"
-    else:
-        requested, source = "auto", "auto"
+    requested, source = requested_precision(amp, mixed_precision, launcher)
 
     if requested not in (*MODES, "auto"):
         raise UsageError(
@@ -146,6 +139,22 @@ def resolve_precision(
     if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("bf16 was asked for but this GPU has no bf16 support; use --mixed_precision fp16 or no")
     return PrecisionPolicy(mode, device_type, source, reason), notes
+
+
+def requested_precision(amp: bool, mixed_precision: str | None, launcher: str | None) -> tuple[str, str]:
+    """What is asked for, and by whom: an app flag, else the launcher, else `auto`."""
+    if amp:
+        return "fp16", "--amp"
+    if mixed_precision is not None:
+        return mixed_precision, "--mixed_precision"
+    if launcher is not None:
+        return launcher, "accelerate launch"
+    return "auto", "auto"
+
+
+def picks_fp16(amp: bool, mixed_precision: str | None, launcher: str | None, device_type: str) -> bool:
+    """Whether the run would compute in fp16 (with a loss scaler), as resolve_precision decides it."""
+    return _pick_mode(requested_precision(amp, mixed_precision, launcher)[0], device_type)[0] == "fp16"
 
 
 def _pick_mode(requested: str, device_type: str) -> tuple[str, str]:
