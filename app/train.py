@@ -37,7 +37,7 @@ from app.best import stopped_early, untracked_by_a_resume
 from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
 from app.errors import ProcessLost, TrainingHalted, UsageError, with_sources
-from app.host.dropout import DropoutMasks, drops_out
+from app.host.dropout import DropoutMasks
 from app.host.memory import keep_freed_memory
 from app.host.preemption import StopRequest
 from app.host.runtime import (
@@ -179,7 +179,7 @@ def fine_tune(
     )
     for line in nothing_left_note(resume.record.state.opt_step, training.total_steps) if resume else ():
         accelerator.print(line)
-    if training.masks != DropoutMasks.TORCH and drops_out(training.model):  # a model without dropout draws none
+    if training.masks != DropoutMasks.TORCH and training.draws_masks:  # a model without dropout draws none
         accelerator.print(
             f"dropout: masks from {training.masks.said}, faster than torch's serial draw on this CPU "
             "(--fast_cpu_dropout false: torch's own)"

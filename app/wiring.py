@@ -165,6 +165,7 @@ class Training:
     stop: StopRequest
     scaler_state: ScalerCheckpoint  # what Accelerate checkpoints; it holds `scaler`
     masks: DropoutMasks  # how this run draws its CPU dropout masks (host/dropout.py)
+    draws_masks: bool  # whether the model drops out at all (host/dropout.drops_out): else nothing is said of masks
     evaluated: tuple[int, dict[str, float]] | None = None  # the last evaluation: its optimizer step and metrics
     # With --load_best_model_at_end, the best step, whose weights the model has at the end (a lost checkpoint: None).
     saved_best: int | None = None
@@ -401,6 +402,7 @@ def build_training(
     if not resume:  # its refusals (--overwrite_output_dir's) before the heavy work
         prepare_folders()
     model = model or load_model(inputs.task, inputs.model_path, plan, say, as_begun)
+    draws_masks = drops_out(model)  # once, for the masks line and a resume's notes of masks
     first_token_alone = cut_layer(model) is not None  # where it applies (tasks/first_token.py)
     for line in describe_trainable(model, plan):
         accelerator.print(line)
@@ -461,14 +463,12 @@ def build_training(
         # The replaced line's curves go aside with its checkpoints, from where the lines part, and first.
         if set_aside := checkpoints.set_aside_later(resume.path, state.opt_step, writer.set_aside_replaced_line):
             notes.append(set_aside)
-        if not drops_out(model):  # no mask to draw: nothing to say of them
-            pass
-        elif masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
+        if draws_masks and masks != masks_of_run(cfg, accelerator.device):  # what a new run would draw
             notes.append(
                 f"note: dropout masks drawn as when the run started ({masks.said}), so that it continues exactly; "
                 "--fast_cpu_dropout applies to new runs"
             )
-        elif masks != resume.record.dropout_masks:  # compiled, or on a GPU: torch's own
+        elif draws_masks and masks != resume.record.dropout_masks:  # compiled, or on a GPU: torch's own
             notes.append(
                 f"note: the run started with dropout masks from {resume.record.dropout_masks.said}; this resume draws "
                 f"{masks.said} ({'compiled' if cfg.torch_compile else 'on ' + accelerator.device.type}), so it does "
@@ -512,4 +512,5 @@ def build_training(
         stop=stop,
         scaler_state=scaler_state,
         masks=masks,
+        draws_masks=draws_masks,
     )
