@@ -295,10 +295,7 @@ class TrainConfig:
     @classmethod
     def defaults(cls) -> dict:
         """Each flag's default value (a list's too)."""
-        return {
-            field.name: field.default_factory() if field.default is dataclasses.MISSING else field.default
-            for field in dataclasses.fields(cls)
-        }
+        return vars(cls())  # every field has a default, and nothing runs after __init__
 
     def validate(self) -> None:
         """Reject values that cannot work, with the fix in the message."""
@@ -456,8 +453,7 @@ class TrainConfig:
     def holds_out_a_share(self) -> bool:
         """Whether --validation_split_percentage asks for a share other than its default: for data with no
         validation split, and refused where a validation file or split is given (it would go unused)."""
-        default = TrainConfig.__dataclass_fields__["validation_split_percentage"].default
-        return self.validation_split_percentage != default
+        return self.validation_split_percentage != TrainConfig.defaults()["validation_split_percentage"]
 
     def to_yaml(self) -> str:
         """The config as `--config` reads it back: every flag's name and value."""
@@ -503,7 +499,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         )
     if known.config == "":  # else no config at all would be read, without a word
         raise UsageError("--config is empty; give a YAML file, or leave the flag out")
-    from_yaml = _read_yaml(Path(known.config).expanduser()) if known.config else {}
+    from_yaml = _read_yaml(Path(known.config).expanduser(), parser.switch_names()) if known.config else {}
     # Two ways to ask for one thing (a precision, a length): the command line's wins over the YAML's. So does a data
     # format, and adapters switched off (--use_peft false) take the YAML's adapter settings with them.
     # `--amp false` asks for no precision: the YAML's mixed_precision stays (dropped, `auto` chose one of its own).
@@ -605,7 +601,7 @@ def _names(values: list[str]) -> list[str]:
     return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
-def _read_yaml(path: Path) -> dict:
+def _read_yaml(path: Path, switches: set[str]) -> dict:
     try:
         values = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
     except OSError as e:
@@ -625,7 +621,6 @@ def _read_yaml(path: Path) -> dict:
     hints = typing.get_type_hints(TrainConfig)
     for key, value in values.items():
         if key not in hints:
-            switches = {name for name, kind in hints.items() if kind is bool}
             advice = unknown_flag_advice(str(key), hints, "app/train.py", switches=switches)  # str: `on:` is True
             raise UsageError(
                 f"--config {path}: unknown key {key!r} ({advice}); its keys are the flag names, without the dashes"

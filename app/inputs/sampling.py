@@ -225,7 +225,7 @@ def keep_the_runs_seed(cfg, record, recorded: dict):
     seed = (record.data or {}).get("seed", recorded.get("seed"))  # the checkpoint's is absent in older ones
     if not isinstance(seed, int) or isinstance(seed, bool) or seed == cfg.seed:
         return cfg, []
-    if cfg.seed == TrainConfig().seed:  # most likely not asked for (the run's command without the flag)
+    if cfg.seed == TrainConfig.defaults()["seed"]:  # most likely not asked for (the run's command without the flag)
         return replace(cfg, seed=seed), []
     note = (
         f"note: a resume keeps its run's seed ({seed}): the same held-out validation rows and order of the examples, "
