@@ -187,6 +187,7 @@ def test_sigint_checkpoints_and_exits_130(tmp_path, quick_args):
     assert process.returncode == 130, output[-2000:]
     assert len(completed_checkpoints(tmp_path / "out" / "checkpoints")) == 1
     assert output.count(f"SIGINT received: {ACKNOWLEDGED}\n") == 1, output[-2000:]  # plain python: no launcher
+    assert len(tb.hparams_rows(tmp_path / "runs" / "test")) == 1, "a stopped run has its HPARAMS row too"
 
 
 def test_scaler_state_survives_a_resume(tmp_path, quick_args, capfd):
