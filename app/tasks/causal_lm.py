@@ -84,6 +84,7 @@ class CausalLM:
     """The task, once its data format is known (from `CausalLM.from_data`)."""
 
     name = NAME
+    auto_model = AutoModelForCausalLM  # the model class for a config, the head transformers gives it
     pipeline_tag = "text-generation"
     summary = "A causal language model"
 
@@ -272,7 +273,7 @@ class CausalLM:
     def empty_model(self, model_config: PretrainedConfig) -> torch.nn.Module:
         """The causal LM on the meta device: its layers and sizes, no memory (for the estimate and the adapters)."""
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(model_config)
+            return self.auto_model.from_config(model_config)
 
     def load_model(self, model_path: str, dtype: torch.dtype, say: Callable[[str], None]) -> torch.nn.Module:
         """The causal LM with its weights in `dtype` (float32 master weights unless a frozen base asks for less);

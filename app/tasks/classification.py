@@ -362,6 +362,7 @@ class SequenceClassification:
     """The task, once its columns and labels are known (from `SequenceClassification.from_data`)."""
 
     name = NAME
+    auto_model = AutoModelForSequenceClassification  # the model class for a config, the head transformers gives it
     metrics = (EVAL_LOSS, EVAL_ACCURACY, EVAL_F1)
     pipeline_tag = "text-classification"
     summary = "A sequence classifier"
@@ -421,7 +422,7 @@ class SequenceClassification:
         """The classifier on the meta device: its layers and sizes, no memory (the memory estimate, the adapters'
         plan)."""
         with torch.device("meta"):
-            return AutoModelForSequenceClassification.from_config(self._head_config(model_config))
+            return self.auto_model.from_config(self._head_config(model_config))
 
     def load_model(self, model_path: str, dtype: torch.dtype, say: Callable[[str], None]) -> torch.nn.Module:
         """The classifier with its weights in `dtype` (float32 master weights unless a frozen base asks for less); a

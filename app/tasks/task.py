@@ -11,7 +11,7 @@ from typing import Callable, Protocol
 import torch
 from accelerate import Accelerator
 from datasets import DatasetDict
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PretrainedConfig
+from transformers import PretrainedConfig
 
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, metric_tag
@@ -21,7 +21,8 @@ from app.storage.checkpoints import names_mismatch
 from app.tasks.causal_lm import CausalLM
 from app.tasks.classification import SequenceClassification
 
-TASKS = ("sequence_classification", "causal_lm")
+TASK_CLASSES = {"sequence_classification": SequenceClassification, "causal_lm": CausalLM}  # --task's choices
+
 LM_HEADS = ("ForCausalLM", "LMHeadModel")
 
 
@@ -80,7 +81,7 @@ def task_of_weights(names: set[str], model_config: PretrainedConfig, besides: st
     """The task other than `besides` whose model for `model_config` holds exactly the weights `names` (a checkpoint's),
     or None: a checkpoint of this model trained for another task. Names alone: a classifier's label count is its
     own."""
-    for name in TASKS:
+    for name in TASK_CLASSES:
         if name != besides and (model := _bare_model(name, model_config)) and not names_mismatch(names, model):
             return name
     return None
@@ -89,19 +90,16 @@ def task_of_weights(names: set[str], model_config: PretrainedConfig, besides: st
 def _bare_model(task: str, model_config: PretrainedConfig) -> torch.nn.Module | None:
     """The model of `task` for `model_config` on the meta device, with transformers' default head; None where
     transformers has none (an encoder without a causal LM)."""
-    auto = {"causal_lm": AutoModelForCausalLM, "sequence_classification": AutoModelForSequenceClassification}[task]
     try:
         with torch.device("meta"):
-            return auto.from_config(model_config)
+            return TASK_CLASSES[task].auto_model.from_config(model_config)
     except ValueError:
         return None
 
 
 def build_task(name: str, cfg: TrainConfig, raw: DatasetDict, tokenizer, model_config: PretrainedConfig) -> Task:
     """The task for this data: its columns and labels checked (UsageError if they don't fit)."""
-    task = {"causal_lm": CausalLM, "sequence_classification": SequenceClassification}[name].from_data(
-        cfg, raw, tokenizer, model_config
-    )
+    task = TASK_CLASSES[name].from_data(cfg, raw, tokenizer, model_config)
     tag = metric_tag(cfg.metric_for_best_model)
     if tag not in task.metrics:
         raise UsageError(
