@@ -17,6 +17,7 @@ from typing import Callable
 from safetensors import safe_open
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 
 from app.config import TrainConfig
 from app.errors import UsageError, first_line
@@ -212,7 +213,7 @@ def check_weight_files(name: str) -> None:
     if holds("config.json") and not holds("model*.safetensors", "pytorch_model*.bin", "adapter_config.json", "*.gguf"):
         raise UsageError(f"{name} holds a config.json but no weight files (model.safetensors): copy the whole folder")
     indexes = list(folder.glob("*.index.json"))
-    indexes_of = {".safetensors": "model.safetensors.index.json", ".bin": "pytorch_model.bin.index.json"}
+    indexes_of = {".safetensors": SAFE_WEIGHTS_INDEX_NAME, ".bin": WEIGHTS_INDEX_NAME}
     shards = sorted(path for suffix in indexes_of for path in folder.glob(f"*-00001-of-*{suffix}"))
     if not indexes and shards:  # transformers looks for the index, or one file, and fails with a traceback once loading
         index = indexes_of[shards[0].suffix]
