@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from app.config import TrainConfig, metric_tag
+from app.config import TrainConfig, metric_tag, recorded_value
 from app.errors import UsageError
 from app.evaluation import evaluates_during_training
 from app.state import TrainState
@@ -101,8 +101,8 @@ def untracked_by_a_resume(cfg: TrainConfig, recorded: dict) -> list[str]:
     if recorded.get("load_best_model_at_end") is True and not cfg.load_best_model_at_end:
         dropped.append("--load_best_model_at_end")
         effects.append("the model saved is the last step's, not the best")
-    patience = recorded.get("early_stopping_patience")
-    if isinstance(patience, int) and not isinstance(patience, bool) and cfg.early_stopping_patience is None:
+    patience = recorded_value(recorded, "early_stopping_patience")
+    if patience is not None and cfg.early_stopping_patience is None:
         dropped.append(f"--early_stopping_patience {patience}")
         effects.append("it does not stop early")
     if not dropped:

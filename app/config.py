@@ -639,6 +639,16 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def recorded_value(recorded: dict, name: str):
+    """The value of flag `name` in a run's training_args.yaml (`recorded`), if it is one the flag takes; else None."""
+    if name not in recorded:
+        return None
+    try:
+        return _check_type(Path("training_args.yaml"), name, recorded[name], typing.get_type_hints(TrainConfig)[name])
+    except UsageError:
+        return None
+
+
 def _check_type(path: Path, key: str, value, hint):
     """The YAML value, checked against the field's type (argparse converts only strings, so YAML is checked here)."""
     args = typing.get_args(hint)

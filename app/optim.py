@@ -12,7 +12,7 @@ import warnings
 
 import torch
 
-from app.config import TrainConfig
+from app.config import TrainConfig, recorded_value
 from app.errors import UsageError
 from app.host.runtime import device_type
 
@@ -43,10 +43,9 @@ def resumed_settings(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, lis
     run had them, so that training_args.yaml says what runs, and notes for what the flags changed in vain or changed
     in the schedule. As HF Trainer, the learning-rate schedule follows a new length."""
     kept = {
-        name: float(recorded[name])
+        name: value
         for name in KEPT_BY_A_RESUME
-        if isinstance(recorded.get(name), (int, float)) and not isinstance(recorded[name], bool)
-        if float(recorded[name]) != getattr(cfg, name)
+        if (value := recorded_value(recorded, name)) is not None and value != getattr(cfg, name)
     }
     notes = []
     # A value at its default was most likely not asked for (the run's command without the flag): nothing to say.

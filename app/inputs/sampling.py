@@ -21,7 +21,7 @@ from functools import cached_property
 import torch
 from torch.utils.data import Sampler
 
-from app.config import TrainConfig
+from app.config import TrainConfig, recorded_value
 
 # As HF Trainer's LengthGroupedSampler: sort within ~50 steps, enough to pad little, few enough to stay shuffled.
 MEGA_BATCH_BATCHES = 50
@@ -245,9 +245,7 @@ def recorded_in_examples(record, cfg, recorded: dict):
         return record
     per_device = _recorded_count(recorded, "per_device_train_batch_size", cfg.per_device_train_batch_size)
     accumulation = _recorded_count(recorded, "gradient_accumulation_steps", cfg.gradient_accumulation_steps)
-    strategy = recorded.get("train_sampling_strategy")
-    if strategy not in ("group_by_length", "random"):
-        strategy = cfg.train_sampling_strategy
+    strategy = recorded_value(recorded, "train_sampling_strategy") or cfg.train_sampling_strategy
     group = per_device * record.num_processes
     order = {"strategy": strategy, "group_size": group, "mega_batch_size": group * MEGA_BATCH_BATCHES}
     state = replace(record.state, samples_in_epoch=record.state.batches_in_epoch * group)
@@ -257,8 +255,8 @@ def recorded_in_examples(record, cfg, recorded: dict):
 
 def _recorded_count(recorded: dict, name: str, flag: int) -> int:
     """A positive count that training_args.yaml records under `name`; the flag's value where it records none."""
-    value = recorded.get(name)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else flag
+    value = recorded_value(recorded, name)
+    return value if value is not None and value > 0 else flag
 
 
 def _find_order(loader) -> EpochOrder:
