@@ -25,6 +25,7 @@ from app import errors
 from app.amp.policy import LAUNCHER_ENV, launcher_choice, picks_fp16
 from app.cli import OneLineParser, expand_home, flag, unknown_flag_advice
 from app.errors import UsageError
+from app.host.device import device_type
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
 
 MAX_SEED = 2**32 - 1
@@ -328,8 +329,6 @@ class TrainConfig:
                 raise UsageError(
                     f"--{name} must be at most {FLOAT32_MAX:.4g} (float32's largest), got {getattr(self, name):g}"
                 )
-        from app.host.runtime import device_type  # which imports this module
-
         # bf16 and fp32 have no scaler: the precision as resolve_precision will pick it, the launcher's included
         may_scale = picks_fp16(self.amp, self.mixed_precision, launcher_choice(), device_type())
         if may_scale and self.init_loss_scale < self.min_loss_scale:  # the alarm watches skipped steps only

@@ -14,7 +14,7 @@ import torch
 
 from app.config import TrainConfig, recorded_value
 from app.errors import UsageError
-from app.host.runtime import device_type
+from app.host.device import device_type
 
 FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
 

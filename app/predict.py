@@ -52,7 +52,8 @@ from app.cli import (
 )
 from app.config import TrainConfig, refuse_empty_values
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, first_line
-from app.host.runtime import connect_accelerator, describe_backend, device_type, end_accelerator
+from app.host.device import device_type
+from app.host.runtime import connect_accelerator, describe_backend, end_accelerator
 from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
 from app.inputs.model import (
     check_max_length,

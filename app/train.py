@@ -37,6 +37,7 @@ from app.best import stopped_early, untracked_by_a_resume
 from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
 from app.errors import ProcessLost, TrainingHalted, UsageError, with_sources
+from app.host.device import device_type
 from app.host.dropout import DropoutMasks
 from app.host.memory import keep_freed_memory
 from app.host.preemption import StopRequest
@@ -45,7 +46,6 @@ from app.host.runtime import (
     build_accelerator,
     compile_notes,
     describe_backend,
-    device_type,
     end_accelerator,
     on_main_process,
     requested_backend,

@@ -49,7 +49,8 @@ from transformers import (  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
 from app.errors import UsageError  # noqa: E402
-from app.host.runtime import build_accelerator, device_type  # noqa: E402
+from app.host.device import device_type  # noqa: E402
+from app.host.runtime import build_accelerator  # noqa: E402
 from app.inputs.model import embedded_model_dir  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402

@@ -34,7 +34,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from app.amp.headroom import HeadroomProbe  # noqa: E402
 from app.amp.policy import resolve_precision  # noqa: E402
 from app.config import TrainConfig  # noqa: E402
-from app.host.runtime import build_accelerator, device_name, device_type  # noqa: E402
+from app.host.device import device_type  # noqa: E402
+from app.host.runtime import build_accelerator, device_name  # noqa: E402
 from app.inputs.model import resolve_model_path  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402

@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         return hf_worker(args)
 
     from app.amp.policy import resolve_precision
-    from app.host.runtime import device_type
+    from app.host.device import device_type
 
     workdir = scratch_dir("bench-job-")
     if args.tiny:
@@ -338,7 +338,7 @@ def hf_options(cfg: TrainConfig, args, scratch_prefix: str) -> dict:
     """HF TrainingArguments for the app's job `cfg`: its optimizer, schedule, batch sizes, epochs and seed, the
     precision and length grouping (`train_sampling_strategy`) the benchmark gives its peer, nothing saved or evaluated
     on the way (the app's job evaluates once, at its end)."""
-    from app.host.runtime import device_type
+    from app.host.device import device_type
 
     return dict(
         output_dir=str(scratch_dir(scratch_prefix)),

@@ -46,7 +46,7 @@ TRAIN_SAMPLES = 480  # fewer than make train-lm's, so that the four runs take ab
 def main(args) -> int:
     from app.amp.policy import resolve_precision
     from app.config import parse_config
-    from app.host.runtime import device_type
+    from app.host.device import device_type
 
     config = LORA_CONFIG if args.use_peft else CONFIG
     workdir = scratch_dir("bench-lm-job-")

@@ -27,7 +27,7 @@ CONFIGS = {"full": ROOT / "configs" / "smollm2.yaml", "lora": ROOT / "configs" /
 def build(name: str, workdir: Path, accelerator, model: list[str]):
     from app.amp.policy import resolve_precision
     from app.config import parse_config
-    from app.host.runtime import device_type
+    from app.host.device import device_type
     from app.storage.folders import RunPaths
     from app.wiring import build_training, load_inputs
 

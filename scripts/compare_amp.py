@@ -51,7 +51,7 @@ SHARES = {tags.EVAL_ACCURACY: "accuracy", tags.EVAL_EXACT_MATCH: "exact-match"} 
 def amp_padding() -> int:
     """What an AMP run pads to on its own on this device (PrecisionPolicy.pad_to_multiple_of); 1 for none."""
     from app.amp.policy import resolve_precision
-    from app.host.runtime import device_type
+    from app.host.device import device_type
 
     return resolve_precision(True, None, device_type(), None)[0].pad_to_multiple_of or 1
 

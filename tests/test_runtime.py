@@ -13,12 +13,11 @@ from app.amp.policy import launcher_choice, resolve_precision
 from app.amp.scaler import make_scaler
 from app.config import TrainConfig, parse_config
 from app.errors import UsageError
+from app.host.device import device_type, launched_on_cpu
 from app.host.runtime import (
     another_process_ended,
     backend_name,
     build_accelerator,
-    device_type,
-    launched_on_cpu,
     tf32_convolutions,
     tf32_matmuls,
 )

@@ -2,6 +2,7 @@
 
     runtime.py      the Accelerator (always mixed_precision="no"), the check that launched processes form one job,
                     collectives over host values, what runs (backend, device, threads) in words
+    device.py       which device a process trains on (the launch's --cpu, else the accelerator), before any Accelerator
     preemption.py   SIGTERM and SIGINT: a flag the ranks agree on once per optimizer step
     memory.py       glibc malloc keeps a step's large freed blocks for the next step
     dropout.py      CPU dropout masks from 32 bits of SFC64 per element where torch draws them serially, attention
