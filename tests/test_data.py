@@ -207,6 +207,21 @@ def test_a_bad_row_of_a_small_file_is_named_by_its_row_whichever_rows_are_held_o
         classification.check_columns(raw, classification.resolve_columns(cfg))
 
 
+def test_a_blank_line_of_a_one_column_csv_is_an_empty_document_said_in_the_note(tmp_path, tiny_gpt2_dir):
+    # pandas skipped it without a word, where an empty cell of a file of more columns got the note.
+    from app.tasks.causal_lm import CausalLM
+
+    corpus = tmp_path / "corpus.csv"
+    corpus.write_text("text\nFresh coffee.\n\nStale.\n   \nWould buy again.\n")
+    cfg = TrainConfig(task="causal_lm", train_file=str(corpus), validation_file=str(corpus), text_column="text")
+    raw = data.load_raw(cfg)
+    assert raw["train"]["text"][:] == ["Fresh coffee.", None, "Stale.", "   ", "Would buy again."]
+    task = CausalLM.from_data(
+        cfg, raw, AutoTokenizer.from_pretrained(tiny_gpt2_dir), AutoConfig.from_pretrained(tiny_gpt2_dir)
+    )
+    assert "note: 2 of 5 train texts are empty and left out" in task.notes
+
+
 def test_labels_that_all_carry_the_same_spaces_are_classes_as_written():
     # "text, label" written by hand: every label is " positive" or " negative", consistent classes that trained
     # before labels with spaces were refused; refused are those beside their bare form, or spaced among clean ones.

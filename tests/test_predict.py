@@ -217,7 +217,7 @@ def test_every_stdin_line_gives_one_row_in_order_blank_lines_too(trained, capsys
     assert_predictions_match(rows, pd.DataFrame({"text": lines}), trained, order_shows=False)
 
 
-def test_every_line_of_a_one_column_csv_gives_one_row_blank_lines_too(trained, tmp_path, capsys):
+def test_every_line_of_a_csv_gives_one_row_blank_lines_too(trained, tmp_path, capsys):
     # pandas skipped the blank and space-only lines: 4 rows predicted for 6, exit 0, without a word. A text of spaces
     # is how pandas itself writes one, unquoted, in a file of one column.
     texts = ["Fresh coffee.", "", "Stale.", "   ", "Would buy again.", "\t"]
@@ -227,13 +227,15 @@ def test_every_line_of_a_one_column_csv_gives_one_row_blank_lines_too(trained, t
     assert predict("--model_name_or_path", trained, "--input_file", path, "--output_file", out, "--disable_tqdm") == 0
     predicted = pd.read_csv(out, dtype=str, keep_default_na=False, skip_blank_lines=False)
     assert list(predicted["text"]) == texts
-    # In a file of several columns a blank line holds no row's fields: it stays no row.
+    # So in a file of several columns: a row of empty cells, its text an empty one. pandas skipped it, so that the
+    # output's rows no longer lined up with the input's lines, where a file of one column kept it.
     path.write_text("text,id\nFresh coffee.,1\n\nStale.,2\n")
     assert (
         predict("--model_name_or_path", trained, "--input_file", path, "--output_file", out, "--overwrite_output_file")
         == 0
     )
-    assert list(pd.read_csv(out, dtype=str)["id"]) == ["1", "2"]
+    predicted = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(predicted["id"]) == ["1", "", "2"] and list(predicted["text"]) == ["Fresh coffee.", "", "Stale."]
 
 
 def test_the_output_file_the_input_and_their_traces_refused_in_one_line(trained, tmp_path, capsys, monkeypatch):

@@ -30,7 +30,7 @@ from app.errors import DiskFull, UsageError, first_line
 from app.host.runtime import pinned_batches
 from app.inputs import hub
 from app.inputs.fingerprint import transform_fingerprint
-from app.inputs.reading import check_no_row_labels, is_columns_object, json_rows, read_error
+from app.inputs.reading import blank_lines_are_rows, check_no_row_labels, is_columns_object, json_rows, read_error
 from app.inputs.sampling import length_order, token_counts, train_sampler
 from app.storage.disk import free_bytes, is_full_disk, size
 
@@ -203,9 +203,8 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
     shared.mkdir(parents=True, exist_ok=True)
     with _quiet_loading(), tempfile.TemporaryDirectory(prefix="input-", dir=shared) as cache:
         dataset = _read_file(kind, "input", path, cache_dir=cache)
-        if kind == "csv":  # a blank line of a file of one column is a row, an empty text, as on stdin (pandas skips it)
-            skip_blank = len(dataset.column_names) > 1
-            return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False, skip_blank_lines=skip_blank)
+        if kind == "csv":  # a blank line is a row of empty texts, as on stdin (pandas skips it): rows stay aligned
+            return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False, skip_blank_lines=False)
         if kind == "json" and (rows := json_rows(path)) is not None:
             return pd.DataFrame(rows, dtype=object)  # each value as written: arrow read "2024-01-02 10:00" as a time
         table = dataset.to_pandas()
@@ -313,6 +312,7 @@ def _read_csv_as_written(files: list[str], split: str, cache_dir: str | None = N
                 data_files={split: [file]},
                 features=Features({str(name): Value("string") for name in first.columns}),
                 cache_dir=cache_dir,
+                skip_blank_lines=not blank_lines_are_rows(len(first.columns)),
                 **CSV_MISSING,
             )[split]
             for file, first in with_rows

@@ -102,6 +102,13 @@ def file_row(raw, split: str, row: int) -> int:
     return row if rows is None else rows[row - 1] + 1
 
 
+def blank_lines_are_rows(columns: int) -> bool:
+    """Whether the blank lines (and lines of spaces alone) of a csv file of `columns` columns are rows. In a file of
+    one column each is an empty text, as a blank line of stdin is (an empty document, left out with a note); in a file
+    of more columns they are no rows, as pandas reads them (predict.py keeps them: data.read_table)."""
+    return columns == 1
+
+
 COMMAS_ONLY = "a .csv file is read with commas between its columns; save it comma-separated, or as .jsonl"
 
 
