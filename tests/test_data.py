@@ -207,6 +207,32 @@ def test_a_bad_row_of_a_small_file_is_named_by_its_row_whichever_rows_are_held_o
         classification.check_columns(raw, classification.resolve_columns(cfg))
 
 
+@pytest.mark.parametrize("held_out_seed", [None, *range(4)])
+def test_a_bad_row_after_blank_lines_is_named_by_its_line_in_the_file(tmp_path, held_out_seed):
+    # pandas leaves blank lines (and lines of spaces) out: "row 4 of the train data" for the row on line 9, which a
+    # user counting rows after the header finds on line 5. A quoted text over two lines is one row on two lines.
+    train = tmp_path / "train.csv"
+    train.write_text('text,label\nhello,a\n\n   \n"two\nlines",b\nworld,b\n\r\nagain,a\n,b\nmore,a\nlast,b\n')
+    cfg = TrainConfig(train_file=str(train), validation_file=str(train))
+    if held_out_seed is not None:
+        cfg = TrainConfig(train_file=str(train), validation_split_percentage=25, seed=held_out_seed)
+    raw = data.load_raw(cfg)
+    split = "validation" if None in raw["validation"]["text"] else "train"
+    held_out = " (held out for validation)" if held_out_seed is not None and split == "validation" else ""
+    with pytest.raises(UsageError) as refused:
+        classification.check_columns(raw, classification.resolve_columns(cfg))
+    assert str(refused.value) == f"column 'text' is empty in line 10 of {train}{held_out}; fill it in or drop the row"
+
+
+def test_a_bad_row_before_any_blank_line_keeps_its_row_number(tmp_path):
+    # Blank lines after it (an editor's last empty line) or before the header move no row: the line stays as it was.
+    train = tmp_path / "train.csv"
+    train.write_text("\ntext,label\nhello,a\nworld,\n\n\n")
+    cfg = TrainConfig(train_file=str(train), validation_file=str(train))
+    with pytest.raises(UsageError, match=re.escape("'label' is empty in row 2 of the train data (rows counted from 1")):
+        classification.infer_labels(data.load_raw(cfg), "label", None)
+
+
 def test_a_blank_line_of_a_one_column_csv_is_an_empty_document_said_in_the_note(tmp_path, tiny_gpt2_dir):
     # pandas skipped it without a word, where an empty cell of a file of more columns got the note.
     from app.tasks.causal_lm import CausalLM

@@ -109,6 +109,8 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
     raw = Splits(train=held_out["train"], validation=held_out["test"])
     raw.held_out = True
     raw.file_rows = {"train": rows["train"]["row"], "validation": rows["test"]["row"]}
+    if cfg.train_file:
+        raw.files = {"train": cfg.train_file, "validation": cfg.train_file}
     return raw
 
 
@@ -139,7 +141,8 @@ class Splits(DatasetDict):
     held_out = False
     held_out_rows = 0
     validation_from = "validation"  # the split of --dataset_name that is the validation data
-    files: dict[str, str] = {}  # each split's file, where --train_file and --validation_file name them
+    files: dict[str, str] = {}  # each split's file, where --train_file (held out from: its file too) and
+    # --validation_file name them
     uncut_train: Dataset | None = None  # the training split before --max_train_samples
     file_rows: dict[str, list[int]] = {}  # each held-out split's rows in the training file, from 0
 

@@ -9,6 +9,7 @@ found, what is wrong there. Rows are counted as a user counts them in a file: fr
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from typing import BinaryIO
@@ -88,9 +89,13 @@ def _most_specific(error: BaseException) -> str:
 def row_of(raw, split: str, row: int) -> str:
     """Where row `row` (from 1) of a split is, counted as a user counts the rows of its file: from 1, the header left
     out. A split that a held-out validation split or --max_*_samples selected from its file maps to the file's rows;
-    a validation split held out from the training data names the training data."""
+    a validation split held out from the training data names the training data. A csv file whose blank lines were
+    left out names the row's line instead, as an editor numbers it: counted past the blank lines, a row is not there."""
     row = file_row(raw, split, row)
-    if split == "validation" and getattr(raw, "held_out", False):
+    held_out = split == "validation" and getattr(raw, "held_out", False)
+    if line := _line_past_blank_lines(raw, split, row):
+        return f"{line}{' (held out for validation)' if held_out else ''}"
+    if held_out:
         return f"row {row} of the train data (held out for validation; rows counted from 1, after the header)"
     return f"row {row} of the {split} data (rows counted from 1, after the header)"
 
@@ -102,11 +107,39 @@ def file_row(raw, split: str, row: int) -> int:
     return row if rows is None else rows[row - 1] + 1
 
 
+def _line_past_blank_lines(raw, split: str, row: int) -> str | None:
+    """The line of row `row` (from 1) of a split's csv file ("line N of FILE") where reading it left out a blank line
+    before that row; else None."""
+    path = getattr(raw, "files", {}).get(split)
+    if not path or not path.lower().endswith(".csv"):
+        return None
+    lines, first_blank = _csv_row_lines(path, blank_lines_are_rows(len(raw[split].column_names)))
+    moved = first_blank is not None and row <= len(lines) and lines[row - 1] > first_blank
+    return f"line {lines[row - 1]} of {path}" if moved else None
+
+
 def blank_lines_are_rows(columns: int) -> bool:
     """Whether the blank lines (and lines of spaces alone) of a csv file of `columns` columns are rows. In a file of
     one column each is an empty text, as a blank line of stdin is (an empty document, left out with a note); in a file
     of more columns they are no rows, as pandas reads them (predict.py keeps them: data.read_table)."""
     return columns == 1
+
+
+def _csv_row_lines(path: str, blank_is_row: bool) -> tuple[list[int], int | None]:
+    """The line (from 1, the header's counted) that each row of a csv file (from 1, after the header) starts on, as
+    pandas reads the file: a blank line, or one of spaces alone, is no row unless `blank_is_row`; and the first such
+    line left out after the header, or None. Reads the whole file: for an error's line only."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as file:
+        text = file.read()
+    lines, reader = text.split("\n"), csv.reader(io.StringIO(text))
+    starts, start, first_blank = [], 1, None
+    for _ in reader:
+        if blank_is_row or reader.line_num > start or lines[start - 1].strip(" \t\r"):
+            starts.append(start)
+        elif starts and first_blank is None:  # before the header, a blank line moves no row's number
+            first_blank = start
+        start = reader.line_num + 1
+    return starts[1:], first_blank
 
 
 COMMAS_ONLY = "a .csv file is read with commas between its columns; save it comma-separated, or as .jsonl"
