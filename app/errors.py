@@ -1,4 +1,4 @@
-"""The ways a run ends early, each with its exit code.
+"""The ways a run ends early, each with its exit code, and the words of the lines that say so (first_line, counted).
 
 `train.py` turns these into one line on stderr and the exit code; anything else is a bug and keeps its traceback.
 """
@@ -42,6 +42,13 @@ def first_line(error: BaseException) -> str:
     """The first line of an error's message, for a one-line report; its type name when the message is empty."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def counted(n: float, noun: str, plural: str = "") -> str:
+    """A count and its noun, in the plural unless the count is 1: "1 optimizer step", "4 optimizer steps", "0.5
+    epochs". `plural` where an s does not make it ("processes")."""
+    number = f"{n:g}" if isinstance(n, float) else str(n)
+    return f"{number} {noun if n == 1 else plural or noun + 's'}"
 
 
 # The flags whose values a --config YAML set, not the command line, and the file: app/config.parse_config sets them.

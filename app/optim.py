@@ -13,7 +13,7 @@ import warnings
 import torch
 
 from app.config import TrainConfig, recorded_value
-from app.errors import UsageError
+from app.errors import UsageError, counted
 from app.host.device import device_type
 
 FUSED_ADAMW_DEVICES = ("cuda", "cpu", "xpu", "mps")
@@ -93,13 +93,13 @@ def nothing_left_note(resumed_step: int, total_steps: int) -> list[str]:
             "saved and evaluated again"
         ]
     return [
-        f"note: the checkpoint is at step {resumed_step}, past this run's {total_steps} optimizer steps: nothing "
-        f"trains, and the model saved is step {resumed_step}'s"
+        f"note: the checkpoint is at step {resumed_step}, past this run's {counted(total_steps, 'optimizer step')}: "
+        f"nothing trains, and the model saved is step {resumed_step}'s"
     ]
 
 
 def _length(max_steps: int, epochs: float) -> str:
-    return f"{max_steps} optimizer steps" if max_steps > 0 else f"{epochs:g} epoch(s)"
+    return counted(max_steps, "optimizer step") if max_steps > 0 else counted(float(epochs), "epoch")
 
 
 def total_optimizer_steps(cfg: TrainConfig, micro_batches_per_epoch: int) -> int:

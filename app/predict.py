@@ -51,7 +51,7 @@ from app.cli import (
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
-from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, first_line
+from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, counted, first_line
 from app.host.device import device_type
 from app.host.runtime import connect_accelerator, describe_backend, end_accelerator
 from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
@@ -399,7 +399,7 @@ def predict_and_write(
     if predictor.cut_note:  # as training says what it cut: the predictions are of what was kept
         say(f"note: {predictor.cut_note}")
     say(
-        f"predicted {len(table)} texts in {seconds:.1f} s: {len(table) / seconds:.1f} examples/s "
+        f"predicted {counted(len(table), 'text')} in {seconds:.1f} s: {len(table) / seconds:.1f} examples/s "
         f"({policy.label}, {accelerator.num_processes} process(es), batches of {cfg.per_device_eval_batch_size})"
     )
     if cfg.compare_fp32:
@@ -440,7 +440,8 @@ def check_finite(bad: int, rows: int, policy: PrecisionPolicy) -> None:
         "no": "the model gives them in fp32 too: its weights hold NaN or inf values",
     }[policy.mode]
     raise TrainingHalted(
-        f"error: {bad} of {rows} predictions came from NaN or inf logits in {policy.label}, so none was written: {fix}",
+        f"error: {bad} of {counted(rows, 'prediction')} came from NaN or inf logits in {policy.label}, so none was "
+        f"written: {fix}",
         NUMERIC_FAULT_EXIT_CODE,
     )
 

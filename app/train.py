@@ -36,7 +36,7 @@ from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_de
 from app.best import stopped_early, untracked_by_a_resume
 from app.cli import exit_code_of, exit_process, outlive_readers, say_why
 from app.config import TrainConfig, parse_config
-from app.errors import ProcessLost, TrainingHalted, UsageError, with_sources
+from app.errors import ProcessLost, TrainingHalted, UsageError, counted, with_sources
 from app.host.device import device_type
 from app.host.dropout import DropoutMasks
 from app.host.memory import keep_freed_memory
@@ -174,7 +174,7 @@ def fine_tune(
         writer.replace_evaluation_at(resume.record.state.opt_step)  # before the first write, which purges
     report.write_start_texts(writer, cfg, accelerator, policy, notes)
     accelerator.print(
-        f"run {paths.run_name}: {training.total_steps} optimizer steps; TensorBoard: {paths.log_dir}; "
+        f"run {paths.run_name}: {counted(training.total_steps, 'optimizer step')}; TensorBoard: {paths.log_dir}; "
         f"model: {paths.output_dir}"
     )
     for line in nothing_left_note(resume.record.state.opt_step, training.total_steps) if resume else ():

@@ -192,6 +192,26 @@ def test_compare_fp32_on_fp32_agrees_fully(trained, review_files, capsys):
     assert "compare_fp32: fp32 vs fp32 on 48 texts: label agreement 1.0 (48/48), max probability difference 0\n" in err
 
 
+def test_a_count_of_one_takes_the_singular():
+    from app.errors import counted
+
+    assert [counted(n, "optimizer step") for n in (0, 1, 2)] == [
+        "0 optimizer steps",
+        "1 optimizer step",
+        "2 optimizer steps",
+    ]
+    assert [counted(n, "epoch") for n in (1.0, 0.5, 3.0)] == ["1 epoch", "0.5 epochs", "3 epochs"]
+    assert [counted(n, "process", "processes") for n in (1, 4)] == ["1 process", "4 processes"]
+
+
+def test_one_text_predicted_is_said_as_one_text(trained, capsys):
+    # "predicted 1 texts", "on 1 texts".
+    assert predict("Great coffee.", "--model_name_or_path", trained, "--compare_fp32", "--mixed_precision", "no") == 0
+    err = capsys.readouterr().err
+    assert re.search(r"^predicted 1 text in [0-9.]+ s: ", err, re.MULTILINE), err
+    assert "compare_fp32: fp32 vs fp32 on 1 text: label agreement 1.0 (1/1)" in err
+
+
 def test_texts_from_the_command_line_and_from_stdin(trained, capsys, monkeypatch):
     texts = ["Great coffee, will buy again.", "Stale, bitter and overpriced."]
     assert predict(*texts, "--model_name_or_path", trained, "--mixed_precision", "no", "--disable_tqdm") == 0

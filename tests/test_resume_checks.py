@@ -451,7 +451,7 @@ def test_a_plain_resume_of_a_run_with_its_own_settings_has_nothing_to_say():
     assert notes == [
         "note: a resume continues the run's training as it was set: learning_rate 0.0001 and warmup_ratio 0 as the run "
         "had them, not --learning_rate 0.0003, --warmup_ratio 0.9; a new run can change them",
-        "note: the run was set to 4 optimizer steps, this resume to 2 epoch(s): the learning-rate schedule is "
+        "note: the run was set to 4 optimizer steps, this resume to 2 epochs: the learning-rate schedule is "
         "recomputed for the new length, so the learning rate changes from the checkpoint's",
     ]
     # Another adapter dropout trained on under the run's model card and adapter_config.json, without a word.

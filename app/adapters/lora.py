@@ -19,7 +19,7 @@ from transformers.pytorch_utils import Conv1D
 
 from app.adapters.forward import add_updates_in_place
 from app.config import ALL_LINEAR, TrainConfig
-from app.errors import UsageError
+from app.errors import UsageError, counted
 
 # peft trains a classification head in full under the SEQ_CLS task type, found by these names.
 HEAD_NAMES = ("classifier", "score")
@@ -77,7 +77,7 @@ class AdapterPlan:
             f"alpha/sqrt(r) = {self.alpha / self.r**0.5:.3g}" if self.rslora else f"alpha/r = {self.alpha / self.r:.3g}"
         )
         return (
-            f"adapters: LoRA r={self.r}, {scale}, dropout {self.dropout:g} on {len(self.targets)} layers "
+            f"adapters: LoRA r={self.r}, {scale}, dropout {self.dropout:g} on {counted(len(self.targets), 'layer')} "
             f"({what}{', '.join(kinds)}){full}"
         )
 

@@ -15,7 +15,7 @@ from app.adapters import base as base_model
 from app.adapters.lora import AdapterPlan, adapter_parameters, add_adapters, new_modules, plan_adapters
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.errors import UsageError
+from app.errors import UsageError, counted
 from app.storage.checkpoints import MODEL_FILE, stored_shapes, weights_mismatch
 from app.tasks.first_token import compute_the_first_token_alone
 from app.tasks.task import Task, task_of_weights
@@ -190,9 +190,9 @@ def _shown(value, now) -> str:
     if not isinstance(value, list):
         return str(value)
     if only_saved := [name for name in value if name not in now]:
-        return f"on {len(value)} modules, {only_saved[0]} among them"
+        return f"on {counted(len(value), 'module')}, {only_saved[0]} among them"
     missing = next(name for name in now if name not in value)
-    return f"on {len(value)} modules, not {missing}"
+    return f"on {counted(len(value), 'module')}, not {missing}"
 
 
 def _count(n: int) -> str:

@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator
 
 from app.amp.policy import wider_range_advice
-from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted
+from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, counted
 from app.state import TrainState
 
 
@@ -50,7 +50,7 @@ class ScaleWatch:
         return (
             f"loss-scale alarm at optimizer step {state.opt_step}: {why}; fp16 gradients keep overflowing.\n"
             f"  loss scale after each recent skipped step (step: scale): {history}\n"
-            f"  skipped so far: {state.skipped_steps} of {state.opt_step} steps\n"
+            f"  skipped so far: {state.skipped_steps} of {counted(state.opt_step, 'step')}\n"
             f"  what to try: a lower --learning_rate; {self.wider_range}; check the data for extreme or broken examples"
             + ("; --on_scale_collapse warn to keep going" if self.on_collapse == "stop" else "")
         )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from app.config import TrainConfig
-from app.errors import UsageError
+from app.errors import UsageError, counted
 
 
 def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -> tuple[int, int]:
@@ -28,7 +28,7 @@ def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -
     if rest:
         counts = ", ".join(str(n) for n in range(1, global_batch + 1) if global_batch % n == 0)
         raise UsageError(
-            f"--resume_from_checkpoint: the run trains {global_batch} examples per optimizer step, which "
+            f"--resume_from_checkpoint: the run trains {counted(global_batch, 'example')} per optimizer step, which "
             f"{num_processes} processes cannot share equally; resume with {counts} process(es)"
         )
     per_device = max(n for n in range(1, min(most_per_device, per_process) + 1) if per_process % n == 0)
@@ -45,8 +45,8 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
     if (record.num_processes, asked) == (num_processes, (per_device, accumulation)):
         return kept, []
     note = (
-        f"note: the checkpoint was saved by {record.num_processes} process(es) with {saved_batch} examples per "
-        f"optimizer step; this run keeps them: {num_processes} process(es) x {per_device} per device x "
+        f"note: the checkpoint was saved by {record.num_processes} process(es) with {counted(saved_batch, 'example')} "
+        f"per optimizer step; this run keeps them: {num_processes} process(es) x {per_device} per device x "
         f"{accumulation} accumulated, and continues at example {state.samples_in_epoch} of epoch {state.epoch}, so the "
         "steps and their LR are the uninterrupted run's and, on the same training data, no example is trained twice or "
         "skipped; dropout and rounding differ from it"

@@ -26,7 +26,7 @@ from datasets.fingerprint import Hasher
 from torch.utils.data import DataLoader
 
 from app.config import DATA_FILE_TYPES, TrainConfig
-from app.errors import DiskFull, UsageError, first_line
+from app.errors import DiskFull, UsageError, counted, first_line
 from app.host.runtime import pinned_batches
 from app.inputs import hub
 from app.inputs.fingerprint import transform_fingerprint
@@ -98,7 +98,7 @@ def _load_splits(cfg: TrainConfig) -> DatasetDict:
     rows, percent = len(raw["train"]), cfg.validation_split_percentage
     if rows and rows - math.ceil(rows * percent / 100) < 1:  # datasets' own error here is a traceback
         raise UsageError(
-            f"holding out {percent}% of the {rows} training row{'s' if rows > 1 else ''} (columns: "
+            f"holding out {percent}% of the {counted(rows, 'training row')} (columns: "
             f"{', '.join(raw['train'].column_names)}) for validation leaves none to train on: add rows, lower "
             "--validation_split_percentage or give --validation_file"
         )
@@ -121,13 +121,14 @@ def held_out_note(raw: DatasetDict, cfg: TrainConfig) -> list[str]:
     if getattr(raw, "validation_from", "validation") != "validation":
         return [
             f"note: --dataset_name {cfg.dataset_name} has no validation split: its {raw.validation_from} split "
-            f"({len(raw['validation'])} rows) is the validation data"
+            f"({counted(len(raw['validation']), 'row')}) is the validation data"
         ]
     if not getattr(raw, "held_out", False):
         return []
     kept = f", of which --max_eval_samples keeps {len(raw['validation'])}," if "validation" in raw.cut else ""
+    rows = counted(raw.held_out_rows, "row")
     return [
-        f"note: no validation data given: {raw.held_out_rows} rows ({cfg.validation_split_percentage}%){kept} held out "
+        f"note: no validation data given: {rows} ({cfg.validation_split_percentage}%){kept} held out "
         f"from the training data at random with --seed {cfg.seed}; a --validation_file keeps the evaluation the same "
         "across seeds"
     ]

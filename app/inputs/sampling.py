@@ -22,6 +22,7 @@ import torch
 from torch.utils.data import Sampler
 
 from app.config import TrainConfig, recorded_value
+from app.errors import counted
 
 # As HF Trainer's LengthGroupedSampler: sort within ~50 steps, enough to pad little, few enough to stay shuffled.
 MEGA_BATCH_BATCHES = 50
@@ -192,8 +193,8 @@ class DataPosition:
             self.sampler.seed = seed
         if examples is not None and examples != self.sampler.num_examples:
             notes.append(
-                f"note: the training data has {self.sampler.num_examples} examples, the checkpoint's run had "
-                f"{examples}: the rest of the epoch is not the examples the run would have seen"
+                f"note: the training data has {counted(self.sampler.num_examples, 'example')}, the checkpoint's run "
+                f"had {examples}: the rest of the epoch is not the examples the run would have seen"
             )
         order = record.data["order"]
         if not self.sampler.follow(order):

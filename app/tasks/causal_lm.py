@@ -20,7 +20,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_N
 from app.adapters.trained import load_trained
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig
-from app.errors import UsageError
+from app.errors import UsageError, counted
 from app.inputs.data import map_splits
 from app.inputs.model import MISSING_WEIGHTS, load_weights, position_table
 from app.inputs.reading import row_of
@@ -144,7 +144,7 @@ class CausalLM:
             if task.renderer.chat_template and len(head) + len(tail) + 2 > cfg.max_length:  # the text gives way
                 raise UsageError(
                     f"--max_length {cfg.max_length} leaves no room for a prompt and its answer: the chat template "
-                    f"around a prompt takes {len(head) + len(tail)} tokens; raise --max_length to at least "
+                    f"around a prompt takes {counted(len(head) + len(tail), 'token')}; raise --max_length to at least "
                     f"{len(head) + len(tail) + 2}"
                 )
             name = columns.names["prompt"]
@@ -195,7 +195,7 @@ class CausalLM:
                     cut = sum(tokenized[split][column])
                     if cut:
                         self.notes.append(
-                            f"note: {cut} of {len(tokenized[split])} {split} examples: {what} to fit "
+                            f"note: {cut} of {counted(len(tokenized[split]), f'{split} example')}: {what} to fit "
                             f"--max_length {self.cfg.max_length}"
                         )
         for split in ("train", "validation"):
@@ -238,7 +238,9 @@ class CausalLM:
             )
         if not any(learnable):
             raise UsageError(refusal)
-        self.notes.append(f"note: {len(dropped)} of {len(learnable)} {split} examples are left out: {reason}")
+        self.notes.append(
+            f"note: {len(dropped)} of {counted(len(learnable), f'{split} example')} are left out: {reason}"
+        )
         return split_data.select([row for row, keep in enumerate(learnable) if keep])
 
     def _encode_pairs(self, batch: dict) -> dict:
@@ -412,8 +414,8 @@ class TextGenerator:
         prompts = [ids for ids, _ in fitted]
         cut = sum(was_cut for _, was_cut in fitted)
         self.cut_note = (
-            f"{cut} of {len(prompts)} prompts were cut from the left to fit {room} tokens (--max_length "
-            f"{self.max_length}, within the positions that --max_new_tokens leaves)"
+            f"{cut} of {counted(len(prompts), 'prompt')} were cut from the left to fit {counted(room, 'token')} "
+            f"(--max_length {self.max_length}, within the positions that --max_new_tokens leaves)"
             if cut
             else None
         )
@@ -438,7 +440,10 @@ class TextGenerator:
         """How generations in another precision agree with fp32's, in one line."""
         same = sum(ours == theirs for ours, theirs in zip(generated, reference))
         rows = len(generated)
-        return f"compare_fp32: {label} vs fp32 on {rows} prompts: {same} of {rows} generations identical"
+        return (
+            f"compare_fp32: {label} vs fp32 on {counted(rows, 'prompt')}: {same} of {counted(rows, 'generation')} "
+            "identical"
+        )
 
 
 def perplexity(loss: float) -> float:

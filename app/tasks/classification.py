@@ -25,7 +25,7 @@ from app.adapters.base import folder_shapes
 from app.adapters.trained import holds_adapters, load_trained
 from app.amp.policy import PrecisionPolicy
 from app.config import TrainConfig, refuse_flags_of_other_tasks
-from app.errors import UsageError
+from app.errors import UsageError, counted
 from app.inputs.data import EMBEDDED_LABEL_COLUMN, EMBEDDED_TEXT_COLUMN, is_embedded, map_splits
 from app.inputs.model import headless, is_decoder, load_weights
 from app.inputs.reading import check_label_cells, check_text_cells, file_row, header_hint, row_of
@@ -297,7 +297,7 @@ def _checked(
         )
     if unknown and "train" in getattr(raw, "cut", ()) and _among(unknown[0], raw.uncut_train[label_column]):
         raise UsageError(
-            f"validation label {unknown[0]!r} does not occur in the {len(values)} training rows that "
+            f"validation label {unknown[0]!r} does not occur in the {counted(len(values), 'training row')} that "
             f"--max_train_samples keeps ({_listed(space.names)}); the head learns only those: raise "
             "--max_train_samples, or add examples of it"
         )
@@ -332,7 +332,7 @@ def _refuse_floats(label_column: str, floats: list[float]) -> None:
 
 
 def _more_rows(n: int) -> str:
-    return f" (and {n} more row{'s' if n > 1 else ''})" if n else ""
+    return f" (and {counted(n, 'more row')})" if n else ""
 
 
 def _listed(names: tuple[str, ...], shown: int = 10) -> str:
@@ -546,7 +546,9 @@ class LabelPredictor:
             found, cut = self._predict_share(mine, texts, accelerator, policy, progress) if mine else ([], 0)
         cut = sum(gather_object([cut]))
         self.cut_note = (
-            f"{cut} of {len(texts[0])} texts were cut to --max_length {self.max_length} tokens" if cut else None
+            f"{cut} of {counted(len(texts[0]), 'text')} were cut to --max_length {self.max_length} tokens"
+            if cut
+            else None
         )
         return torch.stack([probs for _, probs in sorted(gather_object(found), key=lambda pair: pair[0])])
 
@@ -591,6 +593,6 @@ class LabelPredictor:
         """How predictions in another precision agree with fp32's, in one line."""
         agree, rows = (probs.argmax(-1) == reference.argmax(-1)).sum().item(), len(probs)
         return (
-            f"compare_fp32: {label} vs fp32 on {rows} texts: label agreement {agree / rows} ({agree}/{rows}), "
-            f"max probability difference {(probs - reference).abs().max().item():.3g}"
+            f"compare_fp32: {label} vs fp32 on {counted(rows, 'text')}: label agreement {agree / rows} "
+            f"({agree}/{rows}), max probability difference {(probs - reference).abs().max().item():.3g}"
         )
