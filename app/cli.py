@@ -97,17 +97,19 @@ _NEGATIVE = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")  # -1, -0.5, -1e-
 # what to do here instead.
 _EVALUATE = "use --eval_steps N: an evaluation every N optimizer steps (0: only at the end)"
 _ON_CPU = "use accelerate launch --cpu app/train.py, or a CPU config from accelerate_configs/"
+_FULL_EVAL = "drop it: evaluation and app/predict.py run under the autocast of --mixed_precision, as training does"
 _QUANTIZED = "drop it: quantized bases do not train here; --use_peft --dtype bfloat16 keeps the base in half precision"
 OTHER_NAMES = {
     "fp16": "use --mixed_precision fp16, or --amp; --mixed_precision no for fp32",
     "bf16": "use --mixed_precision bf16; --mixed_precision no for fp32",
-    "fp16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
-    "bf16_full_eval": "drop it: evaluation runs under the training's autocast (--mixed_precision)",
+    "fp16_full_eval": _FULL_EVAL,
+    "bf16_full_eval": _FULL_EVAL,
     "debug": "drop it: the fp16 pre-flight (with --amp) and the overflow report name the module that overflows, as "
     "HF's underflow_overflow does (docs/fp16-troubleshooting.md)",
-    "tf32": "drop it: TF32 for fp32 matmuls on a GPU is torch's setting, left as torch has it (TensorBoard's run/tf32 "
-    "says which)",
-    "half_precision_backend": "drop it: the app drives autocast and the loss scaler itself (--mixed_precision)",
+    "tf32": "drop it: TF32 for fp32 matmuls on a GPU is torch's setting, left as torch has it (a training run's "
+    "TensorBoard run/tf32 says which)",
+    "half_precision_backend": "drop it: the app drives autocast itself, and in training the loss scaler "
+    "(--mixed_precision)",
     "eval_strategy": _EVALUATE,
     "evaluation_strategy": _EVALUATE,
     "save_strategy": "use --save_steps N: a checkpoint every N optimizer steps (0: only on a signal)",
@@ -193,18 +195,25 @@ OTHER_NAMES = {
 }
 
 
-# predict.py's flags for what HF's prediction scripts and pipelines call otherwise.
+# The names of OTHER_NAMES whose advice holds for predict.py as it stands: it names no flag that predict.py lacks,
+# and nothing only a training does.
+SAID_TO_PREDICT_TOO = (
+    *("fp16_full_eval", "bf16_full_eval", "tf32", "half_precision_backend", "precision"),
+    *("per_gpu_eval_batch_size", "max_seq_length", "local_rank"),
+    *("trust_remote_code", "attn_implementation", "model_revision", "cache_dir", "tokenizer_name"),
+)
+
+# predict.py's flags for what HF's prediction scripts and pipelines (and train.py's flags) call otherwise.
 PREDICT_OTHER_NAMES = {
+    **{name: OTHER_NAMES[name] for name in SAID_TO_PREDICT_TOO},
     "fp16": "use --mixed_precision fp16",
     "bf16": "use --mixed_precision bf16",
     "amp": "use --mixed_precision fp16",
+    "no_amp": "use --mixed_precision no",  # train.py's `--amp false`
     "batch_size": "use --per_device_eval_batch_size",
-    "per_gpu_eval_batch_size": "use --per_device_eval_batch_size",
-    "max_seq_length": "use --max_length",
     "model": "use --model_name_or_path",
     "output_dir": "use --output_file, a .csv or .jsonl file",
     "deepspeed": "drop it: predict.py runs the model as it is, on one process or under accelerate launch",
-    "local_rank": OTHER_NAMES["local_rank"],
 }
 
 

@@ -303,7 +303,7 @@ def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path,
         (["--fp16", "false"], "use --mixed_precision fp16, or --amp; --mixed_precision no for fp32"),
         (["--num_cpu_threads_per_process", "2"], "a flag of accelerate launch: give it before app/train.py"),
         (["--use_fsdp"], "a flag of accelerate launch: give it before app/train.py"),  # "did you mean --use_peft?"
-        (["--bf16_full_eval"], "drop it: evaluation runs under the training's autocast"),
+        (["--bf16_full_eval"], "drop it: evaluation and app/predict.py run under the autocast of --mixed_precision"),
         (["--log_dir", "x"], "did you mean --logdir?"),  # accelerate launch has one too: this app's is meant
         (["--debug", "underflow_overflow"], "drop it: the fp16 pre-flight (with --amp) and the overflow report"),
     ],

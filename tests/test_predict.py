@@ -553,6 +553,40 @@ def test_a_misspelt_flag_gets_the_nearest_one_and_a_stray_text_says_where_texts_
     )
 
 
+@pytest.mark.parametrize(
+    "flag, advice",
+    [
+        ("--no_amp", "use --mixed_precision no"),  # train.py's `--amp false`; predict.py has no --amp
+        ("--tf32", "drop it: TF32 for fp32 matmuls on a GPU is torch's setting"),
+        ("--bf16_full_eval", "drop it: evaluation and app/predict.py run under the autocast of --mixed_precision"),
+        ("--half_precision_backend", "drop it: the app drives autocast itself"),
+    ],
+)
+def test_hf_trainer_flag_names_get_train_py_s_advice_where_it_holds(flag, advice):
+    # They got "see python app/predict.py --help", where train.py names what to do; checked before any model loads.
+    from app.errors import UsageError
+    from app.predict import parse_args
+
+    with pytest.raises(UsageError, match=f"^{re.escape(f'unknown flag {flag!r}; {advice}')}"):
+        parse_args(["--model_name_or_path", "model", flag, "Fresh coffee."])
+
+
+def test_predict_s_advice_names_only_flags_that_predict_or_accelerate_launch_has():
+    import dataclasses
+
+    from accelerate.commands.launch import launch_command_parser
+
+    from app.cli import OTHER_NAMES, PREDICT_OTHER_NAMES, SAID_TO_PREDICT_TOO
+    from app.predict import PredictConfig
+
+    flags = {field.name for field in dataclasses.fields(PredictConfig)}
+    launcher = {option.lstrip("-") for action in launch_command_parser()._actions for option in action.option_strings}
+    assert not flags & set(PREDICT_OTHER_NAMES)
+    assert all(PREDICT_OTHER_NAMES[name] is OTHER_NAMES[name] for name in SAID_TO_PREDICT_TOO)  # one table, no copy
+    for name, advice in PREDICT_OTHER_NAMES.items():
+        assert all(flag in flags or flag in launcher for flag in re.findall(r"--(\w+)", advice)), (name, advice)
+
+
 def test_a_pair_model_predicts_from_both_texts_by_default_and_refuses_half_its_input(
     tmp_path, tiny_model_dir, review_files, trained, capsys
 ):
