@@ -235,25 +235,38 @@ def expand_home(cfg: T) -> T:
     return dataclasses.replace(cfg, **home) if home else cfg
 
 
+A_FLAG = object()  # unknown_flag_advice's `yaml_value` for a name given on the command line
+
+
 def unknown_flag_advice(
     name: str,
     known: typing.Iterable[str],
     script: str,
     other_names: dict[str, str] = OTHER_NAMES,
     switches: typing.Collection[str] = (),
+    yaml_value: object = A_FLAG,
 ) -> str:
     """What to say of a flag or --config key that is not one of `known` (flag names without dashes): this app's way
     for an HF or trl flag (`other_names`: train.py's), a switch's `--no_` form (HF's for a switch that is on by
-    default), a flag of accelerate launch, else the nearest flag, else where the flags are listed."""
+    default), a flag of accelerate launch, else the nearest flag, else where the flags are listed. `yaml_value`: the
+    value of a --config key `name`, where it is one."""
     bare = name.removeprefix("--").partition("=")[0]
     if (underscored := bare.replace("-", "_")) in other_names:  # --local-rank, as torch's launchers spell it
         return other_names[underscored]
     if underscored.startswith("no_") and underscored[3:] in switches:  # "did you mean --amp?" would switch it on
-        return f"use --{underscored[3:]} false"
+        return switched_off_advice(underscored[3:], yaml_value)
     if launcher_flag(underscored):
         return f"a flag of accelerate launch: give it before {script} (accelerate launch --num_processes 2 {script})"
     nearest = difflib.get_close_matches(bare, list(known), n=1)
     return f"did you mean --{nearest[0]}?" if nearest else f"see python {script} --help for the flags"
+
+
+def switched_off_advice(switch: str, yaml_value: object = A_FLAG) -> str:
+    """HF's `--no_amp` is `--amp false` here; as a --config key, `no_amp: true` is `amp: false` (and `no_amp: false`
+    is `amp: true`), written as a key is."""
+    if yaml_value is A_FLAG:
+        return f"use --{switch} false"
+    return f"use {switch}: {'true' if yaml_value is False else 'false'}"
 
 
 @functools.cache

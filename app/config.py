@@ -620,7 +620,9 @@ def _read_yaml(path: Path, switches: set[str]) -> dict:
     hints = typing.get_type_hints(TrainConfig)
     for key, value in values.items():
         if key not in hints:
-            advice = unknown_flag_advice(str(key), hints, "app/train.py", switches=switches)  # str: `on:` is True
+            advice = unknown_flag_advice(  # str: `on:` is True
+                str(key), hints, "app/train.py", switches=switches, yaml_value=value
+            )
             raise UsageError(
                 f"--config {path}: unknown key {key!r} ({advice}); its keys are the flag names, without the dashes"
             )

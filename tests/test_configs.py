@@ -299,7 +299,6 @@ def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path,
 @pytest.mark.parametrize(
     "argv, advice",
     [
-        (["--no_amp"], "use --amp false"),  # "did you mean --amp?" switched fp16 on
         (["--fp16", "false"], "use --mixed_precision fp16, or --amp; --mixed_precision no for fp32"),
         (["--num_cpu_threads_per_process", "2"], "a flag of accelerate launch: give it before app/train.py"),
         (["--use_fsdp"], "a flag of accelerate launch: give it before app/train.py"),  # "did you mean --use_peft?"
@@ -317,6 +316,19 @@ def test_an_unknown_flag_gets_advice_that_leads_to_what_was_meant(argv, advice, 
     path.write_text(f"{argv[0].removeprefix('--')}: {argv[1] if len(argv) > 1 else 'true'}\n")
     with pytest.raises(UsageError, match=re.escape(f"unknown key '{argv[0].removeprefix('--')}' ({advice}")):
         parse_config(["--config", str(path)])
+
+
+def test_hf_s_no_form_of_a_switch_gets_advice_in_its_own_syntax(tmp_path):
+    # "did you mean --amp?" switched fp16 on. A --config key got the command line's "use --amp false".
+    from app.config import parse_config
+
+    with pytest.raises(UsageError, match=re.escape("unknown flag '--no_amp'; use --amp false")):
+        parse_config(["--no_amp"])
+    for value, advice in (("true", "use amp: false"), ("false", "use amp: true")):
+        path = tmp_path / "run.yaml"
+        path.write_text(f"no_amp: {value}\n")
+        with pytest.raises(UsageError, match=re.escape(f"unknown key 'no_amp' ({advice});")):
+            parse_config(["--config", str(path)])
 
 
 def test_the_advice_for_hf_and_trl_flag_names_names_flags_that_exist():
