@@ -482,4 +482,4 @@ def test_a_precision_from_a_config_says_where_it_came_from(tmp_path, quick_args,
         said[0]
         == f"precision: fp32, no autocast, on cpu, loss scaling off (from --mixed_precision: no was asked for) {source}"
     )
-    assert said[1] == f"note: --mixed_precision no overrides the launcher's 'fp16' {source}"
+    assert said[1] == f"note: --mixed_precision no overrides ACCELERATE_MIXED_PRECISION=fp16 {source}"

@@ -19,6 +19,11 @@ from tests.conftest import BF16_SWITCH, REAL_BF16_PROBE, force_bf16_probe, launc
 AUTO_CPU = "no" if os.environ.get(BF16_SWITCH) == "0" else "bf16"
 
 
+def as_launched(monkeypatch) -> None:
+    """The environment of a process that accelerate launch started: beside its choice, its dynamo settings."""
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False")
+
+
 @pytest.mark.parametrize(
     "amp, flag, device, launcher, mode, source, disagreement",
     [
@@ -35,6 +40,7 @@ AUTO_CPU = "no" if os.environ.get(BF16_SWITCH) == "0" else "bf16"
 )
 def test_resolution_table(monkeypatch, amp, flag, device, launcher, mode, source, disagreement):
     force_bf16_probe(monkeypatch, AUTO_CPU == "bf16")
+    as_launched(monkeypatch)
     policy, notes = resolve_precision(amp, flag, device, launcher)
     assert (policy.mode, policy.source) == (mode, source)
     assert any("overrides the launcher" in n for n in notes) == disagreement
@@ -53,6 +59,7 @@ def test_resolution_table(monkeypatch, amp, flag, device, launcher, mode, source
 )
 def test_the_override_note_compares_what_runs_with_the_launcher(monkeypatch, native_bf16, launcher, expected_note):
     force_bf16_probe(monkeypatch, native_bf16)
+    as_launched(monkeypatch)
     policy, notes = resolve_precision(False, "auto", "cpu", launcher)
     assert policy.mode == ("bf16" if native_bf16 else "no")
     assert [n for n in notes if n.startswith("note:")] == ([expected_note] if expected_note else [])
@@ -119,6 +126,23 @@ def test_the_launchers_variable_is_read_as_accelerate_reads_it(monkeypatch):
         assert launcher_choice() == read, value
     with pytest.raises(UsageError, match=r"mixed precision 'fp8' \(from ACCELERATE_MIXED_PRECISION\) is not supported"):
         resolve_precision(False, None, "cpu", "fp8")
+
+
+@pytest.mark.parametrize("mark", ["", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_CONFIG_DS_FIELDS"])
+def test_the_variable_exported_in_a_shell_is_named_where_no_launcher_ran(monkeypatch, mark):
+    # `export ACCELERATE_MIXED_PRECISION=fp16; python app/train.py` said "(from accelerate launch: ...)", and a flag
+    # against it "overrides the launcher's", where no launcher had run. accelerate launch sets its dynamo settings
+    # beside it (one process, torchrun's ranks), or a DeepSpeed config's fields.
+    for variable in ("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_CONFIG_DS_FIELDS"):
+        monkeypatch.delenv(variable, raising=False)
+    if mark:
+        monkeypatch.setenv(mark, "False" if "DYNAMO" in mark else "")
+    who = "accelerate launch" if mark else "ACCELERATE_MIXED_PRECISION"
+    policy, _ = resolve_precision(False, None, "cpu", "fp16")
+    assert policy.describe() == f"precision: fp16 autocast on cpu, loss scaling on (from {who}: fp16 was asked for)"
+    _, notes = resolve_precision(False, "no", "cpu", "fp16")
+    overridden = "the launcher's 'fp16'" if mark else "ACCELERATE_MIXED_PRECISION=fp16"
+    assert notes == [f"note: --mixed_precision no overrides {overridden}"]
 
 
 def test_disabled_tools_are_exact_no_ops():

@@ -18,6 +18,9 @@ from app.errors import UsageError
 
 MODES = ("no", "fp16", "bf16")
 LAUNCHER_ENV = "ACCELERATE_MIXED_PRECISION"
+# What accelerate launch sets beside LAUNCHER_ENV, and a shell seldom exports: its dynamo settings (for its one process
+# and for torchrun's ranks) or, under a DeepSpeed config, which fields that config holds.
+LAUNCHER_MARKS = ("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_CONFIG_DS_FIELDS")
 _DTYPES = {"no": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _CPU_FP16_NOTE = (
     "fp16 on a CPU is real but rarely fast: CPUs without native fp16 emulate it, and even those with AVX512-FP16 "
@@ -36,7 +39,7 @@ class PrecisionPolicy:
 
     mode: str  # "no", "fp16" or "bf16"
     device_type: str  # the torch device type that autocast applies to: "cpu", "cuda", ...
-    source: str  # who decided: "--amp", "--mixed_precision", "accelerate launch" or "auto"
+    source: str  # who decided: "--amp", "--mixed_precision", "accelerate launch", LAUNCHER_ENV or "auto"
     reason: str  # the why, in words, printed with the decision
 
     @property
@@ -102,6 +105,12 @@ def launcher_choice() -> str | None:
     return os.environ.get(LAUNCHER_ENV, "").strip().lower() or None  # as accelerate launch writes it: FP16 is fp16
 
 
+def launcher_source() -> str:
+    """Who set LAUNCHER_ENV: accelerate launch, or the variable itself, exported in a shell that runs the script with
+    plain python (where "from accelerate launch" sent the user looking for a launcher that never ran)."""
+    return "accelerate launch" if any(mark in os.environ for mark in LAUNCHER_MARKS) else LAUNCHER_ENV
+
+
 def resolve_precision(
     amp: bool, mixed_precision: str | None, device_type: str, launcher: str | None
 ) -> tuple[PrecisionPolicy, list[str]]:
@@ -130,7 +139,9 @@ def resolve_precision(
         asked = f"--amp ({mode})" if amp else f"--mixed_precision {requested}"
         if requested == "auto":
             asked += f" (-> {mode})"
-        notes.append(f"note: {asked} overrides the launcher's {launcher!r}")
+        launched = launcher_source() == "accelerate launch"
+        overridden = f"the launcher's {launcher!r}" if launched else f"{LAUNCHER_ENV}={launcher}"
+        notes.append(f"note: {asked} overrides {overridden}")
     if mode == "fp16" and device_type == "cpu":
         alternative = "--mixed_precision bf16 (this CPU has native bf16) or " if cpu_has_native_bf16() else ""
         notes.append(f"warning: {_CPU_FP16_NOTE}. For speed use {alternative}--mixed_precision no.")
@@ -148,7 +159,7 @@ def requested_precision(amp: bool, mixed_precision: str | None, launcher: str | 
     if mixed_precision is not None:
         return mixed_precision, "--mixed_precision"
     if launcher is not None:
-        return launcher, "accelerate launch"
+        return launcher, launcher_source()
     return "auto", "auto"
 
 
