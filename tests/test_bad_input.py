@@ -17,7 +17,7 @@ from transformers import AutoTokenizer, BertConfig, BertForSequenceClassificatio
 
 from app.telemetry import tags
 from tests import tb
-from tests.conftest import data_flags, python_app, run_app
+from tests.conftest import data_flags, force_bf16_probe, python_app, run_app
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -638,6 +638,24 @@ def test_bf16_under_deepspeed_is_refused_for_what_deepspeed_owns_there(tmp_path,
         "owns the model's precision"
     ), said
     assert "set bf16 in DeepSpeed's own config and pass --mixed_precision no" in said and "twice" not in said
+
+
+@pytest.mark.parametrize(
+    "flags, asked",
+    [([], "auto, as no precision was asked for"), (["--mixed_precision", "auto"], "--mixed_precision auto")],
+    ids=["nothing asked", "--mixed_precision auto"],
+)
+def test_what_auto_picked_under_deepspeed_is_refused_as_auto_s_pick(quick_args, monkeypatch, capfd, flags, asked):
+    # It read "bf16 under a DeepSpeed launch config is refused", as if bf16 had been asked for.
+    force_bf16_probe(monkeypatch, True)
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    assert run_app([*quick_args, *flags]) == 2
+    said = capfd.readouterr().err
+    assert said.startswith(
+        f"error: bf16 (picked for this cpu by {asked}) under a DeepSpeed launch config is refused"
+    ), said
+    assert said.strip().count("\n") == 0 and "pass --mixed_precision no" in said, said
 
 
 @pytest.mark.parametrize(

@@ -63,7 +63,11 @@ def fall_back(policy: PrecisionPolicy, last_saved: Path | None, alarm_step: int)
     mode = "bf16" if bf16_available(policy.device_type) else "no"
     why = "this device has native bf16" if mode == "bf16" else "this device has no native bf16"
     new = dataclasses.replace(
-        policy, mode=mode, source=SOURCE, reason=f"the loss-scale alarm, handled at optimizer step {alarm_step}; {why}"
+        policy,
+        mode=mode,
+        source=SOURCE,
+        reason=f"the loss-scale alarm, handled at optimizer step {alarm_step}; {why}",
+        picked_by_auto=False,
     )
     return Fallback(new, last_saved, {"from": policy.mode, "at_step": alarm_step}, why)
 

@@ -41,6 +41,7 @@ class PrecisionPolicy:
     device_type: str  # the torch device type that autocast applies to: "cpu", "cuda", ...
     source: str  # who decided: "--amp", "--mixed_precision", "accelerate launch", LAUNCHER_ENV or "auto"
     reason: str  # the why, in words, printed with the decision
+    picked_by_auto: bool = False  # the mode is what `auto` picked for the device, not one asked for by name
 
     @property
     def autocast_enabled(self) -> bool:
@@ -149,7 +150,7 @@ def resolve_precision(
         notes.append(f"warning: {_CPU_EMULATED_BF16_NOTE}. For speed use --mixed_precision no.")
     if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("bf16 was asked for but this GPU has no bf16 support; use --mixed_precision fp16 or no")
-    return PrecisionPolicy(mode, device_type, source, reason), notes
+    return PrecisionPolicy(mode, device_type, source, reason, picked_by_auto=requested == "auto"), notes
 
 
 def requested_precision(amp: bool, mixed_precision: str | None, launcher: str | None) -> tuple[str, str]:
@@ -194,7 +195,19 @@ def refuse_amp_under_deepspeed(policy: PrecisionPolicy, requested_backend: str |
             else "the model's precision (its bf16 setting casts the model)"
         )
         raise UsageError(
-            f"{policy.mode} under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine owns {owns}; "
+            f"{what_was_asked(policy)} under a DeepSpeed launch config is refused, not delegated: DeepSpeed's engine "
+            f"owns {owns}; "
             "launch with accelerate_configs/fsdp.yaml (or multi_gpu.yaml) instead, or set "
             f"{policy.mode} in DeepSpeed's own config and pass --mixed_precision no"
         )
+
+
+def what_was_asked(policy: PrecisionPolicy) -> str:
+    """The mode, and where `auto` picked it, the auto that did: a refusal of what auto picked read as if that mode
+    had been asked for by name."""
+    if not policy.picked_by_auto:
+        return policy.mode
+    who = {"auto": "auto, as no precision was asked for", "--mixed_precision": "--mixed_precision auto"}.get(
+        policy.source, f"{LAUNCHER_ENV}=auto"
+    )
+    return f"{policy.mode} (picked for this {policy.device_type} by {who})"
