@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import re
 
 import pytest
@@ -97,15 +98,66 @@ def test_bf16_asked_for_on_a_cpu_without_native_bf16_warns(monkeypatch, native):
         assert [n for n in notes if n.startswith("warning:")] == ([] if native else [expected])
 
 
-def cpuinfo_flags() -> set[str]:
-    with open("/proc/cpuinfo") as cpuinfo:
-        return {flag for line in cpuinfo if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+GRAVITON3 = (
+    "processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp "
+    "cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca "
+    "pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
+)
+GRAVITON2 = (
+    "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm "
+    "lrcpc dcpop asimddp ssbs\nCPU part\t: 0xd0c\n"
+)
+
+
+def x86(*flags: str) -> str:
+    """/proc/cpuinfo of an x86 CPU with AVX-512 and `flags`; an Intel CPU's `vmx flags` line names no CPU feature."""
+    return f"processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f {' '.join(flags)}\nvmx flags\t: vnmi ept\n"
+
+
+@pytest.mark.parametrize(
+    "machine, cpuinfo, native",
+    [
+        ("aarch64", GRAVITON3, True),  # `auto` picked fp32 there, and bf16 asked for warned of emulation
+        ("aarch64", GRAVITON2, False),
+        ("aarch64", GRAVITON3 + GRAVITON2.replace(": 0", ": 1", 1), False),  # one CPU without it
+        ("arm64", GRAVITON3, True),
+        ("aarch64", x86("avx512_bf16"), False),  # x86's names mean nothing on Arm
+        ("x86_64", x86("avx512_bf16"), True),
+        ("x86_64", x86("amx_bf16", "amx_tile"), True),
+        ("x86_64", x86("avx512_fp16"), False),
+        ("x86_64", GRAVITON3, False),
+        ("aarch64", "", False),  # no /proc/cpuinfo
+    ],
+    ids=[
+        *("graviton3", "graviton2", "one-arm-cpu-without", "arm64-graviton3", "x86-flags-on-arm", "avx512-bf16"),
+        *("amx", "avx512-fp16-only", "arm-features-on-x86", "no-cpuinfo"),
+    ],
+)
+def test_native_bf16_is_read_from_the_cpu_flags_of_x86_and_arm(machine, cpuinfo, native):
+    from app.amp.policy import cpuinfo_has_native_bf16
+
+    assert cpuinfo_has_native_bf16(machine, cpuinfo) == native
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-bf16", "no-native-bf16"])
+def test_an_arm_cpu_is_told_of_its_own_bf16(monkeypatch, native):
+    # "AVX512-BF16 or AMX" on a Graviton named features an Arm CPU never has.
+    force_bf16_probe(monkeypatch, native)
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    auto, _ = resolve_precision(False, "auto", "cpu", None)
+    _, notes = resolve_precision(False, "bf16", "cpu", None)
+    assert auto.mode == ("bf16" if native else "no")
+    assert ("this CPU has native bf16 (Arm BF16)" in auto.reason) == native
+    assert [n for n in notes if "(Arm BF16)" in n] == ([] if native else [notes[0]]), notes
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="the CPU's flags are read from /proc/cpuinfo")
 def test_the_bf16_probe_agrees_with_the_cpu_flags():
     """The real probe (not the one the suite's switch may force), against what the kernel says this CPU has."""
-    assert REAL_BF16_PROBE() == bool({"avx512_bf16", "amx_bf16"} & cpuinfo_flags())
+    from app.amp.policy import cpuinfo_has_native_bf16
+
+    with open("/proc/cpuinfo") as cpuinfo:
+        assert REAL_BF16_PROBE() == cpuinfo_has_native_bf16(platform.machine(), cpuinfo.read())
 
 
 @pytest.mark.parametrize(

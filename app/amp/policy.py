@@ -10,7 +10,9 @@ autocast would override ours and the loss would be scaled twice.
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -28,9 +30,10 @@ _CPU_FP16_NOTE = (
 )
 
 _CPU_EMULATED_BF16_NOTE = (
-    "this CPU has no native bf16 (AVX512-BF16 or AMX): bf16 is emulated, several times slower than fp32 here "
+    "this CPU has no native bf16 ({native}): bf16 is emulated, several times slower than fp32 here "
     "(docs/precision.md). It is kept because it was asked for"
 )
+ARM_MACHINES = ("aarch64", "arm64")  # platform.machine() on Linux, and on macOS
 
 
 @dataclass(frozen=True)
@@ -78,14 +81,42 @@ class PrecisionPolicy:
 
 
 def cpu_has_native_bf16() -> bool:
-    """True on CPUs with AVX512-BF16 or AMX, where bf16 matmuls run natively."""
+    """True on CPUs where bf16 matmuls run natively: AVX512-BF16 or AMX on x86, as torch's own probes find them; Arm's
+    BF16 extension (Graviton3 and 4), which torch has no probe for, as the kernel lists the CPU's features."""
+    machine = platform.machine()
+    if machine.lower() in ARM_MACHINES:
+        return cpuinfo_has_native_bf16(machine, _cpuinfo())
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
+def cpuinfo_has_native_bf16(machine: str, cpuinfo: str) -> bool:
+    """Whether /proc/cpuinfo's text names native bf16 for every CPU it lists: `avx512_bf16` or `amx_bf16` among an
+    x86 CPU's `flags`, `bf16` among an Arm CPU's `Features` (Graviton2 has none)."""
+    wanted = {"bf16"} if machine.lower() in ARM_MACHINES else {"avx512_bf16", "amx_bf16"}
+    listed = [
+        set(value.split())
+        for name, _, value in (line.partition(":") for line in cpuinfo.splitlines())
+        if name.strip() in ("flags", "Features")
+    ]
+    return bool(listed) and all(wanted & flags for flags in listed)
+
+
+def native_bf16_kinds(machine: str) -> tuple[str, ...]:
+    """What native bf16 is called on a CPU of this architecture, for the lines that say whether it has it."""
+    return ("Arm BF16",) if machine.lower() in ARM_MACHINES else ("AVX512-BF16", "AMX")
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:  # not Linux (macOS on Apple silicon): no features to read, so none is taken as native
+        return ""
+
+
 def bf16_available(device_type: str) -> bool:
-    """Whether this device runs bf16 natively (a GPU of compute capability 8.0 or more, or a CPU with AVX512-BF16/AMX).
-    A T4's or V100's bf16 is emulated, slower than fp32: torch's is_bf16_supported() counts it."""
+    """Whether this device runs bf16 natively (a GPU of compute capability 8.0 or more, or a CPU with AVX512-BF16/AMX
+    or Arm BF16). A T4's or V100's bf16 is emulated, slower than fp32: torch's is_bf16_supported() counts it."""
     if device_type == "cuda":
         if not torch.cuda.is_available():
             return False
@@ -147,7 +178,8 @@ def resolve_precision(
         alternative = "--mixed_precision bf16 (this CPU has native bf16) or " if cpu_has_native_bf16() else ""
         notes.append(f"warning: {_CPU_FP16_NOTE}. For speed use {alternative}--mixed_precision no.")
     if mode == "bf16" and device_type == "cpu" and not cpu_has_native_bf16():
-        notes.append(f"warning: {_CPU_EMULATED_BF16_NOTE}. For speed use --mixed_precision no.")
+        native = " or ".join(native_bf16_kinds(platform.machine()))
+        notes.append(f"warning: {_CPU_EMULATED_BF16_NOTE.format(native=native)}. For speed use --mixed_precision no.")
     if mode == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
         raise UsageError("bf16 was asked for but this GPU has no bf16 support; use --mixed_precision fp16 or no")
     return PrecisionPolicy(mode, device_type, source, reason, picked_by_auto=requested == "auto"), notes
@@ -175,7 +207,8 @@ def _pick_mode(requested: str, device_type: str) -> tuple[str, str]:
     if device_type == "cuda":
         return "fp16", "a GPU, where fp16 tensor cores are fastest"
     if device_type == "cpu" and cpu_has_native_bf16():
-        return "bf16", "this CPU has native bf16 (AVX512-BF16/AMX), which beats fp32 and fp16 on CPUs that have it"
+        native = "/".join(native_bf16_kinds(platform.machine()))
+        return "bf16", f"this CPU has native bf16 ({native}), which beats fp32 and fp16 on CPUs that have it"
     if device_type == "cpu":
         return "no", "this CPU has no native bf16 or fp16, so fp32 is fastest"
     return "no", f"no measured fast low precision on {device_type}"
