@@ -107,6 +107,7 @@ def fine_tune(
         accelerator, lambda: find_resume_point(cfg.resume_from_checkpoint, cfg.output_dir, accelerator.num_processes)
     )
     resume_notes = []
+    batch_flags = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps  # before a resume keeps its batch
     if resume:  # a resume keeps the run's examples per optimizer step, whatever its process count or batch size
         check_resume_length(cfg.max_steps, resume.record.state.opt_step, resume.path)  # before notes of its length
         recorded = folders.recorded_config(resume.output_dir)
@@ -168,6 +169,7 @@ def fine_tune(
         writer=writer,
         stop=stop,
         prepare_folders=lambda: prepare_folders(cfg, accelerator, paths, stop, claims),
+        batch_flags=batch_flags,
     )
     finished = resume and (resume.record.state.opt_step >= training.total_steps or stopped_early(cfg, training.state))
     if finished:  # its final evaluation is of the checkpoint's step, which the earlier run may have logged

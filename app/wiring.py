@@ -371,6 +371,7 @@ def build_training(
     stop: StopRequest | None = None,
     model: torch.nn.Module | None = None,
     prepare_folders: Callable[[], None] = lambda: None,
+    batch_flags: tuple[int, int] | None = None,
 ) -> Training:
     """Build a training, resumed from `resume` if given.
 
@@ -385,6 +386,8 @@ def build_training(
         prepare_folders: readies the run's folders (train.py: storage/folders.prepare); called before anything is
             written there: for a resume once its checkpoint has loaded, so that a refusal or a crash while loading
             leaves them as they were; for a new run before its weights load, so that its refusals come first.
+        batch_flags: the per-device batch and accumulation the command gave, before a resume kept the run's global
+            batch (batch_shape.keep_global_batch); the checkpoints record them. Default: `cfg`'s.
     """
     inputs = inputs or load_inputs(cfg, accelerator, policy, resume)
     stop = stop or StopRequest.for_run(accelerator)
@@ -447,6 +450,7 @@ def build_training(
         commands=[*run_commands(resume), shlex.join(sys.argv)],
         first_token_alone=first_token_alone,
         labels=class_names(inputs.task),
+        batch_flags=list(batch_flags or (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps)),
     )
     trainable = trainable_names(accelerator.unwrap_model(model)) if plan.adapters else None
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)

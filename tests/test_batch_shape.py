@@ -44,6 +44,46 @@ def test_a_resume_as_saved_keeps_the_flags_and_says_nothing():
     assert keep_global_batch(cfg, record, 2) == (cfg, [])
 
 
+NOTE = (
+    "note: the checkpoint was saved by {saved_by} process(es) with 8 examples per optimizer step; this run keeps them: "
+    "1 process(es) x {per_device} per device x {accumulated} accumulated, and continues at example 32 of epoch 0, so "
+    "the steps and their LR are the uninterrupted run's and, on the same training data, no example is trained twice "
+    "or skipped; dropout and rounding differ from it"
+)
+ANOTHER_BATCH = (
+    " (the flags asked for {0} per device x {1} accumulated: a resume keeps the run's examples per step; a new run "
+    "can change them)"
+)
+
+
+@pytest.mark.parametrize(
+    "saved_by, flags_before, flags, kept, said",
+    [
+        # 2 processes x 4 resumed on 1 as 4 x 2, which saved: the same flags on 1 process again train as it did.
+        (1, [4, 1], (4, 1), (4, 2), None),
+        (1, [4, 1], (4, 2), (4, 2), None),  # the shape it trained, given as flags
+        (2, [4, 1], (4, 1), (4, 2), NOTE),  # the first resume on 1 process: the flags were the run's
+        (2, [4, 1], (8, 1), (8, 1), NOTE),  # flags that make the global batch on this process count
+        (1, [4, 1], (2, 1), (2, 4), NOTE + ANOTHER_BATCH),  # another batch asked for: not given
+        (1, [4, 1], (4, 4), (4, 2), NOTE + ANOTHER_BATCH),
+        (1, None, (4, 1), (4, 2), NOTE + ANOTHER_BATCH),  # no flags recorded: those of the saving run's shape
+        (2, None, (4, 1), (4, 2), NOTE),
+    ],
+)
+def test_a_resume_says_what_it_keeps_and_that_the_flags_asked_for_another_batch_only_where_they_did(
+    saved_by, flags_before, flags, kept, said
+):
+    # The second resume on one process of a two-process run said that its flags, the run's own, asked for another
+    # batch: they were compared with the shape that the first resume trained, not with what its command gave.
+    cfg = replace(TrainConfig(), per_device_train_batch_size=flags[0], gradient_accumulation_steps=flags[1])
+    state = TrainState(samples_in_epoch=32)
+    record = CheckpointRecord("r", "no", saved_by, state, data={"global_batch_size": 8}, batch_flags=flags_before)
+    resumed, notes = keep_global_batch(cfg, record, 1)
+    assert (resumed.per_device_train_batch_size, resumed.gradient_accumulation_steps) == kept
+    expected = said and said.format(*flags, saved_by=saved_by, per_device=kept[0], accumulated=kept[1])
+    assert notes == ([expected] if said else [])
+
+
 @pytest.mark.parametrize("examples, per_device, processes", [(30, 4, 2), (31, 2, 3), (8, 4, 2), (5, 4, 3)])
 def test_the_repeats_that_fill_an_uneven_epoch_are_named_as_accelerate_makes_them(examples, per_device, processes):
     # 2 processes x 4 on 30 examples trained 0 and 1 twice per epoch (rank 1's last batch [28, 29, 0, 1]) without a

@@ -165,6 +165,11 @@ def test_a_resume_with_another_process_count_or_batch_size_trains_the_epoch_as_t
         "on the same training data, no example is trained twice or skipped"  # the data-count note says when it is not
     ) in said
 
+    if resumed_by == 1:  # resumed once more by the same command: it trains as the resume that saved did
+        again = run_recorded(tmp_path, 1, tmp_path / "again", resumed, monkeypatch, capfd)
+        # It said that its flags, the run's own, asked for another batch than the first resume's shape trained.
+        assert "note: the checkpoint was saved by" not in again, again[-3000:]
+
     total = math.ceil(EXAMPLES / global_batch)  # the uninterrupted run's steps in one epoch
     logged = tb.scalars(tmp_path / "runs" / "r")
     assert sorted(logged[tags.TRAIN_LR]) == list(range(1, total + 1))

@@ -841,8 +841,9 @@ def test_hf_trainer_s_checkpoint_is_one_line_that_says_how_to_start_from_its_wei
         ({"state": {"opt_step": "4"}}, 'state.opt_step "4", not a whole number of 0 or more'),
         ({"num_processes": 0}, "num_processes 0, not a whole number of 1 or more"),
         ({"state": []}, "state [], not a mapping"),
+        ({"batch_flags": [4]}, "batch_flags [4], not two whole numbers of 1 or more or null"),
     ],
-    ids=["a count as text", "no processes", "no state"],
+    ids=["a count as text", "no processes", "no state", "one batch flag"],
 )
 def test_an_older_checkpoint_with_a_hand_edited_record_is_named_as_damaged(run_copy, capfd, edit, said):
     # No file record vouches for an older checkpoint: "opt_step": "4" was a TypeError in optim.check_resume_length,

@@ -37,12 +37,14 @@ def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -
 
 def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[TrainConfig, list[str]]:
     """The config of a resume from `record` (storage/checkpoints.CheckpointRecord, with its data position) on
-    `num_processes`: its per-device batch and accumulation make the checkpoint's global batch. Returns the notes."""
+    `num_processes`: its per-device batch and accumulation make the checkpoint's global batch. Returns the notes:
+    none where the run trains as its flags say, or as the run that saved the checkpoint did, given the same flags."""
     saved_batch, state = record.data["global_batch_size"], record.state
     per_device, accumulation = resumed_shape(saved_batch, num_processes, cfg.per_device_train_batch_size)
     asked = (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps)
     kept = dataclasses.replace(cfg, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation)
-    if (record.num_processes, asked) == (num_processes, (per_device, accumulation)):
+    given_before = _given_before(asked, record)
+    if record.num_processes == num_processes and (asked == (per_device, accumulation) or given_before):
         return kept, []
     note = (
         f"note: the checkpoint was saved by {record.num_processes} process(es) with {counted(saved_batch, 'example')} "
@@ -51,12 +53,21 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
         "steps and their LR are the uninterrupted run's and, on the same training data, no example is trained twice or "
         "skipped; dropout and rounding differ from it"
     )
-    if asked[0] * record.num_processes * asked[1] != saved_batch:  # the flags changed, not only the process count
+    if not given_before and asked[0] * num_processes * asked[1] != saved_batch:  # the flags ask for another batch
         note += (
             f" (the flags asked for {asked[0]} per device x {asked[1]} accumulated: a resume keeps the run's examples "
             "per step; a new run can change them)"
         )
     return kept, [note]
+
+
+def _given_before(asked: tuple[int, int], record) -> bool:
+    """Whether the per-device batch and accumulation `asked` are those the command of the run that saved `record`
+    gave: after a resume on another process count, not the shape it trained. Checkpoints that record no flags: the
+    shape that made the global batch on the saving run's process count."""
+    if record.batch_flags is not None:
+        return asked == tuple(record.batch_flags)
+    return asked[0] * record.num_processes * asked[1] == record.data["global_batch_size"]
 
 
 def uneven_epoch_note(examples: int, per_device: int, num_processes: int) -> list[str]:

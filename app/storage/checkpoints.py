@@ -58,6 +58,10 @@ class CheckpointRecord:
     # A classifier's labels in class-id order: a resume on data whose labels differ would change what each id means.
     # None for a causal LM, and in checkpoints written before they were recorded.
     labels: list[str] | None = None
+    # --per_device_train_batch_size and --gradient_accumulation_steps as the saving run's command gave them, which a
+    # resume may have changed to keep the global batch (inputs/batch_shape.py): the next resume that gives them again
+    # has nothing new to be told. None in checkpoints written before they were recorded.
+    batch_flags: list[int] | None = None
 
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
@@ -78,6 +82,7 @@ class CheckpointRecord:
             saved.get("commands"),
             saved.get("first_token_alone", False),
             saved.get("labels"),
+            saved.get("batch_flags"),
         )
 
     def write(self, checkpoint: Path) -> None:
@@ -122,6 +127,7 @@ _TEXT: Kind = "text", lambda value: isinstance(value, str)
 _FLAG: Kind = "true or false", lambda value: isinstance(value, bool)
 _MAPPING: Kind = "a mapping", lambda value: isinstance(value, dict)
 _PRECISION: Kind = '"no", "fp16" or "bf16"', lambda value: value in ("no", "fp16", "bf16")
+_TWO_POSITIVE: Kind = "two whole numbers of 1 or more", lambda value: _list_of(_POSITIVE)[1](value) and len(value) == 2
 # What each value of a record may be, by where it is. Those it must have are read by name (a KeyError if absent).
 _RECORD_VALUES: dict[str, dict[str, Kind]] = {
     "": {
@@ -135,6 +141,7 @@ _RECORD_VALUES: dict[str, dict[str, Kind]] = {
         "commands": _optional(_list_of(_optional(_TEXT))),
         "first_token_alone": _FLAG,
         "labels": _optional(_list_of(_TEXT)),
+        "batch_flags": _optional(_TWO_POSITIVE),
     },
     "state.": {
         **dict.fromkeys(("epoch", "batches_in_epoch", "opt_step", "applied_updates", "skipped_steps"), _COUNT),
