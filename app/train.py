@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import signal
 import time
+from collections.abc import Callable
 
 from accelerate import Accelerator
 
@@ -42,13 +43,13 @@ from app.host.dropout import DropoutMasks
 from app.host.memory import keep_freed_memory
 from app.host.preemption import StopRequest
 from app.host.runtime import (
-    another_process_ended,
     build_accelerator,
     compile_notes,
     describe_backend,
     end_accelerator,
     on_main_process,
     requested_backend,
+    said_in_one_line_when_another_process_ends,
 )
 from app.inputs.batch_shape import keep_global_batch
 from app.inputs.model import another_model_note
@@ -80,7 +81,12 @@ def _main(argv: list[str] | None) -> int:
     accelerator = build_accelerator(cfg)
     stop = StopRequest.for_run(accelerator)
     try:
-        with FolderClaims() as claims:  # the main process's claims on the run's folders; bad input removes them
+        # The main process's claims on the run's folders, removed after bad input or a process lost while loading.
+        # (A process lost once training has started is said by fine_tune, with the checkpoint to resume from.)
+        with (
+            FolderClaims() as claims,
+            stopped_when_another_process_ends(stop, lambda: lost_while_loading_line(stop), True),
+        ):
             return fine_tune(cfg, accelerator, policy, notes, stop, claims)
     except (UsageError, TrainingHalted) as halt:
         say_why(halt)  # before the process group ends (app/cli.py)
@@ -189,7 +195,7 @@ def fine_tune(
 
     # ---- train, then save ---------------------------------------------------------------------------------------
     try:
-        with stopped_when_another_process_ends(training):
+        with stopped_when_another_process_ends(stop, lambda: another_process_ended_line(training)):
             # A signal that came while loading or tokenizing: nothing trained yet, a checkpoint to resume from.
             if signum := stop.agreed():
                 path = training.save_checkpoint()
@@ -244,25 +250,18 @@ def fine_tune(
 
 
 @contextlib.contextmanager
-def stopped_when_another_process_ends(training: Training):
-    """Another process of the run gone (killed, crashed) fails this one's next collective, with gloo's traceback:
-    one line instead, that says which checkpoint to resume from. Any other error is a bug and keeps its traceback."""
+def stopped_when_another_process_ends(stop: StopRequest, line: Callable[[], str], before_training: bool = False):
+    """Another process of the run gone (killed, crashed): ProcessLost with `line()`, not gloo's traceback. A signal
+    from then on is not acknowledged: the checkpoint it promises cannot be written."""
     try:
-        yield
-    except Exception as error:
-        if not another_process_ended(error):
-            raise
-        training.stop.ending()
-        raise ProcessLost(another_process_ended_line(training)) from None
+        with said_in_one_line_when_another_process_ends(line, before_training):
+            yield
+    except ProcessLost:
+        stop.ending()
+        raise
 
 
 def another_process_ended_line(training: Training) -> str:
-    signum = training.stop.signum
-    unwritten = (
-        f"the checkpoint that {signal.Signals(signum).name} asked for could not be written"
-        if signum
-        else "this one stops too (a checkpoint needs every process)"
-    )
     newest = training.checkpoints.newest()
     resume = (
         f"resume with --resume_from_checkpoint {newest} (or latest)"
@@ -270,7 +269,21 @@ def another_process_ended_line(training: Training) -> str:
         else "it has no checkpoint to resume from: start it again with --overwrite_output_dir and another --run_name "
         "(its TensorBoard run holds this one's curves)"
     )
-    return f"stopped: another process of this run ended (killed or crashed), so {unwritten}; {resume}"
+    return f"stopped: another process of this run ended (killed or crashed), so {unwritten(training.stop)}; {resume}"
+
+
+def lost_while_loading_line(stop: StopRequest) -> str:
+    return (
+        "stopped: another process of this run ended (killed or crashed) before training started, so "
+        f"{unwritten(stop)}: nothing was trained or saved; run the same command again"
+    )
+
+
+def unwritten(stop: StopRequest) -> str:
+    """What this process cannot do without the one gone: the checkpoint a signal asked for, or any."""
+    if stop.signum:
+        return f"the checkpoint that {signal.Signals(stop.signum).name} asked for could not be written"
+    return "this one stops too (a checkpoint needs every process)"
 
 
 def prepare_folders(

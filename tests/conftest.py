@@ -292,10 +292,12 @@ def clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_two_ranks(args: list, tmp_path: Path, stderr=subprocess.PIPE) -> list[subprocess.Popen]:
-    """Two gloo ranks of app/train.py started as torchrun or srun starts them (the rendezvous in the environment), so
-    that a test can signal, watch or wait on each rank itself. Text pipes; `stderr=subprocess.STDOUT` merges the two."""
-    rendezvous = dict(WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+def start_ranks(args: list, tmp_path: Path, stderr=subprocess.PIPE, processes: int = 2) -> list[subprocess.Popen]:
+    """Gloo ranks of app/train.py started as srun starts them (the rendezvous in the environment, its store in rank 0),
+    so that a test can signal, watch or wait on each rank itself. Text pipes; `stderr=subprocess.STDOUT` merges the
+    two."""
+    world = str(processes)
+    rendezvous = dict(WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return [
         forked.popen(
             [sys.executable, str(TRAIN_SCRIPT), *map(str, args)],
@@ -303,7 +305,7 @@ def start_two_ranks(args: list, tmp_path: Path, stderr=subprocess.PIPE) -> list[
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
-        for r in (0, 1)
+        for r in range(processes)
     ]
 
 

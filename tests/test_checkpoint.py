@@ -16,7 +16,7 @@ from app.host.preemption import ACKNOWLEDGED
 from app.storage.checkpoints import completed_checkpoints, find_checkpoint
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, run_app, start_two_ranks
+from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, data_flags, run_app, start_ranks
 
 KILLER = ROOT / "tests" / "workers" / "kill_during_checkpoint.py"
 TRAINING_STARTED = "training: "  # the line the app prints once its signal handlers are in place
@@ -139,7 +139,7 @@ def test_sigterm_stops_both_ranks_with_one_checkpoint_and_exit_143(tmp_path, tin
         "--logdir",
         tmp_path / "runs",
     ]
-    ranks = start_two_ranks(args, tmp_path, stderr=subprocess.STDOUT)
+    ranks = start_ranks(args, tmp_path, stderr=subprocess.STDOUT)
     watches = [LineWatch(rank) for rank in ranks]
     try:
         watches[0].wait_for(TRAINING_STARTED, timeout=180)  # printed once every rank's handler is in place
@@ -313,7 +313,7 @@ def test_a_rank_killed_mid_run_leaves_the_other_one_line_naming_the_checkpoint_t
     out = tmp_path / "out"
     args = [*data_args(tiny_model_dir, review_files), "--mixed_precision", "no", "--max_steps", "100000"]
     args += ["--save_steps", "2", "--output_dir", out, "--logdir", tmp_path / "runs"]
-    ranks = start_two_ranks(args, tmp_path)
+    ranks = start_ranks(args, tmp_path)
     gone, survivor = ranks[killed], ranks[1 - killed]
     try:
         deadline = time.monotonic() + 180
@@ -334,3 +334,36 @@ def test_a_rank_killed_mid_run_leaves_the_other_one_line_naming_the_checkpoint_t
     assert line.startswith(f"stopped: another process of this run ended (killed or crashed), so {unwritten}"), line
     newest = completed_checkpoints(out / "checkpoints")[-1]
     assert line.endswith(f"; resume with --resume_from_checkpoint {newest} (or latest)"), line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed, signalled", [(1, True), (0, False)])
+def test_a_rank_killed_while_the_run_loads_leaves_the_other_one_line_and_no_folders_of_its_own(
+    tmp_path, tiny_model_dir, review_files, killed, signalled
+):
+    # The survivor printed gloo's traceback; under accelerate launch, often nothing at all: torchrun's SIGTERM came
+    # once its handlers were given back, before the traceback.
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    args = [*data_args(tiny_model_dir, review_files), "--mixed_precision", "no", "--max_steps", "2"]
+    ranks = start_ranks([*args, "--output_dir", out, "--logdir", runs], tmp_path, stderr=subprocess.STDOUT)
+    watches = [LineWatch(rank) for rank in ranks]
+    gone, survivor = ranks[killed], watches[1 - killed]
+    try:
+        watches[0].wait_for("backend: ")  # the main process claims the run's folders next, then everything loads
+        if signalled:
+            survivor.process.send_signal(signal.SIGTERM)  # as torchrun's agent does once a worker has died
+        gone.kill()
+        said = survivor.finish(timeout=120)
+    finally:
+        for rank in ranks:
+            rank.kill()
+    assert survivor.process.returncode == 1, said[-3000:]
+    assert "Traceback" not in said, said[-3000:]
+    unwritten = "the checkpoint that SIGTERM asked for could not be written" if signalled else "this one stops too"
+    assert said.strip().splitlines()[-1] == (
+        f"stopped: another process of this run ended (killed or crashed) before training started, so {unwritten}"
+        + ("" if signalled else " (a checkpoint needs every process)")
+        + ": nothing was trained or saved; run the same command again"
+    ), said[-3000:]
+    if killed == 1:  # the main process is left: the folders it created go, as after bad input
+        assert not out.exists() and not runs.exists()

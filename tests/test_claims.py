@@ -17,7 +17,7 @@ import pytest
 
 from app.storage.lease import STALE_AFTER, Held, Holder, Lease
 from tests import forked
-from tests.conftest import TRAIN_SCRIPT, clean_env, start_two_ranks
+from tests.conftest import TRAIN_SCRIPT, clean_env, start_ranks
 from tests.workers import lease_racer
 
 RACERS = 4
@@ -196,7 +196,7 @@ def test_both_ranks_of_a_second_run_exit_2_and_one_of_them_says_why(tmp_path, ti
     out.mkdir()
     held, _ = Lease.take(out)  # this test process holds the folder, as a live run would
     args = [*quick_flags(tiny_model_dir, review_files), "--output_dir", out, "--logdir", tmp_path / "tb"]
-    ranks = start_two_ranks(args, tmp_path)
+    ranks = start_ranks(args, tmp_path)
     errors = [rank.communicate(timeout=240)[1] for rank in ranks]
     held.release()
     assert [rank.returncode for rank in ranks] == [2, 2], errors

@@ -16,7 +16,7 @@ from app.storage.checkpoints import completed_checkpoints
 from app.storage.disk import write_atomically
 from app.storage.integrity import damage
 from tests import tb
-from tests.conftest import data_flags, run_app, start_two_ranks
+from tests.conftest import data_flags, run_app, start_ranks
 
 # The tiny model's checkpoint is 12.0 MB: 4.0 MB of weights, 8.0 MB of AdamW state.
 
@@ -99,7 +99,7 @@ def test_a_full_disk_at_the_first_checkpoint_says_what_was_written(tmp_path, tin
 def test_both_ranks_stop_with_exit_4_when_the_disk_fills(tmp_path, small_disk, tiny_model_dir, review_files):
     """Two gloo ranks, started as torchrun starts them: the main process's write fails, neither rank hangs."""
     args = run_flags(tiny_model_dir, review_files, small_disk / "out", tmp_path / "runs")
-    ranks = start_two_ranks(args, tmp_path)
+    ranks = start_ranks(args, tmp_path)
     errors = [rank.communicate(timeout=300)[1] for rank in ranks]
     assert [rank.returncode for rank in ranks] == [4, 4], errors
     assert last_line(errors[0]).startswith("error: no space left on device for checkpoint step-2 in "), errors[0]

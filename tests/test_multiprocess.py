@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app, start_two_ranks
+from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app, start_ranks
 from tests.workers.record_examples import recording_load
 
 
@@ -49,7 +49,7 @@ def test_the_note_on_an_uneven_epoch_s_repeats_comes_with_a_run_that_reaches_an_
     note = "note: 90 training examples leave each epoch's last micro-step 6 short on 2 processes x 8"
     said = []
     for more in (["--max_steps", "2"], ["--max_steps", "7", "--resume_from_checkpoint", "latest"]):
-        ranks = start_two_ranks([*args, *more], tmp_path)
+        ranks = start_ranks([*args, *more], tmp_path)
         outputs = [rank.communicate(timeout=300) for rank in ranks]
         assert [rank.returncode for rank in ranks] == [0, 0], outputs[0][1][-3000:]
         said.append(outputs[0][0])

@@ -6,6 +6,7 @@ built with `mixed_precision="no"` whatever the launcher says, and amp/policy.py 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from accelerate.utils import (
 )
 
 from app.config import TrainConfig
-from app.errors import UsageError, first_line
+from app.errors import ProcessLost, UsageError, first_line
 from app.host.device import device_type
 
 
@@ -152,6 +153,18 @@ def another_process_ended(error: BaseException) -> bool:
     if not any(words in text for words in _PEER_GONE):
         return False
     return isinstance(error, torch.distributed.DistBackendError) or (isinstance(error, RuntimeError) and "gloo" in text)
+
+
+@contextlib.contextmanager
+def said_in_one_line_when_another_process_ends(line: Callable[[], str], before_training: bool = False):
+    """Another process of the run gone (killed, crashed) fails this one's next collective, with gloo's traceback:
+    ProcessLost with `line()` instead. Any other error is a bug and keeps its traceback."""
+    try:
+        yield
+    except Exception as error:
+        if not another_process_ended(error):
+            raise
+        raise ProcessLost(line(), before_training) from None
 
 
 class HostCollective:

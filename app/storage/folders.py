@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from app.config import TrainConfig
-from app.errors import UsageError
+from app.errors import ProcessLost, UsageError
 from app.storage.checkpoints import (
     ResumePoint,
     checkpoint_around,
@@ -79,8 +79,8 @@ class RunPaths:
 class FolderClaims:
     """The folders this run claimed (main process), the ones it created, and how to give them back.
 
-    As a context manager: every claim is given back at the end, and after bad input (UsageError) the folders this run
-    created are removed as well.
+    As a context manager: every claim is given back at the end, and after bad input (UsageError), or another process
+    of the run lost before training started, the folders this run created are removed as well.
     """
 
     def __init__(self) -> None:
@@ -91,8 +91,8 @@ class FolderClaims:
         return self
 
     def __exit__(self, kind, error, traceback) -> None:
-        if isinstance(error, UsageError):
-            self.remove_created()  # bad input leaves nothing behind
+        if isinstance(error, UsageError) or (isinstance(error, ProcessLost) and error.before_training):
+            self.remove_created()  # a run that trained nothing leaves nothing behind
         self.release()
 
     def claim(self, folder: Path, what: str, instead: str) -> None:
