@@ -295,15 +295,15 @@ QUIET_RANKS_WAIT_S = 2.0  # what a rank that does not say why waits for rank 0 t
 
 
 def say_why(halt: UsageError | TrainingHalted) -> None:
-    """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why, or every rank left when another
-    process is gone (it may be rank 0). Said before the process group ends: once one rank exits, torchrun stops the
-    others, and rank 0 could be stopped before its line."""
+    """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why, or, when another process is
+    gone (it may be rank 0), the first rank left to find it (ProcessLost.says). Said before the process group ends:
+    once one rank exits, torchrun stops the others, and rank 0 could be stopped before its line."""
     if getattr(halt, "said", False):
         return
     halt.said = True
     world = os.environ.get("WORLD_SIZE", "1")
     alone = not world.isdigit() or int(world) <= 1  # a RANK left over in the shell: this process is the only one
-    if alone or os.environ.get("RANK", "0") == "0" or isinstance(halt, ProcessLost):
+    if halt.says if isinstance(halt, ProcessLost) else alone or os.environ.get("RANK", "0") == "0":
         line = str(halt)
         if isinstance(halt, UsageError):  # with the --config file that set a flag it names, which was not typed
             line = f"error: {with_sources(line)}"

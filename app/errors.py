@@ -25,13 +25,14 @@ NUMERIC_FAULT_EXIT_CODE = 3
 
 class ProcessLost(TrainingHalted):
     """Another process of the run ended (killed, crashed) and a collective with it failed: no checkpoint can be written
-    without it. Said by every rank that is left, since the main process may be the one gone. Exit code 1.
-    `before_training`: it ended while the run loaded, so nothing was trained, and the folders this run created go, as
-    after bad input."""
+    without it. Said by the first process left to find it gone (`says`), since the main process may be the one gone.
+    Exit code 1. `before_training`: it ended while the run loaded, so nothing was trained, and the folders this run
+    created go, as after bad input."""
 
-    def __init__(self, message: str, before_training: bool = False):
+    def __init__(self, message: str, before_training: bool = False, says: bool = True):
         super().__init__(message, exit_code=1)
         self.before_training = before_training
+        self.says = says
 
 
 class DiskFull(TrainingHalted):

@@ -5,16 +5,29 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, launch, run_app, start_ranks
+from tests.conftest import (
+    ACCELERATE,
+    ROOT,
+    TRAIN_SCRIPT,
+    LineWatch,
+    clean_env,
+    free_port,
+    launch,
+    run_app,
+    start_ranks,
+)
 from tests.workers.record_examples import recording_load
 
 
@@ -229,3 +242,34 @@ def test_the_overflow_report_names_what_overflowed_in_another_process_s_batch(tm
     )
     assert result.stderr.count(report) == 1, result.stderr[-3000:]
     assert tb.texts(tmp_path / "runs" / "r")[tags.AMP_OVERFLOW_REPORT] == report
+
+
+def launched_ranks(launcher: subprocess.Popen, processes: int, timeout: float = 60) -> list[psutil.Process]:
+    """The processes that `accelerate launch` started, by rank: torchrun starts them in that order (forked ones keep
+    the launcher's environment in /proc, so it cannot tell)."""
+    deadline = time.monotonic() + timeout
+    while len(ranks := psutil.Process(launcher.pid).children(recursive=True)) < processes:
+        assert time.monotonic() < deadline, f"{len(ranks)} of {processes} ranks started"
+        time.sleep(0.1)
+    return sorted(ranks, key=lambda rank: (rank.create_time(), rank.pid))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [0, 2])
+def test_of_three_processes_one_killed_the_two_left_say_so_in_one_line(tmp_path, quick_args, killed):
+    # Each process left said it: two lines (the main process may be the one gone, so it cannot be the one to say it).
+    config = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--num_processes", "3"]
+    cmd = [ACCELERATE, "launch", *config, "--main_process_port", free_port(), TRAIN_SCRIPT, *quick_args]
+    launcher = forked.popen(
+        [*map(str, cmd), "--max_steps", "2"], env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    watch = LineWatch(launcher)
+    try:
+        watch.wait_for("backend: ")  # rank 0 claims the run's folders next, and tells the others: a collective
+        launched_ranks(launcher, 3)[killed].kill()
+        said = watch.finish(timeout=120)
+    finally:
+        launcher.kill()
+    lost = [line for line in said.splitlines() if line.startswith("stopped: another process of this run ended")]
+    assert len(lost) == 1, said[-3000:]
+    assert "by peer" not in said, said[-3000:]  # gloo's traceback (torchrun's own follows, of every launch that fails)

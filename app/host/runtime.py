@@ -7,8 +7,10 @@ built with `mixed_precision="no"` whatever the launcher says, and amp/policy.py 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import os
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -155,16 +157,50 @@ def another_process_ended(error: BaseException) -> bool:
     return isinstance(error, torch.distributed.DistBackendError) or (isinstance(error, RuntimeError) and "gloo" in text)
 
 
+# The key in the process group's store that the processes left count themselves under, once another one is gone.
+_FOUND_GONE = "amp_trainer/found_a_process_gone"
+STORE_WAIT_S = 5  # for the store's answer: a store whose machine is gone would keep the process 30 minutes
+
+
+def first_to_find_a_process_gone() -> bool:
+    """Whether this process is the first of those left to find another one gone: it alone says so, and at once (the
+    launcher may stop the others any moment, and the main process may be the one gone). Asked of the process group's
+    store, a counter that needs no collective. Where the store went with the process that held it (rank 0, launched
+    without torchrun's agent), every process left says it."""
+    try:
+        store = torch.distributed.distributed_c10d._get_default_store()
+        store.set_timeout(datetime.timedelta(seconds=STORE_WAIT_S))
+        with _stderr_hidden():  # a store gone: torch's client prints a C++ stack on stderr before it raises
+            return store.add(_FOUND_GONE, 1) == 1
+    except (RuntimeError, ValueError):  # the store is gone (DistNetworkError), or there is no process group
+        return True
+
+
+@contextlib.contextmanager
+def _stderr_hidden():
+    """File descriptor 2 to /dev/null for the block (what C++ code prints there, which Python's streams never see)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 @contextlib.contextmanager
 def said_in_one_line_when_another_process_ends(line: Callable[[], str], before_training: bool = False):
     """Another process of the run gone (killed, crashed) fails this one's next collective, with gloo's traceback:
-    ProcessLost with `line()` instead. Any other error is a bug and keeps its traceback."""
+    ProcessLost with `line()` instead, said by the first process left to find it. Any other error is a bug and keeps
+    its traceback."""
     try:
         yield
     except Exception as error:
         if not another_process_ended(error):
             raise
-        raise ProcessLost(line(), before_training) from None
+        raise ProcessLost(line(), before_training, says=first_to_find_a_process_gone()) from None
 
 
 class HostCollective:
