@@ -11,8 +11,9 @@ a causal LM's greedy continuation of each prompt (`generated_text`).
     python app/predict.py "Is this review great or other? Tasty." --model_name_or_path outputs/LM_RUN   # a causal LM
 
 Results go to --output_file (.csv or .jsonl) or, without it, to stdout as CSV; reports and the progress bar go to
-stderr. Texts on the command line come before the flags. Exit codes: 0 done, 2 bad input, 3 predictions from NaN or
-inf logits (fp16 overflow in the model); each with one line on stderr and nothing written.
+stderr. Texts on the command line come before the flags. Exit codes: 0 done, 1 another process of the run ended
+(killed, crashed), 2 bad input, 3 predictions from NaN or inf logits (fp16 overflow in the model), 130/143 stopped by
+SIGINT/SIGTERM; each with one line on stderr and nothing written.
 """
 
 from __future__ import annotations
@@ -53,7 +54,12 @@ from app.cli import (
 from app.config import TrainConfig, refuse_empty_values
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, counted, first_line
 from app.host.device import device_type
-from app.host.runtime import connect_accelerator, describe_backend, end_accelerator
+from app.host.runtime import (
+    connect_accelerator,
+    describe_backend,
+    end_accelerator,
+    said_in_one_line_when_another_process_ends,
+)
 from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
 from app.inputs.model import (
     check_max_length,
@@ -390,11 +396,11 @@ def predict_and_write(
         say(line)
     shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
     predictor = TextGenerator(*shared, max_new_tokens, chat) if task == "causal_lm" else LabelPredictor(*shared)
-    bar = tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process)
-    started = time.perf_counter()
-    results = predictor.predict(accelerator, policy, inputs, lambda done: advance(bar, done, accelerator.num_processes))
-    seconds = time.perf_counter() - started
-    bar.close()
+    # Closed on a stop too, so that its line starts a line of its own.
+    with tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process) as bar:
+        started = time.perf_counter()
+        results = predictor.predict(accelerator, policy, inputs, lambda n: advance(bar, n, accelerator.num_processes))
+        seconds = time.perf_counter() - started
     check_finite(predictor.non_finite if task == "causal_lm" else non_finite_rows(results), len(table), policy)
     if predictor.cut_note:  # as training says what it cut: the predictions are of what was kept
         say(f"note: {predictor.cut_note}")
@@ -446,15 +452,36 @@ def check_finite(bad: int, rows: int, policy: PrecisionPolicy) -> None:
     )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt: predict.py unwinds (a partial --output_file is removed) and
+    says one line, where the signal's default would end it at once, silently, a partial file left."""
+
+
+def _terminated(signum: int, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a launcher passes one on, which must not cut the unwinding
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return exit_code_of(lambda: _main(argv))
-    except KeyboardInterrupt:  # one line, not a traceback, said as every stop is
+    except KeyboardInterrupt as interrupt:  # one line, not a traceback, said as every stop is
         halt = TrainingHalted(
-            "stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all", 128 + signal.SIGINT
+            interrupted_line(interrupt), 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
         )
         say_why(halt)
         return halt.exit_code
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupted_line(interrupt: KeyboardInterrupt) -> str:
+    if not isinstance(interrupt, Terminated):
+        return "stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all"
+    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    why = " (torchrun sends it to every process once one of them has ended, killed or crashed)" if several else ""
+    return f"stopped by SIGTERM{why}; an --output_file is written whole or not at all"
 
 
 def _main(argv: list[str] | None) -> int:
@@ -464,12 +491,23 @@ def _main(argv: list[str] | None) -> int:
     policy, notes = resolve_precision(False, cfg.mixed_precision, device_type(), launcher_choice())
     accelerator = connect_accelerator()
     try:
-        return predict_and_write(cfg, texts, accelerator, policy, notes)
+        with said_in_one_line_when_another_process_ends(lambda: another_process_ended_line(cfg.output_file)):
+            return predict_and_write(cfg, texts, accelerator, policy, notes)
     except (UsageError, TrainingHalted) as halt:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's, once a process is gone: this line says why
         say_why(halt)  # before the process group ends: torchrun stops rank 0 once another rank has exited
         raise
     finally:
         end_accelerator(accelerator)
+
+
+def another_process_ended_line(output_file: str | None) -> str:
+    """The predictions are written after the last collective: a process lost before then leaves nothing written."""
+    where = f" to --output_file {output_file}" if output_file else ""
+    return (
+        f"stopped: another process of this run ended (killed or crashed), so this one stops too: nothing was written"
+        f"{where}; run the same command again"
+    )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from accelerate.state import AcceleratorState, GradientState
@@ -307,6 +308,16 @@ def start_ranks(args: list, tmp_path: Path, stderr=subprocess.PIPE, processes: i
         )
         for r in range(processes)
     ]
+
+
+def launched_ranks(launcher: subprocess.Popen, processes: int, timeout: float = 60) -> list[psutil.Process]:
+    """The processes that `accelerate launch` started, by rank: torchrun starts them in that order (forked ones keep
+    the launcher's environment in /proc, so it cannot tell)."""
+    deadline = time.monotonic() + timeout
+    while len(ranks := psutil.Process(launcher.pid).children(recursive=True)) < processes:
+        assert time.monotonic() < deadline, f"{len(ranks)} of {processes} ranks started"
+        time.sleep(0.1)
+    return sorted(ranks, key=lambda rank: (rank.create_time(), rank.pid))
 
 
 def assert_trained_alike(tmp_path: Path, run_name: str, steps: set[int], loss_tolerance: float) -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import time
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -25,6 +23,7 @@ from tests.conftest import (
     clean_env,
     free_port,
     launch,
+    launched_ranks,
     run_app,
     start_ranks,
 )
@@ -242,16 +241,6 @@ def test_the_overflow_report_names_what_overflowed_in_another_process_s_batch(tm
     )
     assert result.stderr.count(report) == 1, result.stderr[-3000:]
     assert tb.texts(tmp_path / "runs" / "r")[tags.AMP_OVERFLOW_REPORT] == report
-
-
-def launched_ranks(launcher: subprocess.Popen, processes: int, timeout: float = 60) -> list[psutil.Process]:
-    """The processes that `accelerate launch` started, by rank: torchrun starts them in that order (forked ones keep
-    the launcher's environment in /proc, so it cannot tell)."""
-    deadline = time.monotonic() + timeout
-    while len(ranks := psutil.Process(launcher.pid).children(recursive=True)) < processes:
-        assert time.monotonic() < deadline, f"{len(ranks)} of {processes} ranks started"
-        time.sleep(0.1)
-    return sorted(ranks, key=lambda rank: (rank.create_time(), rank.pid))
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from tests import forked
-from tests.conftest import ACCELERATE, ROOT, clean_env, free_port, run_app
+from tests.conftest import ACCELERATE, ROOT, LineWatch, clean_env, free_port, launched_ranks, run_app
 
 PREDICT = ROOT / "app" / "predict.py"
 MAX_LENGTH = 64
@@ -174,6 +176,39 @@ def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, rev
     assert_predictions_match(pd.read_json(tmp_path / "one.jsonl", lines=True), source.head(1), trained, False)
 
 
+@pytest.mark.slow
+def test_a_process_killed_while_predicting_leaves_one_line_and_no_output_file(tmp_path, trained, review_files):
+    # The process left printed gloo's traceback, or nothing (torchrun's SIGTERM killed it first).
+    pd.read_csv(review_files["validation"]).head(40).to_csv(tmp_path / "in.csv", index=False)
+    cmd = [
+        *(ACCELERATE, "launch", "--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml"),
+        *("--main_process_port", free_port(), PREDICT, "--model_name_or_path", trained),
+        *("--input_file", tmp_path / "in.csv", "--output_file", tmp_path / "out.csv", "--mixed_precision", "no"),
+    ]
+    launcher = forked.popen(cmd, env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watch = LineWatch(launcher)
+    try:
+        watch.wait_for("backend: ")  # the model loads next, then each process predicts its share, then they gather
+        launched_ranks(launcher, 2)[1].kill()
+        said = watch.finish(timeout=120)
+    finally:
+        launcher.kill()
+    stops = [line for line in said.splitlines() if line.startswith("stopped")]
+    # Which comes first: its collective failing, or torchrun's SIGTERM (sent once it has seen the other process end).
+    assert stops in (
+        [
+            "stopped: another process of this run ended (killed or crashed), so this one stops too: nothing was "
+            f"written to --output_file {tmp_path / 'out.csv'}; run the same command again"
+        ],
+        [
+            "stopped by SIGTERM (torchrun sends it to every process once one of them has ended, killed or crashed); an "
+            "--output_file is written whole or not at all"
+        ],
+    ), said[-3000:]
+    assert "by peer" not in said, said[-3000:]
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_file()) == ["in.csv"]
+
+
 def test_compare_fp32_on_fp32_agrees_fully(trained, review_files, capsys):
     assert (
         predict(
@@ -304,6 +339,24 @@ def test_ctrl_c_while_predicting_is_one_line_and_exit_130(trained, capsys, monke
     monkeypatch.setattr(app.predict, "predict_and_write", interrupted)
     assert predict("--model_name_or_path", trained, "Fine.") == 130
     assert capsys.readouterr().err == ("stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all\n")
+
+
+def test_sigterm_while_predicting_is_one_line_and_exit_143_and_writes_nothing(tmp_path, trained, review_files):
+    # It ended at once, silently (the signal's default), leaving a partial --output_file beside the file if it came
+    # while writing it.
+    cmd = [sys.executable, PREDICT, "--model_name_or_path", trained, "--input_file", review_files["validation"]]
+    cmd += ["--output_file", tmp_path / "out.csv", "--mixed_precision", "no"]
+    process = forked.popen(cmd, env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watch = LineWatch(process)
+    try:
+        watch.wait_for("backend: ")
+        process.send_signal(signal.SIGTERM)
+        said = watch.finish(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, said[-3000:]
+    assert said.strip().splitlines()[-1] == "stopped by SIGTERM; an --output_file is written whole or not at all"
+    assert [path.name for path in tmp_path.iterdir() if path.is_file()] == []
 
 
 def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypatch):
