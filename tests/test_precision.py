@@ -180,6 +180,23 @@ def test_the_launchers_variable_is_read_as_accelerate_reads_it(monkeypatch):
         resolve_precision(False, None, "cpu", "fp8")
 
 
+@pytest.mark.parametrize("launched", [False, True])
+def test_a_launchers_precision_the_app_lacks_gets_advice_for_where_it_was_set(monkeypatch, launched):
+    # An exported ACCELERATE_MIXED_PRECISION=bogus was told to use accelerate launch, with app/train.py named to
+    # predict.py too; accelerate launch --mixed_precision fp8 is the launcher's own value, fixed at the launcher.
+    monkeypatch.delenv("ACCELERATE_CONFIG_DS_FIELDS", raising=False)
+    if launched:
+        monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False")
+    else:
+        monkeypatch.delenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", raising=False)
+    with pytest.raises(UsageError) as refused:
+        resolve_precision(False, None, "cpu", "fp8" if launched else "bogus")
+    line = str(refused.value)
+    assert "app/train.py" not in line and "--mixed_precision fp16, bf16 or no" in line
+    where = "launch with --mixed_precision" if launched else "set ACCELERATE_MIXED_PRECISION to fp16, bf16, no or auto"
+    assert where in line
+
+
 @pytest.mark.parametrize("mark", ["", "ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_CONFIG_DS_FIELDS"])
 def test_the_variable_exported_in_a_shell_is_named_where_no_launcher_ran(monkeypatch, mark):
     # `export ACCELERATE_MIXED_PRECISION=fp16; python app/train.py` said "(from accelerate launch: ...)", and a flag

@@ -160,10 +160,15 @@ def resolve_precision(
     requested, source = requested_precision(amp, mixed_precision, launcher)
 
     if requested not in (*MODES, "auto"):
+        # Only the launcher's value reaches here (the flags take their choices): fp8, or a shell's typo.
+        fix = (
+            "launch with --mixed_precision fp16, bf16 or no"
+            if source == "accelerate launch"
+            else f"set {LAUNCHER_ENV} to fp16, bf16, no or auto, or unset it"
+        )
         raise UsageError(
-            f"mixed precision {requested!r} (from {LAUNCHER_ENV if source == 'accelerate launch' else source}) is not "
-            "supported; use fp16, bf16 or no, "
-            f"e.g. accelerate launch --mixed_precision fp16 app/train.py"
+            f"mixed precision {requested!r} (from {LAUNCHER_ENV}) is not supported; {fix}, or give the script "
+            "--mixed_precision fp16, bf16 or no"
         )
     mode, reason = _pick_mode(requested, device_type)
     # What runs is compared, not the word asked for: `auto` that resolves to the launcher's mode agrees with it.
