@@ -214,6 +214,13 @@ PREDICT_OTHER_NAMES = {
     "model": "use --model_name_or_path",
     "output_dir": "use --output_file, a .csv or .jsonl file",
     "deepspeed": "drop it: predict.py runs the model as it is, on one process or under accelerate launch",
+    "use_cpu": "use accelerate launch --cpu app/predict.py",
+    "no_cuda": "use accelerate launch --cpu app/predict.py",
+    "debug": "drop it: predict.py refuses predictions from NaN or inf logits, and --compare_fp32 says how far its "
+    "precision's predictions are from fp32's",  # not accelerate launch's --debug, which the fallback would name
+    "gradient_clipping": "drop it: predict.py trains nothing",  # not accelerate launch's DeepSpeed setting
+    "config_file": "an accelerate launch config goes to the launcher: accelerate launch --config_file FILE "
+    "app/predict.py",
 }
 
 

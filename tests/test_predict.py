@@ -613,6 +613,8 @@ def test_a_misspelt_flag_gets_the_nearest_one_and_a_stray_text_says_where_texts_
         ("--tf32", "drop it: TF32 for fp32 matmuls on a GPU is torch's setting"),
         ("--bf16_full_eval", "drop it: evaluation and app/predict.py run under the autocast of --mixed_precision"),
         ("--half_precision_backend", "drop it: the app drives autocast itself"),
+        ("--no_cuda", "use accelerate launch --cpu app/predict.py"),  # train.py's named app/train.py
+        ("--debug", "drop it: predict.py refuses predictions from NaN or inf logits"),  # not the launcher's --debug
     ],
 )
 def test_hf_trainer_flag_names_get_train_py_s_advice_where_it_holds(flag, advice):
@@ -638,6 +640,10 @@ def test_predict_s_advice_names_only_flags_that_predict_or_accelerate_launch_has
     assert all(PREDICT_OTHER_NAMES[name] is OTHER_NAMES[name] for name in SAID_TO_PREDICT_TOO)  # one table, no copy
     for name, advice in PREDICT_OTHER_NAMES.items():
         assert all(flag in flags or flag in launcher for flag in re.findall(r"--(\w+)", advice)), (name, advice)
+    # An HF name that train.py has advice for, and accelerate launch a flag of the same name (HF's --debug
+    # underflow_overflow is not the launcher's --debug): predict.py needs its own, or calls it the launcher's.
+    for name in OTHER_NAMES.keys() & launcher - flags:
+        assert name in PREDICT_OTHER_NAMES, name
 
 
 def test_a_pair_model_predicts_from_both_texts_by_default_and_refuses_half_its_input(
