@@ -273,6 +273,8 @@ def switched_off_advice(switch: str, yaml_value: object = A_FLAG) -> str:
     is `amp: true`), written as a key is."""
     if yaml_value is A_FLAG:
         return f"use --{switch} false"
+    if not isinstance(yaml_value, bool):  # `no_amp: 0`, or empty: which was meant is not clear
+        return f"use {switch}: true or false"
     return f"use {switch}: {'true' if yaml_value is False else 'false'}"
 
 

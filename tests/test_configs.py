@@ -324,7 +324,8 @@ def test_hf_s_no_form_of_a_switch_gets_advice_in_its_own_syntax(tmp_path):
 
     with pytest.raises(UsageError, match=re.escape("unknown flag '--no_amp'; use --amp false")):
         parse_config(["--no_amp"])
-    for value, advice in (("true", "use amp: false"), ("false", "use amp: true")):
+    # A value that is no true or false (0, an empty value) was read as true: advice against what was meant.
+    for value, advice in (("true", "use amp: false"), ("false", "use amp: true"), ("0", "use amp: true or false")):
         path = tmp_path / "run.yaml"
         path.write_text(f"no_amp: {value}\n")
         with pytest.raises(UsageError, match=re.escape(f"unknown key 'no_amp' ({advice});")):
