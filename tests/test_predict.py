@@ -291,6 +291,15 @@ def test_every_line_of_a_csv_gives_one_row_blank_lines_too(trained, tmp_path, ca
     )
     predicted = pd.read_csv(out, dtype=str, keep_default_na=False)
     assert list(predicted["id"]) == ["1", "", "2"] and list(predicted["text"]) == ["Fresh coffee.", "", "Stale."]
+    # Blank lines before the header are no rows: pandas read the first as the header, a traceback.
+    for header, rows in (("text,id", "Fresh coffee.,1\n\nStale.,2\n"), ("text", "Fresh coffee.\n\nStale.\n")):
+        path.write_text(f"\n \n{header}\n{rows}")
+        code = predict(
+            "--model_name_or_path", trained, "--input_file", path, "--output_file", out, "--overwrite_output_file"
+        )
+        assert code == 0, capsys.readouterr().err
+        predicted = pd.read_csv(out, dtype=str, keep_default_na=False, skip_blank_lines=False)
+        assert list(predicted["text"]) == ["Fresh coffee.", "", "Stale."], header
 
 
 def test_the_output_file_the_input_and_their_traces_refused_in_one_line(trained, tmp_path, capsys, monkeypatch):

@@ -30,7 +30,14 @@ from app.errors import DiskFull, UsageError, counted, first_line
 from app.host.runtime import pinned_batches
 from app.inputs import hub
 from app.inputs.fingerprint import transform_fingerprint
-from app.inputs.reading import blank_lines_are_rows, check_no_row_labels, is_columns_object, json_rows, read_error
+from app.inputs.reading import (
+    blank_lines_are_rows,
+    check_no_row_labels,
+    is_columns_object,
+    json_rows,
+    lines_before_header,
+    read_error,
+)
 from app.inputs.sampling import length_order, token_counts, train_sampler
 from app.storage.disk import free_bytes, is_full_disk, size
 
@@ -208,7 +215,10 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
     with _quiet_loading(), tempfile.TemporaryDirectory(prefix="input-", dir=shared) as cache:
         dataset = _read_file(kind, "input", path, cache_dir=cache)
         if kind == "csv":  # a blank line is a row of empty texts, as on stdin (pandas skips it): rows stay aligned
-            return pd.read_csv(path, dtype=str, keep_default_na=False, index_col=False, skip_blank_lines=False)
+            skip = lines_before_header(path)  # the header past them, as datasets found it
+            return pd.read_csv(
+                path, dtype=str, keep_default_na=False, index_col=False, skip_blank_lines=False, skiprows=skip
+            )
         if kind == "json" and (rows := json_rows(path)) is not None:
             return pd.DataFrame(rows, dtype=object)  # each value as written: arrow read "2024-01-02 10:00" as a time
         table = dataset.to_pandas()

@@ -125,6 +125,13 @@ def blank_lines_are_rows(columns: int) -> bool:
     return columns == 1
 
 
+def lines_before_header(path: str) -> int:
+    """How many blank lines (or lines of spaces alone) come before a csv file's header: no rows, where the blank lines
+    after it are (predict.py's table), and pandas would read the first of them as the header."""
+    with open(path, encoding="utf-8-sig", errors="replace", newline="") as file:
+        return next((count for count, line in enumerate(file) if line.strip(" \t\r\n")), 0)
+
+
 def _csv_row_lines(path: str, blank_is_row: bool) -> tuple[list[int], int | None]:
     """The line (from 1, the header's counted) that each row of a csv file (from 1, after the header) starts on, as
     pandas reads the file: a blank line, or one of spaces alone, is no row unless `blank_is_row`; and the first such
