@@ -85,7 +85,7 @@ def _main(argv: list[str] | None) -> int:
         # (A process lost once training has started is said by fine_tune, with the checkpoint to resume from.)
         with (
             FolderClaims() as claims,
-            stopped_when_another_process_ends(stop, lambda: lost_while_loading_line(stop), True),
+            stopped_when_another_process_ends(stop, lambda: lost_while_loading_line(stop), before_training=True),
         ):
             return fine_tune(cfg, accelerator, policy, notes, stop, claims)
     except (UsageError, TrainingHalted) as halt:

@@ -9,6 +9,7 @@ autocast would override ours and the loss would be scaled twice.
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ def cpu_has_native_bf16() -> bool:
     """True on CPUs where bf16 matmuls run natively: AVX512-BF16 or AMX on x86, as torch's own probes find them; Arm's
     BF16 extension (Graviton3 and 4), which torch has no probe for, as the kernel lists the CPU's features."""
     machine = platform.machine()
-    if machine.lower() in ARM_MACHINES:
+    if is_arm(machine):
         return cpuinfo_has_native_bf16(machine, _cpuinfo())
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
@@ -93,7 +94,7 @@ def cpu_has_native_bf16() -> bool:
 def cpuinfo_has_native_bf16(machine: str, cpuinfo: str) -> bool:
     """Whether /proc/cpuinfo's text names native bf16 for every CPU it lists: `avx512_bf16` or `amx_bf16` among an
     x86 CPU's `flags`, `bf16` among an Arm CPU's `Features` (Graviton2 has none)."""
-    wanted = {"bf16"} if machine.lower() in ARM_MACHINES else {"avx512_bf16", "amx_bf16"}
+    wanted = {"bf16"} if is_arm(machine) else {"avx512_bf16", "amx_bf16"}
     listed = [
         set(value.split())
         for name, _, value in (line.partition(":") for line in cpuinfo.splitlines())
@@ -104,9 +105,14 @@ def cpuinfo_has_native_bf16(machine: str, cpuinfo: str) -> bool:
 
 def native_bf16_kinds(machine: str) -> tuple[str, ...]:
     """What native bf16 is called on a CPU of this architecture, for the lines that say whether it has it."""
-    return ("Arm BF16",) if machine.lower() in ARM_MACHINES else ("AVX512-BF16", "AMX")
+    return ("Arm BF16",) if is_arm(machine) else ("AVX512-BF16", "AMX")
 
 
+def is_arm(machine: str) -> bool:
+    return machine.lower() in ARM_MACHINES
+
+
+@functools.cache  # asked by the policy and each of its lines; the CPU does not change
 def _cpuinfo() -> str:
     try:
         return Path("/proc/cpuinfo").read_text()

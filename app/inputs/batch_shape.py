@@ -43,8 +43,9 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
     per_device, accumulation = resumed_shape(saved_batch, num_processes, cfg.per_device_train_batch_size)
     asked = (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps)
     kept = dataclasses.replace(cfg, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation)
-    given_before = _given_before(asked, record)
-    if record.num_processes == num_processes and (asked == (per_device, accumulation) or given_before):
+    # The flags make the global batch here, or are the saving run's own (which a resume on another count changed).
+    as_flagged = asked == (per_device, accumulation) or _given_before(asked, record)
+    if record.num_processes == num_processes and as_flagged:
         return kept, []
     note = (
         f"note: the checkpoint was saved by {record.num_processes} process(es) with {counted(saved_batch, 'example')} "
@@ -53,7 +54,7 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
         "steps and their LR are the uninterrupted run's and, on the same training data, no example is trained twice or "
         "skipped; dropout and rounding differ from it"
     )
-    if not given_before and asked[0] * num_processes * asked[1] != saved_batch:  # the flags ask for another batch
+    if not as_flagged:  # the flags ask for another batch
         note += (
             f" (the flags asked for {asked[0]} per device x {asked[1]} accumulated: a resume keeps the run's examples "
             "per step; a new run can change them)"

@@ -111,9 +111,9 @@ def _line_past_blank_lines(raw, split: str, row: int) -> str | None:
     """The line of row `row` (from 1) of a split's csv file ("line N of FILE") where reading it left out a blank line
     before that row; else None."""
     path = getattr(raw, "files", {}).get(split)
-    if not path or not path.lower().endswith(".csv"):
+    if not path or not path.lower().endswith(".csv") or blank_lines_are_rows(len(raw[split].column_names)):
         return None
-    lines, first_blank = _csv_row_lines(path, blank_lines_are_rows(len(raw[split].column_names)))
+    lines, first_blank = _csv_row_lines(path)
     moved = first_blank is not None and row <= len(lines) and lines[row - 1] > first_blank
     return f"line {lines[row - 1]} of {path}" if moved else None
 
@@ -132,16 +132,16 @@ def lines_before_header(path: str) -> int:
         return next((count for count, line in enumerate(file) if line.strip(" \t\r\n")), 0)
 
 
-def _csv_row_lines(path: str, blank_is_row: bool) -> tuple[list[int], int | None]:
+def _csv_row_lines(path: str) -> tuple[list[int], int | None]:
     """The line (from 1, the header's counted) that each row of a csv file (from 1, after the header) starts on, as
-    pandas reads the file: a blank line, or one of spaces alone, is no row unless `blank_is_row`; and the first such
-    line left out after the header, or None. Reads the whole file: for an error's line only."""
+    pandas reads the file: a blank line, or one of spaces alone, is no row; and the first such line left out after the
+    header, or None. Reads the whole file: for an error's line only."""
     with open(path, encoding="utf-8-sig", errors="replace", newline="") as file:
         text = file.read()
     lines, reader = text.split("\n"), csv.reader(io.StringIO(text))
     starts, start, first_blank = [], 1, None
     for _ in reader:
-        if blank_is_row or reader.line_num > start or lines[start - 1].strip(" \t\r"):
+        if reader.line_num > start or lines[start - 1].strip(" \t\r"):
             starts.append(start)
         elif starts and first_blank is None:  # before the header, a blank line moves no row's number
             first_blank = start

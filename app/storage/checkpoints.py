@@ -127,7 +127,10 @@ _TEXT: Kind = "text", lambda value: isinstance(value, str)
 _FLAG: Kind = "true or false", lambda value: isinstance(value, bool)
 _MAPPING: Kind = "a mapping", lambda value: isinstance(value, dict)
 _PRECISION: Kind = '"no", "fp16" or "bf16"', lambda value: value in ("no", "fp16", "bf16")
-_TWO_POSITIVE: Kind = "two whole numbers of 1 or more", lambda value: _list_of(_POSITIVE)[1](value) and len(value) == 2
+_TWO_POSITIVE: Kind = (
+    "two whole numbers of 1 or more",
+    lambda value: isinstance(value, list) and len(value) == 2 and all(map(_POSITIVE[1], value)),
+)
 # What each value of a record may be, by where it is. Those it must have are read by name (a KeyError if absent).
 _RECORD_VALUES: dict[str, dict[str, Kind]] = {
     "": {
