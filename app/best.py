@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from app.config import TrainConfig, metric_tag, recorded_value
-from app.errors import UsageError
+from app.errors import UsageError, counted
 from app.evaluation import evaluates_during_training
 from app.state import TrainState
 from app.storage.checkpoints import another_line, best_checkpoint, weights_unusable
@@ -56,7 +56,7 @@ class BestModel:
             return None
         return (
             f"early stopping at optimizer step {step}: {self.tag} has not improved on {self.state.best_metric:.4f} "
-            f"(step {self.state.best_step}) by more than {self.threshold} for {self.patience} evaluation(s)"
+            f"(step {self.state.best_step}) by more than {self.threshold} for {counted(self.patience, 'evaluation')}"
         )
 
     def out_of_patience(self) -> bool:

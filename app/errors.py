@@ -48,11 +48,11 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def counted(n: float, noun: str, plural: str = "") -> str:
+def counted(n: float, noun: str) -> str:
     """A count and its noun, in the plural unless the count is 1: "1 optimizer step", "4 optimizer steps", "0.5
-    epochs". `plural` where an s does not make it ("processes")."""
+    epochs", "2 processes"."""
     number = f"{n:g}" if isinstance(n, float) else str(n)
-    return f"{number} {noun if n == 1 else plural or noun + 's'}"
+    return f"{number} {noun if n == 1 else noun + ('es' if noun.endswith(('s', 'x')) else 's')}"  # epochs, processes
 
 
 # The flags whose values a --config YAML set, not the command line, and the file: app/config.parse_config sets them.

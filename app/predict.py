@@ -406,7 +406,8 @@ def predict_and_write(
         say(f"note: {predictor.cut_note}")
     say(
         f"predicted {counted(len(table), 'text')} in {seconds:.1f} s: {len(table) / seconds:.1f} examples/s "
-        f"({policy.label}, {accelerator.num_processes} process(es), batches of {cfg.per_device_eval_batch_size})"
+        f"({policy.label}, {counted(accelerator.num_processes, 'process')}, "
+        f"batches of {cfg.per_device_eval_batch_size})"
     )
     if cfg.compare_fp32:
         fp32 = PrecisionPolicy("no", policy.device_type, "--compare_fp32", "the reference")

@@ -75,7 +75,7 @@ def test_fsdp_config_on_cpu_says_it_runs_ddp_and_trains_with_one_set_of_event_fi
         [*quick_args, "--max_steps", "3", "--eval_steps", "0"],
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "backend: DDP, 2 process(es) on cpu" in result.stdout
+    assert "backend: DDP, 2 processes on cpu" in result.stdout
     assert (
         "note: FSDP2 requested, but Accelerate runs DDP on cpu (Accelerate switches to FSDP and DeepSpeed only "
         "on GPUs): it runs as DDP"
@@ -89,7 +89,7 @@ def test_fsdp_config_on_cpu_says_it_runs_ddp_and_trains_with_one_set_of_event_fi
 def test_a_multi_process_cpu_launch_that_starts_one_process_says_so(tmp_path, quick_args):
     result = launch(tmp_path, ["--num_processes", "2"], [*quick_args, "--max_steps", "1", "--eval_steps", "0"])
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "backend: single process, 1 process(es) on cpu" in result.stdout
+    assert "backend: single process, 1 process on cpu" in result.stdout
     assert (
         "note: several processes were asked for, but without GPUs or mpirun accelerate launch starts one"
         in result.stdout
@@ -187,7 +187,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(
         ],
     )
     assert two.returncode == 0, two.stderr[-3000:]
-    assert "1 CPU thread(s) per process" in two.stdout
+    assert "1 CPU thread per process" in two.stdout
     assert (
         run_app(
             [

@@ -546,7 +546,7 @@ def cases(ws: Path, model: Path, files: dict[str, Path]):
             "a max_length the special tokens fill",  # the tokenizer cut nothing, every text went whole
             ["--max_length", "2"],
             {},
-            "--max_length 2 leaves no room for text: the tokenizer adds 2 special token(s) to each text; use "
+            "--max_length 2 leaves no room for text: the tokenizer adds 2 special tokens to each text; use "
             "--max_length 3 or more",
         ),
         (

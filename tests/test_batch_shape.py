@@ -34,7 +34,7 @@ def test_a_process_count_that_cannot_share_the_global_batch_is_refused_naming_th
         resumed_shape(8, 3, 8)
     assert str(refused.value) == (
         "--resume_from_checkpoint: the run trains 8 examples per optimizer step, which 3 processes cannot share "
-        "equally; resume with 1, 2, 4, 8 process(es)"
+        "equally; resume with 1, 2, 4, 8 processes"
     )
 
 
@@ -45,8 +45,8 @@ def test_a_resume_as_saved_keeps_the_flags_and_says_nothing():
 
 
 NOTE = (
-    "note: the checkpoint was saved by {saved_by} process(es) with 8 examples per optimizer step; this run keeps them: "
-    "1 process(es) x {per_device} per device x {accumulated} accumulated, and continues at example 32 of epoch 0, so "
+    "note: the checkpoint was saved by {saved_by} with 8 examples per optimizer step; this run keeps them: "
+    "1 process x {per_device} per device x {accumulated} accumulated, and continues at example 32 of epoch 0, so "
     "the steps and their LR are the uninterrupted run's and, on the same training data, no example is trained twice "
     "or skipped; dropout and rounding differ from it"
 )
@@ -80,7 +80,9 @@ def test_a_resume_says_what_it_keeps_and_that_the_flags_asked_for_another_batch_
     record = CheckpointRecord("r", "no", saved_by, state, data={"global_batch_size": 8}, batch_flags=flags_before)
     resumed, notes = keep_global_batch(cfg, record, 1)
     assert (resumed.per_device_train_batch_size, resumed.gradient_accumulation_steps) == kept
-    expected = said and said.format(*flags, saved_by=saved_by, per_device=kept[0], accumulated=kept[1])
+    expected = said and said.format(
+        *flags, saved_by={1: "1 process", 2: "2 processes"}[saved_by], per_device=kept[0], accumulated=kept[1]
+    )
     assert notes == ([expected] if said else [])
 
 

@@ -466,7 +466,7 @@ def test_two_ranks_train_adapters_on_an_fp16_base(tiny_model_dir, review_files, 
     args = [*lora_args(tmp_path, tiny_model_dir, review_files), "--amp", *RUN]
     result = launch(tmp_path, flags, args)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "backend: DDP, 2 process(es)" in result.stdout
+    assert "backend: DDP, 2 processes" in result.stdout
     assert "unused" not in result.stderr.lower()
     checkpoint = tmp_path / "out" / "checkpoints" / "step-6" / "model.safetensors"
     saved = stored(checkpoint)

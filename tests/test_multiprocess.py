@@ -35,7 +35,7 @@ def test_two_ranks_in_fp16_print_each_evaluation_once_and_log_the_headroom_and_t
     flags = ["--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml", "--main_process_port", free_port()]
     result = launch(tmp_path, flags, [*quick_args, "--amp", "--max_steps", "4", "--eval_steps", "2"], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "backend: DDP, 2 process(es)" in result.stdout, result.stdout[-3000:]
+    assert "backend: DDP, 2 processes" in result.stdout, result.stdout[-3000:]
     # step 2: a mid-run evaluation; step 4: the final one.
     assert [result.stdout.count(f"step {step}: eval/loss ") for step in (2, 4)] == [1, 1], result.stdout[-3000:]
     # Every rank measures its own micro-batch and the maxima are reduced over ranks: both must arm at the same steps.
@@ -70,6 +70,7 @@ def test_the_note_on_an_uneven_epoch_s_repeats_comes_with_a_run_that_reaches_an_
 
 
 RECORDER = ROOT / "tests" / "workers" / "record_examples.py"
+PROCESSES = {1: "1 process", 2: "2 processes"}  # as the notes count them
 EXAMPLES, BATCH = 88, 8  # 88 = 11 batches of 8: 6 steps of 2 x 8 (the last one padded out), or 11 of 1 x 8
 WARMUP_RATIO, LEARNING_RATE = 0.1, 5e-5  # the defaults
 
@@ -171,8 +172,8 @@ def test_a_resume_with_another_process_count_or_batch_size_trains_the_epoch_as_t
     assert sorted(before + after) == list(range(EXAMPLES)), "each example of the epoch once, none skipped"
     per_device, accumulated = kept_as
     assert (
-        f"note: the checkpoint was saved by {saved_by} process(es) with {global_batch} examples per optimizer step; "
-        f"this run keeps them: {resumed_by} process(es) x {per_device} per device x {accumulated} accumulated, and "
+        f"note: the checkpoint was saved by {PROCESSES[saved_by]} with {global_batch} examples per optimizer step; "
+        f"this run keeps them: {PROCESSES[resumed_by]} x {per_device} per device x {accumulated} accumulated, and "
         f"continues at example {len(before)} of epoch 0, so the steps and their LR are the uninterrupted run's and, "
         "on the same training data, no example is trained twice or skipped"  # the data-count note says when it is not
     ) in said

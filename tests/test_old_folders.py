@@ -42,7 +42,7 @@ def resume_step_2(tmp_path, *flags):
 
 
 # The checkpoints have no batch record: the run's training_args.yaml says 4 per device, 1 accumulated; not the flags.
-KEPT = "this run keeps them: 1 process(es) x 4 per device x 1 accumulated, and continues at example 8 of epoch 0"
+KEPT = "this run keeps them: 1 process x 4 per device x 1 accumulated, and continues at example 8 of epoch 0"
 
 
 @pytest.mark.parametrize(

@@ -161,7 +161,7 @@ def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, rev
     ]
     result = forked.run(cmd, env=clean_env(tmp_path), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 process(es)" in result.stderr
+    assert "2 processes" in result.stderr
     # The bar counted the main process's batches twice: 6 of them, the last of 3, so it ended at 46 of 45 (which tqdm
     # writes as "46text", without the total).
     counts = [int(n) for n in re.findall(r"\b(\d+)(?:/45|text) \[", result.stderr)]
@@ -236,7 +236,7 @@ def test_a_count_of_one_takes_the_singular():
         "2 optimizer steps",
     ]
     assert [counted(n, "epoch") for n in (1.0, 0.5, 3.0)] == ["1 epoch", "0.5 epochs", "3 epochs"]
-    assert [counted(n, "process", "processes") for n in (1, 4)] == ["1 process", "4 processes"]
+    assert [counted(n, "process") for n in (1, 4)] == ["1 process", "4 processes"]
 
 
 def test_one_text_predicted_is_said_as_one_text(trained, capsys):

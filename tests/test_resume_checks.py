@@ -144,7 +144,7 @@ def test_a_checkpoint_without_its_random_state_or_an_older_one_without_a_record_
     assert run_app([*flags, "--max_steps", 5, "--resume_from_checkpoint", "latest"]) == 0
     out_lines = capfd.readouterr().out.splitlines()
     expected = {
-        "random state": f"note: {step_4} has no random state for process(es) 0: their dropout and other random draws "
+        "random state": f"note: {step_4} has no random state for process 0: their dropout and other random draws "
         "start afresh, so the resume is not exact",
         "record": f"note: {step_4} has no record of its files (an older checkpoint): resuming from it unchecked",
     }[missing]

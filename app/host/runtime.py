@@ -25,7 +25,7 @@ from accelerate.utils import (
 )
 
 from app.config import TrainConfig
-from app.errors import ProcessLost, UsageError, first_line
+from app.errors import ProcessLost, UsageError, counted, first_line
 from app.host.device import device_type
 
 
@@ -300,12 +300,12 @@ def compile_notes(torch_compile: bool, device: torch.device) -> list[str]:
 def describe_backend(accelerator: Accelerator) -> list[str]:
     """What runs (backend, process count, device) in one line, then one line per way it differs from the request."""
     device, running = accelerator.device, backend_name(accelerator)
-    line = f"backend: {running}, {accelerator.num_processes} process(es) on {device_name(device)}"
+    line = f"backend: {running}, {counted(accelerator.num_processes, 'process')} on {device_name(device)}"
     if accelerator.num_processes > 1 and torch.distributed.is_initialized():
         line += f" ({torch.distributed.get_backend()})"
     if device.type == "cpu":
         # accelerate launch sets OMP_NUM_THREADS=1 unless told otherwise: a silent slowdown worth showing.
-        line += f", {torch.get_num_threads()} CPU thread(s) per process"
+        line += f", {counted(torch.get_num_threads(), 'CPU thread')} per process"
         if torch.get_num_threads() == 1 and (os.cpu_count() or 1) > 1 and accelerator.num_processes == 1:
             line += f" (pass --num_cpu_threads_per_process {os.cpu_count()} to accelerate launch to use all cores)"
     lines = [line]
@@ -334,7 +334,8 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         if per_node > torch.cuda.device_count():
             lines.append(
-                f"note: {per_node} processes on this node but {torch.cuda.device_count()} GPU(s): they share GPUs"
+                f"note: {per_node} processes on this node but {counted(torch.cuda.device_count(), 'GPU')}: they "
+                "share GPUs"
             )
     elif torch.cuda.is_available():
         lines.append(

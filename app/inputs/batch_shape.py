@@ -29,7 +29,8 @@ def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -
         counts = ", ".join(str(n) for n in range(1, global_batch + 1) if global_batch % n == 0)
         raise UsageError(
             f"--resume_from_checkpoint: the run trains {counted(global_batch, 'example')} per optimizer step, which "
-            f"{num_processes} processes cannot share equally; resume with {counts} process(es)"
+            f"{num_processes} processes cannot share equally; resume with {counts} "
+            f"process{'es' if global_batch > 1 else ''}"
         )
     per_device = max(n for n in range(1, min(most_per_device, per_process) + 1) if per_process % n == 0)
     return per_device, per_process // per_device
@@ -48,9 +49,10 @@ def keep_global_batch(cfg: TrainConfig, record, num_processes: int) -> tuple[Tra
     if record.num_processes == num_processes and as_flagged:
         return kept, []
     note = (
-        f"note: the checkpoint was saved by {record.num_processes} process(es) with {counted(saved_batch, 'example')} "
-        f"per optimizer step; this run keeps them: {num_processes} process(es) x {per_device} per device x "
-        f"{accumulation} accumulated, and continues at example {state.samples_in_epoch} of epoch {state.epoch}, so the "
+        f"note: the checkpoint was saved by {counted(record.num_processes, 'process')} with "
+        f"{counted(saved_batch, 'example')} per optimizer step; this run keeps them: "
+        f"{counted(num_processes, 'process')} x {per_device} per device x {accumulation} accumulated, and continues at "
+        f"example {state.samples_in_epoch} of epoch {state.epoch}, so the "
         "steps and their LR are the uninterrupted run's and, on the same training data, no example is trained twice or "
         "skipped; dropout and rounding differ from it"
     )

@@ -20,7 +20,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 
 from app.config import TrainConfig
-from app.errors import UsageError, first_line
+from app.errors import UsageError, counted, first_line
 from app.inputs import hub
 from app.inputs.gguf import EMBEDDED_LM_FILE, embedded_lm
 from app.storage.checkpoints import output_dir_of
@@ -375,8 +375,9 @@ def check_max_length(
     special = tokenizer.num_special_tokens_to_add(pair=pair)
     if max_length < (least := special + (2 if pair else 1)):
         raise UsageError(
-            f"--max_length {max_length} leaves no room for text: the tokenizer adds {special} special token(s) to "
-            f"each {'pair of texts' if pair else 'text'}; use --max_length {least} or more"
+            f"--max_length {max_length} leaves no room for text: the tokenizer adds "
+            f"{counted(special, 'special token')} to each {'pair of texts' if pair else 'text'}; use --max_length "
+            f"{least} or more"
         )
 
 

@@ -562,7 +562,8 @@ def _resume_notes(path: Path, record: CheckpointRecord, num_processes: int) -> l
         notes.append(f"note: {path} has no record of its files (an older checkpoint): resuming from it unchecked")
     if missing := integrity.missing_random_states(path, min(num_processes, record.num_processes)):
         notes.append(
-            f"note: {path} has no random state for process(es) {', '.join(map(str, missing))}: their dropout and "
+            f"note: {path} has no random state for process{'es' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}: their dropout and "
             "other random draws start afresh, so the resume is not exact"
         )
     return notes
