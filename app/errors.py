@@ -13,11 +13,13 @@ class UsageError(Exception):
 
 
 class TrainingHalted(Exception):
-    """Training stopped on purpose: a numeric fault, a collapsed loss scale or a signal."""
+    """Training stopped on purpose: a numeric fault, a collapsed loss scale or a signal. `says`: whether this process
+    says the line, where not the main process alone does (cli.say_why); None for the main process's rule."""
 
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: int, says: bool | None = None):
         super().__init__(message)
         self.exit_code = exit_code
+        self.says = says
 
 
 NUMERIC_FAULT_EXIT_CODE = 3
@@ -30,9 +32,8 @@ class ProcessLost(TrainingHalted):
     created go, as after bad input."""
 
     def __init__(self, message: str, before_training: bool = False, says: bool = True):
-        super().__init__(message, exit_code=1)
+        super().__init__(message, exit_code=1, says=says)
         self.before_training = before_training
-        self.says = says
 
 
 class DiskFull(TrainingHalted):

@@ -49,6 +49,7 @@ from app.cli import (
     flag,
     outlive_readers,
     say_why,
+    several_processes,
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
@@ -58,6 +59,7 @@ from app.host.runtime import (
     connect_accelerator,
     describe_backend,
     end_accelerator,
+    first_to_find_a_process_gone,
     said_in_one_line_when_another_process_ends,
 )
 from app.inputs.data import EMBEDDED_TEXT_COLUMN, read_table
@@ -467,21 +469,33 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return exit_code_of(lambda: _main(argv))
-    except KeyboardInterrupt as interrupt:  # one line, not a traceback, said as every stop is
-        halt = TrainingHalted(
-            interrupted_line(interrupt), 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
-        )
+    except KeyboardInterrupt as interrupt:  # before the model loads, or as the processes part
+        halt = interrupted(interrupt)
         say_why(halt)
         return halt.exit_code
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
+def interrupted(interrupt: KeyboardInterrupt, says: bool | None = None) -> TrainingHalted:
+    """A signal's stop, one line, not a traceback. A bug that a signal cut short while it unwound (torchrun's SIGTERM
+    once another process ended of the same bug) keeps its traceback: the signal's line would hide it."""
+    if (cause := interrupt.__context__) is not None and not isinstance(
+        cause, (UsageError, TrainingHalted, KeyboardInterrupt)
+    ):
+        raise interrupt
+    code = 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
+    return TrainingHalted(interrupted_line(interrupt), code, says)
+
+
 def interrupted_line(interrupt: KeyboardInterrupt) -> str:
     if not isinstance(interrupt, Terminated):
         return "stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all"
-    several = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    why = " (torchrun sends it to every process once one of them has ended, killed or crashed)" if several else ""
+    why = (
+        " (torchrun sends it to every process once one of them has ended, killed or crashed)"
+        if several_processes()
+        else ""
+    )
     return f"stopped by SIGTERM{why}; an --output_file is written whole or not at all"
 
 
@@ -493,7 +507,10 @@ def _main(argv: list[str] | None) -> int:
     accelerator = connect_accelerator()
     try:
         with said_in_one_line_when_another_process_ends(lambda: another_process_ended_line(cfg.output_file)):
-            return predict_and_write(cfg, texts, accelerator, policy, notes)
+            try:
+                return predict_and_write(cfg, texts, accelerator, policy, notes)
+            except KeyboardInterrupt as interrupt:  # torchrun's SIGTERM to each process left, when rank 0 may be gone
+                raise interrupted(interrupt, first_to_find_a_process_gone() if several_processes() else None) from None
     except (UsageError, TrainingHalted) as halt:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's, once a process is gone: this line says why
         say_why(halt)  # before the process group ends: torchrun stops rank 0 once another rank has exited

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -242,6 +243,22 @@ def test_the_overflow_report_names_what_overflowed_in_another_process_s_batch(tm
     )
     assert result.stderr.count(report) == 1, result.stderr[-3000:]
     assert tb.texts(tmp_path / "runs" / "r")[tags.AMP_OVERFLOW_REPORT] == report
+
+
+def test_the_count_of_processes_left_answers_when_the_store_s_host_froze(tmp_path):
+    # store.add waited without end for a store whose machine hangs (its timeout does not bound it): the process left
+    # never said its line. The first process to count itself says it, the next not; a frozen store: each says it.
+    result = subprocess.run(
+        [sys.executable, ROOT / "tests" / "workers" / "frozen_store.py"],
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0] == "first True second False", result.stdout + result.stderr[-2000:]
+    word, answer, seconds = lines[1].split()
+    assert (word, answer) == ("frozen", "True") and float(seconds) < 15, lines
 
 
 @pytest.mark.slow

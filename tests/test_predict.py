@@ -176,9 +176,32 @@ def test_two_processes_split_the_input_and_keep_its_order(tmp_path, trained, rev
     assert_predictions_match(pd.read_json(tmp_path / "one.jsonl", lines=True), source.head(1), trained, False)
 
 
+def test_a_signal_while_a_bug_unwinds_keeps_the_bugs_traceback():
+    # torchrun's SIGTERM, once another process ended of the same bug, came while this one unwound its own: "stopped by
+    # SIGTERM" took the place of the bug's traceback.
+    from app.errors import TrainingHalted
+    from app.predict import Terminated, interrupted
+
+    try:
+        try:
+            raise ValueError("a bug")
+        except ValueError:
+            raise Terminated from None  # `from None` hides the context from a traceback, not from __context__
+    except Terminated as interrupt:
+        with pytest.raises(Terminated):
+            interrupted(interrupt)
+    try:
+        raise Terminated
+    except Terminated as interrupt:
+        halt = interrupted(interrupt)
+    assert isinstance(halt, TrainingHalted) and halt.exit_code == 143 and str(halt).startswith("stopped by SIGTERM")
+
+
 @pytest.mark.slow
-def test_a_process_killed_while_predicting_leaves_one_line_and_no_output_file(tmp_path, trained, review_files):
-    # The process left printed gloo's traceback, or nothing (torchrun's SIGTERM killed it first).
+@pytest.mark.parametrize("killed", [1, 0])
+def test_a_process_killed_while_predicting_leaves_one_line_and_no_output_file(tmp_path, trained, review_files, killed):
+    # The process left printed gloo's traceback, or nothing (torchrun's SIGTERM killed it first); with rank 0 gone,
+    # the SIGTERM's line was rank 0's to say, and nobody said it.
     pd.read_csv(review_files["validation"]).head(40).to_csv(tmp_path / "in.csv", index=False)
     cmd = [
         *(ACCELERATE, "launch", "--config_file", ROOT / "accelerate_configs" / "cpu_multi.yaml"),
@@ -189,7 +212,7 @@ def test_a_process_killed_while_predicting_leaves_one_line_and_no_output_file(tm
     watch = LineWatch(launcher)
     try:
         watch.wait_for("backend: ")  # the model loads next, then each process predicts its share, then they gather
-        launched_ranks(launcher, 2)[1].kill()
+        launched_ranks(launcher, 2)[killed].kill()
         said = watch.finish(timeout=120)
     finally:
         launcher.kill()

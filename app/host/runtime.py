@@ -7,10 +7,10 @@ built with `mixed_precision="no"` whatever the launcher says, and amp/policy.py 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import os
 import sys
+import threading
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -159,7 +159,7 @@ def another_process_ended(error: BaseException) -> bool:
 
 # The key in the process group's store that the processes left count themselves under, once another one is gone.
 _FOUND_GONE = "amp_trainer/found_a_process_gone"
-STORE_WAIT_S = 5  # for the store's answer: a store whose machine is gone would keep the process 30 minutes
+STORE_WAIT_S = 5  # for the store's answer: a store whose machine froze is waited for without end (its own timeout)
 
 
 def first_to_find_a_process_gone() -> bool:
@@ -169,22 +169,30 @@ def first_to_find_a_process_gone() -> bool:
     without torchrun's agent), every process left says it."""
     try:
         store = torch.distributed.distributed_c10d._get_default_store()
-        store.set_timeout(datetime.timedelta(seconds=STORE_WAIT_S))
-        with _stderr_hidden():  # a store gone: torch's client prints a C++ stack on stderr before it raises
-            return store.add(_FOUND_GONE, 1) == 1
-    # The store is gone (DistNetworkError), there is no process group, or a torch lacks this private accessor.
-    except (RuntimeError, ValueError, AttributeError):
+    except (RuntimeError, ValueError, AttributeError):  # no process group, or a torch without this private accessor
         return True
+    answers = []
+
+    def count_this_one() -> None:
+        with contextlib.suppress(RuntimeError):  # the store is gone (DistNetworkError): no answer
+            answers.append(store.add(_FOUND_GONE, 1))
+
+    asking = threading.Thread(target=count_this_one, daemon=True)  # a frozen store must not hold the process
+    with _stderr_hidden():  # a store gone: torch's client prints a C++ stack on stderr before it raises
+        asking.start()
+        asking.join(STORE_WAIT_S)
+    return not answers or answers[0] == 1  # no answer (each process left says it), or the first to count itself
 
 
 @contextlib.contextmanager
 def _stderr_hidden():
     """File descriptor 2 to /dev/null for the block (what C++ code prints there, which Python's streams never see)."""
     sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    try:
+    saved = os.dup(2)
+    try:  # from here on fd 2 comes back, whatever interrupts the block (predict.py's SIGTERM raises)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
         yield
     finally:
         os.dup2(saved, 2)
