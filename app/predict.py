@@ -403,6 +403,7 @@ def predict_and_write(
         started = time.perf_counter()
         results = predictor.predict(accelerator, policy, inputs, lambda n: advance(bar, n, accelerator.num_processes))
         seconds = time.perf_counter() - started
+    raise_if_signalled()  # here and as the file is renamed into place: a signal Python swallowed writes nothing
     check_finite(predictor.non_finite if task == "causal_lm" else non_finite_rows(results), len(table), policy)
     if predictor.cut_note:  # as training says what it cut: the predictions are of what was kept
         say(f"note: {predictor.cut_note}")
@@ -420,7 +421,7 @@ def predict_and_write(
     if accelerator.is_main_process:
         for column, values in predictor.columns_of(results).items():
             table[column] = values
-        write_table(table, cfg.output_file)
+        write_table(table, cfg.output_file, before_replacing=raise_if_signalled)
         if cfg.output_file:
             say(f"predictions written to {cfg.output_file}")
     return 0
@@ -428,8 +429,10 @@ def predict_and_write(
 
 def advance(bar: tqdm, done: int, num_processes: int) -> None:
     """Move the bar on by `done` texts of the main process's share, times the process count, up to the total: the
-    shares differ by a text where the count does not divide, and the main process's, the largest, overshot it."""
+    shares differ by a text where the count does not divide, and the main process's, the largest, overshot it. After
+    each batch: a signal that Python swallowed stops the run here."""
     bar.update(min(done * num_processes, bar.total - bar.n))
+    raise_if_signalled()
 
 
 def non_finite_rows(probabilities: torch.Tensor) -> int:
@@ -460,13 +463,29 @@ class Terminated(KeyboardInterrupt):
     says one line, where the signal's default would end it at once, silently, a partial file left."""
 
 
-def _terminated(signum: int, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a launcher passes one on, which must not cut the unwinding
-    raise Terminated
+# The signals received, kept as well as raised: a raise that lands in a __del__ (while the model loads) is printed
+# and dropped by Python, and the run went on to write its file and exit 0; `raise_if_signalled` raises it again.
+_received: list[int] = []
+
+
+def _on_signal(signum: int, frame) -> None:
+    if signum == signal.SIGTERM:
+        signal.signal(
+            signal.SIGTERM, signal.SIG_IGN
+        )  # once: a launcher passes one on, which must not cut the unwinding
+    _received.append(signum)
+    raise_if_signalled()
+
+
+def raise_if_signalled() -> None:
+    """SIGTERM as Terminated, SIGINT as KeyboardInterrupt, where one came: where it lands, and again at each check."""
+    if _received:
+        raise Terminated if _received[0] == signal.SIGTERM else KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
-    previous = signal.signal(signal.SIGTERM, _terminated)
+    _received.clear()  # of an earlier call in this process
+    previous = {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         return exit_code_of(lambda: _main(argv))
     except KeyboardInterrupt as interrupt:  # before the model loads, or as the processes part
@@ -474,7 +493,8 @@ def main(argv: list[str] | None = None) -> int:
         say_why(halt)
         return halt.exit_code
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def interrupted(interrupt: KeyboardInterrupt, says: bool | None = None) -> TrainingHalted:
@@ -492,7 +512,7 @@ def interrupted_line(interrupt: KeyboardInterrupt) -> str:
     if not isinstance(interrupt, Terminated):
         return "stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all"
     why = (
-        " (torchrun sends it to every process once one of them has ended, killed or crashed)"
+        " (the launcher sends it to every process on a stop, or once one of them has ended)"
         if several_processes()
         else ""
     )

@@ -224,7 +224,7 @@ def test_a_process_killed_while_predicting_leaves_one_line_and_no_output_file(tm
             f"written to --output_file {tmp_path / 'out.csv'}; run the same command again"
         ],
         [
-            "stopped by SIGTERM (torchrun sends it to every process once one of them has ended, killed or crashed); an "
+            "stopped by SIGTERM (the launcher sends it to every process on a stop, or once one of them has ended); an "
             "--output_file is written whole or not at all"
         ],
     ), said[-3000:]
@@ -389,6 +389,32 @@ def test_sigterm_while_predicting_is_one_line_and_exit_143_and_writes_nothing(tm
     assert process.returncode == 143, said[-3000:]
     assert said.strip().splitlines()[-1] == "stopped by SIGTERM; an --output_file is written whole or not at all"
     assert [path.name for path in tmp_path.iterdir() if path.is_file()] == []
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # what Python swallowed, reported
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_that_python_swallowed_still_stops_the_run_and_writes_nothing(
+    tmp_path, trained, monkeypatch, capsys, signum
+):
+    # A signal's raise that lands in a __del__ (regex's, as the model loads) is printed and dropped by Python: the run
+    # went on, replaced the --output_file and exited 0.
+    import app.predict
+
+    class RaisesInItsDel:
+        def __del__(self):
+            os.kill(os.getpid(), signum)  # the handler runs here, inside __del__, as a signal from outside may
+
+    def describe_backend_after_a_del(accelerator):
+        RaisesInItsDel()
+        return describe_backend(accelerator)
+
+    describe_backend = app.predict.describe_backend
+    monkeypatch.setattr(app.predict, "describe_backend", describe_backend_after_a_del)
+    out = tmp_path / "out.csv"
+    out.write_text("kept\n")
+    code = predict("--model_name_or_path", trained, "Fresh coffee.", "--output_file", out, "--overwrite_output_file")
+    assert code == 128 + signum, capsys.readouterr().err
+    assert out.read_text() == "kept\n" and [path.name for path in tmp_path.iterdir()] == ["out.csv"]
 
 
 def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypatch):

@@ -7,6 +7,7 @@ import csv
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -34,8 +35,9 @@ def check_output_file(path: str | None, overwrite: bool) -> None:
         raise UsageError(f"--output_file {path} cannot be written: its folder {folder} is not writable for this user")
 
 
-def write_table(table: pd.DataFrame, path: str | None) -> None:
-    """CSV or JSON lines by extension, written to a temporary file and renamed: never a half-written file."""
+def write_table(table: pd.DataFrame, path: str | None, before_replacing: Callable[[], None] = lambda: None) -> None:
+    """CSV or JSON lines by extension, written to a temporary file and renamed: never a half-written file.
+    `before_replacing` may raise, once the file is written, to keep the one there."""
     # A lone carriage return in a cell ends a row for every CSV reader, but the csv module quotes only the characters
     # of its line terminator ("\n"): such a table gets every text quoted, so each row reads back as one.
     quoting = csv.QUOTE_NONNUMERIC if _any_cell_holds(table, "\r") else csv.QUOTE_MINIMAL
@@ -52,6 +54,7 @@ def write_table(table: pd.DataFrame, path: str | None) -> None:
                             file.write(json.dumps(record, ensure_ascii=False) + "\n")
                 else:
                     table.to_csv(tmp, index=False, quoting=quoting)
+                before_replacing()
             except OSError as error:
                 if not is_full_disk(error, tmp.parent, None):
                     raise
