@@ -24,6 +24,8 @@ server.stdout.readline()
 dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 1, False), rank=0, world_size=1)
 print("first", first_to_find_a_process_gone(), "second", first_to_find_a_process_gone(), flush=True)
 os.kill(server.pid, signal.SIGSTOP)
+while open(f"/proc/{server.pid}/stat").read().split(") ")[1][0] != "T":  # stopped: the signal is no instant
+    time.sleep(0.01)
 started = time.monotonic()
 print("frozen", first_to_find_a_process_gone(), f"{time.monotonic() - started:.1f}", flush=True)
 server.kill()
