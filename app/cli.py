@@ -311,7 +311,7 @@ def several_processes() -> bool:
 
 def say_why(halt: UsageError | TrainingHalted) -> None:
     """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why, or, when another process is
-    gone (it may be rank 0), the first rank left to find it (ProcessLost.says). Said before the process group ends:
+    gone (it may be rank 0), the first rank left to find it (TrainingHalted.says). Said before the process group ends:
     once one rank exits, torchrun stops the others, and rank 0 could be stopped before its line."""
     if getattr(halt, "said", False):
         return

@@ -52,8 +52,12 @@ def first_line(error: BaseException) -> str:
 def counted(n: float, noun: str) -> str:
     """A count and its noun, in the plural unless the count is 1: "1 optimizer step", "4 optimizer steps", "0.5
     epochs", "2 processes"."""
-    number = f"{n:g}" if isinstance(n, float) else str(n)
-    return f"{number} {noun if n == 1 else noun + ('es' if noun.endswith(('s', 'x')) else 's')}"  # epochs, processes
+    return f"{f'{n:g}' if isinstance(n, float) else n} {plural(n, noun)}"
+
+
+def plural(n: float, noun: str) -> str:
+    """The noun for `n` of it: -es after s or x (processes), else -s (epochs; "batch" would want a rule of its own)."""
+    return noun if n == 1 else noun + ("es" if noun.endswith(("s", "x")) else "s")
 
 
 # The flags whose values a --config YAML set, not the command line, and the file: app/config.parse_config sets them.

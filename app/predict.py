@@ -56,6 +56,7 @@ from app.config import TrainConfig, refuse_empty_values
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, counted, first_line
 from app.host.device import device_type
 from app.host.runtime import (
+    another_process_ended,
     connect_accelerator,
     describe_backend,
     end_accelerator,
@@ -414,7 +415,7 @@ def predict_and_write(
     )
     if cfg.compare_fp32:
         fp32 = PrecisionPolicy("no", policy.device_type, "--compare_fp32", "the reference")
-        reference = predictor.predict(accelerator, fp32, inputs, lambda done: None)
+        reference = predictor.predict(accelerator, fp32, inputs, lambda done: raise_if_signalled())
         say(predictor.compare(policy.label, results, reference))
 
     # ---- write --------------------------------------------------------------------------------------------------
@@ -469,10 +470,8 @@ _received: list[int] = []
 
 
 def _on_signal(signum: int, frame) -> None:
-    if signum == signal.SIGTERM:
-        signal.signal(
-            signal.SIGTERM, signal.SIG_IGN
-        )  # once: a launcher passes one on, which must not cut the unwinding
+    if signum == signal.SIGTERM:  # once: a launcher passes one on, which must not cut the unwinding
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _received.append(signum)
     raise_if_signalled()
 
@@ -497,15 +496,16 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
-def interrupted(interrupt: KeyboardInterrupt, says: bool | None = None) -> TrainingHalted:
+def interrupted(interrupt: KeyboardInterrupt, ask_the_others: bool = False) -> TrainingHalted:
     """A signal's stop, one line, not a traceback. A bug that a signal cut short while it unwound (torchrun's SIGTERM
-    once another process ended of the same bug) keeps its traceback: the signal's line would hide it."""
-    if (cause := interrupt.__context__) is not None and not isinstance(
-        cause, (UsageError, TrainingHalted, KeyboardInterrupt)
-    ):
+    once another process ended of the same bug) keeps its traceback: the signal's line would hide it. `ask_the_others`:
+    said by the first process left to be stopped (the main process may be gone), not by the main process alone."""
+    cause = interrupt.__context__
+    stops = (UsageError, TrainingHalted, KeyboardInterrupt)
+    if cause is not None and not isinstance(cause, stops) and not another_process_ended(cause):
         raise interrupt
     code = 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
-    return TrainingHalted(interrupted_line(interrupt), code, says)
+    return TrainingHalted(interrupted_line(interrupt), code, first_to_find_a_process_gone() if ask_the_others else None)
 
 
 def interrupted_line(interrupt: KeyboardInterrupt) -> str:
@@ -530,9 +530,13 @@ def _main(argv: list[str] | None) -> int:
             try:
                 return predict_and_write(cfg, texts, accelerator, policy, notes)
             except KeyboardInterrupt as interrupt:  # torchrun's SIGTERM to each process left, when rank 0 may be gone
-                raise interrupted(interrupt, first_to_find_a_process_gone() if several_processes() else None) from None
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this stop is said: a second would cut its line short
+                raise interrupted(interrupt, ask_the_others=True) from None
+            except Exception:
+                # Whatever stops the run, from its start: torchrun's SIGTERM once a process is gone would cut it short.
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                raise
     except (UsageError, TrainingHalted) as halt:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # torchrun's, once a process is gone: this line says why
         say_why(halt)  # before the process group ends: torchrun stops rank 0 once another rank has exited
         raise
     finally:

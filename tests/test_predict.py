@@ -195,6 +195,14 @@ def test_a_signal_while_a_bug_unwinds_keeps_the_bugs_traceback():
     except Terminated as interrupt:
         halt = interrupted(interrupt)
     assert isinstance(halt, TrainingHalted) and halt.exit_code == 143 and str(halt).startswith("stopped by SIGTERM")
+    # A process gone is no bug: torchrun's SIGTERM while this one found it gone gave gloo's traceback and no line.
+    try:
+        try:
+            raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+        except RuntimeError:
+            raise Terminated from None
+    except Terminated as interrupt:
+        assert interrupted(interrupt).exit_code == 143
 
 
 @pytest.mark.slow
@@ -402,7 +410,11 @@ def test_a_signal_that_python_swallowed_still_stops_the_run_and_writes_nothing(
 
     class RaisesInItsDel:
         def __del__(self):
-            os.kill(os.getpid(), signum)  # the handler runs here, inside __del__, as a signal from outside may
+            os.kill(os.getpid(), signum)
+            for _ in range(
+                1000
+            ):  # the handler runs here, inside __del__ (at a loop's turn), as a signal from outside may
+                pass
 
     def describe_backend_after_a_del(accelerator):
         RaisesInItsDel()
@@ -415,6 +427,23 @@ def test_a_signal_that_python_swallowed_still_stops_the_run_and_writes_nothing(
     code = predict("--model_name_or_path", trained, "Fresh coffee.", "--output_file", out, "--overwrite_output_file")
     assert code == 128 + signum, capsys.readouterr().err
     assert out.read_text() == "kept\n" and [path.name for path in tmp_path.iterdir()] == ["out.csv"]
+
+
+@pytest.mark.parametrize("name", ["out.csv", "out.jsonl"])
+def test_a_table_stopped_before_it_is_renamed_into_place_leaves_the_file_there(tmp_path, name):
+    # The last check for a signal that Python swallowed: written whole, not yet renamed over the file.
+    from app.storage.predictions import write_table
+
+    def stopped():
+        raise KeyboardInterrupt
+
+    out = tmp_path / name
+    out.write_text("kept\n")
+    with pytest.raises(KeyboardInterrupt):
+        write_table(pd.DataFrame({"text": ["a", "b"]}), str(out), before_replacing=stopped)
+    assert out.read_text() == "kept\n" and [path.name for path in tmp_path.iterdir()] == [name]
+    write_table(pd.DataFrame({"text": ["a", "b"]}), str(out))
+    assert out.read_text() != "kept\n"
 
 
 def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypatch):

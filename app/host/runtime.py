@@ -347,6 +347,7 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
             )
     elif torch.cuda.is_available():
         lines.append(
-            f"note: running on the CPU although {torch.cuda.device_count()} GPU(s) are visible (use_cpu / --cpu)"
+            f"note: running on the CPU although {counted(torch.cuda.device_count(), 'GPU')} "
+            f"{'is' if torch.cuda.device_count() == 1 else 'are'} visible (use_cpu / --cpu)"
         )
     return lines

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from app.config import TrainConfig
-from app.errors import UsageError, counted
+from app.errors import UsageError, counted, plural
 
 
 def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -> tuple[int, int]:
@@ -30,7 +30,7 @@ def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -
         raise UsageError(
             f"--resume_from_checkpoint: the run trains {counted(global_batch, 'example')} per optimizer step, which "
             f"{num_processes} processes cannot share equally; resume with {counts} "
-            f"process{'es' if global_batch > 1 else ''}"
+            f"{plural(global_batch, 'process')}"
         )
     per_device = max(n for n in range(1, min(most_per_device, per_process) + 1) if per_process % n == 0)
     return per_device, per_process // per_device

@@ -24,7 +24,7 @@ from accelerate import Accelerator
 from safetensors import safe_open
 from safetensors.torch import load_model
 
-from app.errors import UsageError
+from app.errors import UsageError, plural
 from app.host.dropout import DropoutMasks
 from app.state import TrainState
 from app.storage import disk, integrity
@@ -562,7 +562,7 @@ def _resume_notes(path: Path, record: CheckpointRecord, num_processes: int) -> l
         notes.append(f"note: {path} has no record of its files (an older checkpoint): resuming from it unchecked")
     if missing := integrity.missing_random_states(path, min(num_processes, record.num_processes)):
         notes.append(
-            f"note: {path} has no random state for process{'es' if len(missing) > 1 else ''} "
+            f"note: {path} has no random state for {plural(len(missing), 'process')} "
             f"{', '.join(map(str, missing))}: their dropout and "
             "other random draws start afresh, so the resume is not exact"
         )
