@@ -245,6 +245,27 @@ def test_the_overflow_report_names_what_overflowed_in_another_process_s_batch(tm
     assert tb.texts(tmp_path / "runs" / "r")[tags.AMP_OVERFLOW_REPORT] == report
 
 
+def test_a_world_size_left_in_the_shell_is_said_before_the_process_waits_for_the_others(tmp_path):
+    # RANK, WORLD_SIZE and MASTER_* exported in a shell, then plain python: it waited for a second process, without a
+    # word, for torch's 30 minutes, and predict.py heard neither Ctrl-C nor SIGTERM meanwhile.
+    leftovers = dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = [sys.executable, ROOT / "app" / "predict.py", "--model_name_or_path", tmp_path / "model", "Fresh coffee."]
+    process = forked.popen(
+        list(map(str, cmd)),
+        env=clean_env(tmp_path, **leftovers),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    watch = LineWatch(process)
+    try:
+        watch.wait_for("note: WORLD_SIZE=2 in the environment, and no launcher started this process", timeout=60)
+    finally:
+        process.kill()
+    said = watch.finish(timeout=30)
+    assert f"waiting at 127.0.0.1:{leftovers['MASTER_PORT']} for the other 1 process" in said, said[-2000:]
+    assert "unset RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT to run alone" in said
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="the worker waits for the stop in /proc")
 def test_the_count_of_processes_left_answers_when_the_store_s_host_froze(tmp_path):
     # store.add waited without end for a store whose machine hangs (its timeout does not bound it): the process left

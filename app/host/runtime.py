@@ -65,6 +65,8 @@ def refuse_launcher_accumulation(steps: int) -> None:
 
 def connect_accelerator(**options) -> Accelerator:
     """An Accelerator with `options` that leaves precision to the app, once the launched processes form one job."""
+    if note := unlaunched_world_note():
+        print(note, file=sys.stderr, flush=True)
     try:
         accelerator = Accelerator(
             # The app autocasts and scales itself; Accelerate's AMP would override our autocast and scale again.
@@ -90,6 +92,26 @@ def connect_accelerator(**options) -> Accelerator:
     if not accelerator.is_main_process:
         _quiet_libraries()
     return accelerator
+
+
+def unlaunched_world_note() -> str | None:
+    """A WORLD_SIZE of several in the environment of a process that no torchrun started (a launch by hand, as srun's,
+    or a leftover export in the shell): the process waits for the others to connect, without a word and deaf to
+    Ctrl-C, for torch's timeout of 30 minutes. Said once, by rank 0, before it waits."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if (
+        not world.isdigit()
+        or int(world) <= 1
+        or "TORCHELASTIC_RUN_ID" in os.environ
+        or os.environ.get("RANK", "0") != "0"
+    ):
+        return None
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    return (
+        f"note: WORLD_SIZE={world} in the environment, and no launcher started this process: waiting at {where} for "
+        f"the other {counted(int(world) - 1, 'process')} (a leftover from a shell? unset RANK, WORLD_SIZE, LOCAL_RANK, "
+        "MASTER_ADDR and MASTER_PORT to run alone)"
+    )
 
 
 T = TypeVar("T")
