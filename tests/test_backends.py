@@ -4,6 +4,7 @@ and torch.compile."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -274,3 +275,27 @@ def test_a_launchers_dynamo_backend_is_not_applied_and_the_saved_weights_keep_th
         "that checkpoints and the saved model keep the weights' own names)"
     ) in capfd.readouterr().out.splitlines()
     assert not [key for key in load_file(tmp_path / "out" / "model.safetensors") if "_orig_mod" in key]
+
+
+def test_one_cpu_thread_gets_advice_for_where_it_came_from(monkeypatch):
+    # Plain python with OMP_NUM_THREADS=1 was told to pass a flag to accelerate launch, which it never ran under; under
+    # taskset -c 0 (a cpuset of one core) to use the machine's 2 cores, more threads than it may run on.
+    from app.host.runtime import connect_accelerator, describe_backend
+
+    accelerator, threads = connect_accelerator(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for launched, cores, advice in (
+            (False, 4, " (OMP_NUM_THREADS=1 in the environment: unset it to use all 4 cores)"),
+            (True, 4, " (pass --num_cpu_threads_per_process 4 to accelerate launch to use all 4 cores)"),
+            (True, 1, ""),  # the one core it may use
+        ):
+            monkeypatch.setenv("OMP_NUM_THREADS", "1")
+            for mark in ("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "ACCELERATE_CONFIG_DS_FIELDS"):
+                monkeypatch.delenv(mark, raising=False)
+            if launched:
+                monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False")
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: set(range(cores)))
+            assert describe_backend(accelerator)[0].endswith(f"1 CPU thread per process{advice}"), (launched, cores)
+    finally:
+        torch.set_num_threads(threads)

@@ -146,7 +146,11 @@ def launcher_choice() -> str | None:
 def launcher_source() -> str:
     """Who set LAUNCHER_ENV: accelerate launch, or the variable itself, exported in a shell that runs the script with
     plain python (where "from accelerate launch" sent the user looking for a launcher that never ran)."""
-    return "accelerate launch" if any(mark in os.environ for mark in LAUNCHER_MARKS) else LAUNCHER_ENV
+    return "accelerate launch" if launched_by_accelerate() else LAUNCHER_ENV
+
+
+def launched_by_accelerate() -> bool:
+    return any(mark in os.environ for mark in LAUNCHER_MARKS)
 
 
 def resolve_precision(

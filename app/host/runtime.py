@@ -24,6 +24,7 @@ from accelerate.utils import (
     set_seed,
 )
 
+from app.amp.policy import launched_by_accelerate
 from app.config import TrainConfig
 from app.errors import ProcessLost, UsageError, counted, first_line
 from app.host.device import device_type
@@ -92,6 +93,20 @@ def connect_accelerator(**options) -> Accelerator:
     if not accelerator.is_main_process:
         _quiet_libraries()
     return accelerator
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (taskset, a Slurm or Kubernetes cpuset), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def more_threads_advice(cores: int) -> str:
+    """How one thread becomes `cores`: accelerate launch gives its process one unless told otherwise; without it, a
+    one-thread setting comes from the environment."""
+    if launched_by_accelerate():
+        return f"pass --num_cpu_threads_per_process {cores} to accelerate launch to use all {cores} cores"
+    threads = os.environ.get("OMP_NUM_THREADS", "1")
+    return f"OMP_NUM_THREADS={threads} in the environment: unset it to use all {cores} cores"
 
 
 def unlaunched_world_note() -> str | None:
@@ -336,8 +351,8 @@ def describe_backend(accelerator: Accelerator) -> list[str]:
     if device.type == "cpu":
         # accelerate launch sets OMP_NUM_THREADS=1 unless told otherwise: a silent slowdown worth showing.
         line += f", {counted(torch.get_num_threads(), 'CPU thread')} per process"
-        if torch.get_num_threads() == 1 and (os.cpu_count() or 1) > 1 and accelerator.num_processes == 1:
-            line += f" (pass --num_cpu_threads_per_process {os.cpu_count()} to accelerate launch to use all cores)"
+        if torch.get_num_threads() == 1 and (cores := usable_cores()) > 1 and accelerator.num_processes == 1:
+            line += f" ({more_threads_advice(cores)})"
     lines = [line]
     asked = requested_backend()
     if asked and not running.startswith(asked[:4]):
