@@ -66,8 +66,11 @@ def refuse_launcher_accumulation(steps: int) -> None:
 
 def connect_accelerator(**options) -> Accelerator:
     """An Accelerator with `options` that leaves precision to the app, once the launched processes form one job."""
-    if note := unlaunched_world_note():
-        print(note, file=sys.stderr, flush=True)
+    # Said only if the others are slow to come: processes started by hand (as srun does) connect at once.
+    waiting = threading.Timer(UNLAUNCHED_WAIT_S, print, [unlaunched_world_note()], {"file": sys.stderr, "flush": True})
+    if waiting.args[0]:
+        waiting.daemon = True
+        waiting.start()
     try:
         accelerator = Accelerator(
             # The app autocasts and scales itself; Accelerate's AMP would override our autocast and scale again.
@@ -84,6 +87,8 @@ def connect_accelerator(**options) -> Accelerator:
         )
     except (ImportError, ValueError) as e:  # what the launch config asks for cannot be set up here
         raise UsageError(f"Accelerate cannot set up this launch: {first_line(e)}; check the launch config") from None
+    finally:
+        waiting.cancel()
     launched = int(os.environ.get("WORLD_SIZE", "1"))
     if launched > 1 and accelerator.num_processes == 1:
         raise UsageError(
@@ -109,10 +114,13 @@ def more_threads_advice(cores: int) -> str:
     return f"OMP_NUM_THREADS={threads} in the environment: unset it to use all {cores} cores"
 
 
+UNLAUNCHED_WAIT_S = 10.0  # how long rank 0 of processes no torchrun started waits for the others before it says so
+
+
 def unlaunched_world_note() -> str | None:
     """A WORLD_SIZE of several in the environment of a process that no torchrun started (a launch by hand, as srun's,
     or a leftover export in the shell): the process waits for the others to connect, without a word and deaf to
-    Ctrl-C, for torch's timeout of 30 minutes. Said once, by rank 0, before it waits."""
+    Ctrl-C, for torch's timeout of 30 minutes. Said by rank 0, once it has waited UNLAUNCHED_WAIT_S."""
     world = os.environ.get("WORLD_SIZE", "1")
     if (
         not world.isdigit()
@@ -123,9 +131,9 @@ def unlaunched_world_note() -> str | None:
         return None
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     return (
-        f"note: WORLD_SIZE={world} in the environment, and no launcher started this process: waiting at {where} for "
-        f"the other {counted(int(world) - 1, 'process')} (a leftover from a shell? unset RANK, WORLD_SIZE, LOCAL_RANK, "
-        "MASTER_ADDR and MASTER_PORT to run alone)"
+        f"note: WORLD_SIZE={world} in the environment, and no launcher started this process: still waiting after "
+        f"{UNLAUNCHED_WAIT_S:g} s at {where} for the other {counted(int(world) - 1, 'process')} (a leftover from a "
+        "shell? unset RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT to run alone)"
     )
 
 
