@@ -446,6 +446,26 @@ def test_a_table_stopped_before_it_is_renamed_into_place_leaves_the_file_there(t
     assert out.read_text() != "kept\n"
 
 
+def test_a_datasets_cache_that_cannot_be_used_is_named_not_the_data_file(
+    tmp_path, trained, tiny_model_dir, review_files
+):
+    # A read-only ~/.cache (or HF_DATASETS_CACHE) was "cannot read train.csv: ...; check the file's format", and a
+    # traceback in predict.py. Root writes everywhere: a cache below a file is one no user can use.
+    (tmp_path / "a_file").write_text("")
+    env = clean_env(tmp_path, HF_DATASETS_CACHE=str(tmp_path / "a_file" / "datasets"))
+    train = [ROOT / "app" / "train.py", "--model_name_or_path", tiny_model_dir, "--train_file", review_files["train"]]
+    train += ["--output_dir", tmp_path / "out", "--max_steps", "1"]
+    predict = [PREDICT, "--model_name_or_path", trained, "--input_file", review_files["validation"]]
+    for cmd in (train, predict):
+        result = subprocess.run([sys.executable, *map(str, cmd)], env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert result.stderr.splitlines()[-1] == (
+            f"error: datasets' cache {tmp_path / 'a_file' / 'datasets'} cannot be used (Not a directory: "
+            f"{tmp_path / 'a_file' / 'datasets'}); set HF_DATASETS_CACHE, or HF_HOME, to a folder you can write"
+        ), result.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
+
+
 def test_stdin_that_is_not_utf8_is_one_line_and_exit_2(trained, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", stdin_of("fine\ncafé au lait\n".encode("latin-1")))
     assert predict("--model_name_or_path", trained, "--disable_tqdm") == 2

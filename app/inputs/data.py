@@ -15,6 +15,7 @@ import csv
 import importlib.util
 import json
 import math
+import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -211,7 +212,10 @@ def read_table(path: str, flag: str) -> pd.DataFrame:
     # disk of datasets' own (not /tmp, often a small RAM disk): the shared one kept an Arrow copy of every file
     # predicted on (of a refused run's too), which nothing removes.
     shared = Path(datasets.config.HF_DATASETS_CACHE)
-    shared.mkdir(parents=True, exist_ok=True)
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(unusable_cache_line(shared, error)) from None
     with _quiet_loading(), tempfile.TemporaryDirectory(prefix="input-", dir=shared) as cache:
         dataset = _read_file(kind, "input", path, cache_dir=cache)
         if kind == "csv":  # a blank line is a row of empty texts, as on stdin (pandas skips it): rows stay aligned
@@ -282,6 +286,8 @@ def _read_file(kind: str, split: str, path: str, cache_dir: str | None = None) -
                 f"no space left on device for datasets' copy of {path} in {cache} ({size(free_bytes(cache))} free): "
                 "free some space, or set HF_DATASETS_CACHE to a folder on a larger disk"
             ) from None
+        if (refused := _cache_error(e, cache)) is not None:  # not the file's fault: "check the file's format" misled
+            raise UsageError(unusable_cache_line(cache, refused)) from None
         if Path(path).stat().st_size == 0 or _row_count(path, kind) == 0:  # datasets cannot type a file without rows
             said = "has no rows to predict" if split == "input" else f"has no rows, so the {split} split is empty"
             raise UsageError(f"{path} {said}; add examples to it") from None
@@ -289,6 +295,25 @@ def _read_file(kind: str, split: str, path: str, cache_dir: str | None = None) -
     if kind == "csv":
         check_no_row_labels(dataset.column_names, path)
     return dataset
+
+
+def _cache_error(error: BaseException, cache: Path) -> OSError | None:
+    """The OSError behind `error` (it or what it was raised from) on datasets' cache: the cache itself, a folder above
+    it (HF_HOME) or a file within it."""
+    while error is not None:
+        if isinstance(error, OSError) and error.filename:
+            where = Path(os.fsdecode(error.filename))
+            if cache.is_relative_to(where) or where.is_relative_to(cache):
+                return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def unusable_cache_line(cache: Path, error: OSError) -> str:
+    return (
+        f"datasets' cache {cache} cannot be used ({error.strerror or first_line(error)}: {error.filename}); set "
+        "HF_DATASETS_CACHE, or HF_HOME, to a folder you can write"
+    )
 
 
 def _read_csv_as_written(files: list[str], split: str, cache_dir: str | None = None) -> Dataset | None:
