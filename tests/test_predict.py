@@ -343,6 +343,11 @@ def test_the_output_file_the_input_and_their_traces_refused_in_one_line(trained,
         assert err.count("\n") == 1 and err.startswith("error: "), err
         return err.removeprefix("error: ").strip()
 
+    # A UTF-8 text under a locale that is not (LC_ALL=C, no UTF-8 mode) arrives as surrogates: it was called not
+    # UTF-8, with advice to convert it that would have encoded it twice.
+    out = tmp_path / "utf8.csv"
+    assert predict("caf\udcc3\udca9", "--model_name_or_path", trained, "--output_file", out, "--disable_tqdm") == 0
+    assert pd.read_csv(out)["text"].tolist() == ["café"]
     # Tracebacks: a text the shell passed in Latin-1, an --output_file that is a loop of links.
     assert refused("caf\udce9") == (
         "text 1 on the command line is not UTF-8 (it holds the byte 0xe9); convert it first, e.g. with iconv -f "
