@@ -21,6 +21,7 @@ from transformers import HfArgumentParser
 from transformers.hf_argparser import string_to_bool
 
 from app.errors import DiskFull, TrainingHalted, UsageError, with_sources
+from app.host.device import launched_world_size
 
 T = TypeVar("T")
 
@@ -303,12 +304,6 @@ def exit_code_of(main_body: Callable[[], int]) -> int:
 QUIET_RANKS_WAIT_S = 2.0  # what a rank that does not say why waits for rank 0 to say it
 
 
-def several_processes() -> bool:
-    """Whether this process is one of several that a launcher started (its WORLD_SIZE), not alone."""
-    world = os.environ.get("WORLD_SIZE", "1")
-    return world.isdigit() and int(world) > 1  # a WORLD_SIZE left over in a shell may be anything
-
-
 def say_why(halt: UsageError | TrainingHalted) -> None:
     """The one line of a stop, on stderr, once. Every rank stops alike; rank 0 says why, or, when another process is
     gone (it may be rank 0), the first rank left to find it (TrainingHalted.says). Said before the process group ends:
@@ -316,7 +311,7 @@ def say_why(halt: UsageError | TrainingHalted) -> None:
     if getattr(halt, "said", False):
         return
     halt.said = True
-    alone = not several_processes()  # a RANK left over in the shell: this process is the only one
+    alone = launched_world_size() == 1  # a RANK left over in the shell: this process is the only one
     says = getattr(halt, "says", None)  # a process lost, or a signal to each: the first process left to find it
     if says if says is not None else alone or os.environ.get("RANK", "0") == "0":
         line = str(halt)

@@ -49,12 +49,11 @@ from app.cli import (
     flag,
     outlive_readers,
     say_why,
-    several_processes,
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, counted, first_line
-from app.host.device import device_type
+from app.host.device import device_type, launched_world_size
 from app.host.runtime import (
     another_process_ended,
     connect_accelerator,
@@ -524,7 +523,7 @@ def interrupted_line(interrupt: KeyboardInterrupt) -> str:
         return "stopped by SIGINT (Ctrl-C); an --output_file is written whole or not at all"
     why = (
         " (the launcher sends it to every process on a stop, or once one of them has ended)"
-        if several_processes()
+        if launched_world_size() > 1
         else ""
     )
     return f"stopped by SIGTERM{why}; an --output_file is written whole or not at all"

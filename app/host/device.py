@@ -22,6 +22,12 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def launched_world_size() -> int:
+    """WORLD_SIZE as a launcher sets it; 1 where it is unset or no number (one left over in a shell may be anything)."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    return int(world) if world.isdigit() else 1
+
+
 def launched_on_cpu() -> bool:
     """ACCELERATE_USE_CPU, as Accelerate's state reads it (launch --cpu, use_cpu: true): a text that is no yes or no
     is a UsageError here, where Accelerate would raise a ValueError later."""

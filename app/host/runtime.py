@@ -27,7 +27,7 @@ from accelerate.utils import (
 from app.amp.policy import launched_by_accelerate
 from app.config import TrainConfig
 from app.errors import ProcessLost, UsageError, counted, first_line
-from app.host.device import device_type
+from app.host.device import device_type, launched_world_size
 
 
 def pinned_batches() -> bool:
@@ -89,7 +89,7 @@ def connect_accelerator(**options) -> Accelerator:
         raise UsageError(f"Accelerate cannot set up this launch: {first_line(e)}; check the launch config") from None
     finally:
         waiting.cancel()
-    launched = int(os.environ.get("WORLD_SIZE", "1"))
+    launched = launched_world_size()
     if launched > 1 and accelerator.num_processes == 1:
         raise UsageError(
             f"{launched} processes were launched but they are not connected (Accelerate sees 1); on CPU, launch with "
@@ -121,18 +121,13 @@ def unlaunched_world_note() -> str | None:
     """A WORLD_SIZE of several in the environment of a process that no torchrun started (a launch by hand, as srun's,
     or a leftover export in the shell): the process waits for the others to connect, without a word and deaf to
     Ctrl-C, for torch's timeout of 30 minutes. Said by rank 0, once it has waited UNLAUNCHED_WAIT_S."""
-    world = os.environ.get("WORLD_SIZE", "1")
-    if (
-        not world.isdigit()
-        or int(world) <= 1
-        or "TORCHELASTIC_RUN_ID" in os.environ
-        or os.environ.get("RANK", "0") != "0"
-    ):
+    world = launched_world_size()
+    if world == 1 or "TORCHELASTIC_RUN_ID" in os.environ or os.environ.get("RANK", "0") != "0":
         return None
     where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
     return (
         f"note: WORLD_SIZE={world} in the environment, and no launcher started this process: still waiting after "
-        f"{UNLAUNCHED_WAIT_S:g} s at {where} for the other {counted(int(world) - 1, 'process')} (a leftover from a "
+        f"{UNLAUNCHED_WAIT_S:g} s at {where} for the other {counted(world - 1, 'process')} (a leftover from a "
         "shell? unset RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT to run alone)"
     )
 
