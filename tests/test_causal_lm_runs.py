@@ -165,7 +165,7 @@ def test_a_residual_stream_beyond_fp16_kept_in_fp32_is_a_note_not_a_warning(
     assert run_app(args) == 0
     out = capsys.readouterr().out
     assert "amp pre-flight: clean" in out and "warning: amp pre-flight" not in out
-    assert "kept in fp32 by autocast, so they cannot overflow it" in out
+    assert "kept in fp32 by autocast, cannot overflow it" in out
     assert "dropout: masks" not in out
     assert tb.scalars(tmp_path / "runs" / "lm")[tags.AMP_SKIPPED_STEPS][3] == 0
 

@@ -329,7 +329,7 @@ def test_float16_weights_beyond_fp16s_range_are_named_before_loading(tiny_model_
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert err.startswith("error: --dtype auto (float16 under fp16 AMP): "), "the flag given, not one never typed"
-    assert f"1 weight(s) of the base are beyond fp16's range (65504) and would be inf: {name} (max |w| = 1e+05)" in err
+    assert f"1 weight of the base beyond fp16's range (65504) would be inf: {name} (max |w| = 1e+05)" in err
     assert "use --dtype bfloat16" in err
     assert run_app([*lora_args(tmp_path, model, review_files, "fp32-base"), "--amp", "--dtype", "float32", *RUN]) == 0
 

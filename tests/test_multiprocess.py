@@ -59,7 +59,7 @@ def test_the_note_on_an_uneven_epoch_s_repeats_comes_with_a_run_that_reaches_an_
     # --max_steps 2 too, which trains none of the repeats.
     args = [*quick_args, "--max_train_samples", "90", "--eval_steps", "0", "--max_eval_samples", "8"]
     args += ["--mixed_precision", "no", "--skip_amp_preflight", "--save_steps", "2"]
-    note = "note: 90 training examples leave each epoch's last micro-step 6 short on 2 processes x 8"
+    note = "note: with 90 training examples, each epoch's last micro-step is 6 short on 2 processes x 8"
     said = []
     for more in (["--max_steps", "2"], ["--max_steps", "7", "--resume_from_checkpoint", "latest"]):
         ranks = start_ranks([*args, *more], tmp_path)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from app.amp.policy import PrecisionPolicy
-from app.errors import UsageError
+from app.errors import UsageError, counted
 from app.storage.checkpoints import stored_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -98,7 +98,7 @@ def check_fp16_range(model_path: str, asked: str = "float16") -> None:
         named = ", ".join(f"{name} (max |w| = {value:.4g})" for name, value in found[:3])
         dtype = "--dtype float16" if asked == "float16" else "--dtype auto (float16 under fp16 AMP)"
         raise UsageError(
-            f"{dtype}: {len(found)} weight(s) of the base are beyond fp16's range ({FP16_MAX:g}) and would be "
+            f"{dtype}: {counted(len(found), 'weight')} of the base beyond fp16's range ({FP16_MAX:g}) would be "
             f"inf: {named}; use --dtype bfloat16 (with --mixed_precision bf16) or float32"
         )
 

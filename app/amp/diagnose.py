@@ -16,6 +16,7 @@ import torch
 from accelerate.utils import send_to_device
 
 from app.amp.policy import PrecisionPolicy, wider_range_advice
+from app.errors import counted
 
 # The task's loss of a batch: `loss(model, batch)`, a mean over the batch's items.
 LossOf = Callable[[torch.nn.Module, dict], torch.Tensor]
@@ -177,8 +178,8 @@ def preflight(policy: PrecisionPolicy, model: torch.nn.Module, loss: LossOf, bat
     if found:
         named = ", ".join(f"{name} (max |x| = {_shown(value)})" for name, value in found[:3])
         lines.append(
-            f"warning: amp pre-flight: {len(found)} module output(s) of the first batch exceed half of fp16's range "
-            f"({PREFLIGHT_LIMIT:g}) or are not finite; first in execution order: {named}. Expect loss-scale skips; "
+            f"warning: amp pre-flight: {counted(len(found), 'module output')} of the first batch over half of fp16's "
+            f"range ({PREFLIGHT_LIMIT:g}) or not finite; first in execution order: {named}. Expect loss-scale skips; "
             f"consider {wider_range_advice(policy.device_type)} ({seconds:.2f} s)"
         )
     else:
@@ -190,7 +191,7 @@ def preflight(policy: PrecisionPolicy, model: torch.nn.Module, loss: LossOf, bat
     if kept_wide:
         name, value = max(kept_wide, key=lambda pair: pair[1])
         lines.append(
-            f"note: {len(kept_wide)} module output(s) beyond fp16's range are kept in fp32 by autocast, so they cannot "
+            f"note: {counted(len(kept_wide), 'module output')} beyond fp16's range, kept in fp32 by autocast, cannot "
             f"overflow it (largest: {name}, max |x| = {value:.4g})"
         )
     return lines

@@ -83,8 +83,8 @@ def uneven_epoch_note(examples: int, per_device: int, num_processes: int) -> lis
     if num_processes == 1 or repeated == 0:
         return []
     return [
-        f"note: {examples} training examples leave each epoch's last micro-step {repeated} short on {num_processes} "
-        f"processes x {per_device}: Accelerate fills it with {repeated} of the epoch's first examples, which train "
-        f"{'twice' if repeated <= examples else 'two or more times'} in that epoch (as under HF Trainer); a multiple "
-        f"of {per_micro_step} examples would not"
+        f"note: with {counted(examples, 'training example')}, each epoch's last micro-step is {repeated} short on "
+        f"{num_processes} processes x {per_device}: Accelerate fills it with {repeated} of the epoch's first "
+        f"examples, which train {'twice' if repeated <= examples else 'two or more times'} in that epoch (as under "
+        f"HF Trainer); a multiple of {per_micro_step} examples would not"
     ]
