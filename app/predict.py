@@ -410,7 +410,8 @@ def predict_and_write(
     shared = (cfg.model_name_or_path, tokenizer, max_length, cfg.per_device_eval_batch_size, accelerator.device, say)
     predictor = TextGenerator(*shared, max_new_tokens, chat) if task == "causal_lm" else LabelPredictor(*shared)
     # Closed on a stop too, so that its line starts a line of its own.
-    with tqdm(total=len(table), unit="text", disable=cfg.disable_tqdm or not accelerator.is_main_process) as bar:
+    quiet = cfg.disable_tqdm or not accelerator.is_main_process
+    with tqdm(total=len(table), unit=predictor.unit, disable=quiet) as bar:
         started = time.perf_counter()
         results = predictor.predict(accelerator, policy, inputs, lambda n: advance(bar, n, accelerator.num_processes))
         seconds = time.perf_counter() - started
@@ -419,7 +420,8 @@ def predict_and_write(
     if predictor.cut_note:  # as training says what it cut: the predictions are of what was kept
         say(f"note: {predictor.cut_note}")
     say(
-        f"predicted {counted(len(table), 'text')} in {seconds:.1f} s: {len(table) / seconds:.1f} examples/s "
+        f"{predictor.done} {counted(len(table), predictor.unit)} in {seconds:.1f} s: "
+        f"{len(table) / seconds:.1f} {predictor.unit}s/s "
         f"({policy.label}, {counted(accelerator.num_processes, 'process')}, "
         f"batches of {cfg.per_device_eval_batch_size})"
     )

@@ -351,7 +351,9 @@ def test_generation_stops_at_the_templates_end_of_turn(qwen_base_layout, capsys)
 
     args = ["Tasty?", "--model_name_or_path", qwen_base_layout["ends"], "--max_new_tokens", 12, "--disable_tqdm"]
     assert predict([str(a) for a in [*args, "--mixed_precision", "no"]]) == 0
-    assert pd.read_csv(io.StringIO(capsys.readouterr().out))["generated_text"].tolist() == ["great"]
+    out, err = capsys.readouterr()
+    assert pd.read_csv(io.StringIO(out))["generated_text"].tolist() == ["great"]
+    assert re.search(r"^generated for 1 prompt in [0-9.]+ s: [0-9.]+ prompts/s ", err, re.MULTILINE), err
     assert Renderer(AutoTokenizer.from_pretrained(qwen_base_layout["ends"]), 64).end_of_turn is not None
 
 

@@ -274,7 +274,7 @@ def test_one_text_predicted_is_said_as_one_text(trained, capsys):
     # "predicted 1 texts", "on 1 texts".
     assert predict("Great coffee.", "--model_name_or_path", trained, "--compare_fp32", "--mixed_precision", "no") == 0
     err = capsys.readouterr().err
-    assert re.search(r"^predicted 1 text in [0-9.]+ s: ", err, re.MULTILINE), err
+    assert re.search(r"^predicted 1 text in [0-9.]+ s: [0-9.]+ texts/s ", err, re.MULTILINE), err
     assert "compare_fp32: fp32 vs fp32 on 1 text: label agreement 1.0 (1/1)" in err
 
 

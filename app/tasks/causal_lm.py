@@ -362,6 +362,7 @@ class TextGenerator:
     template when the tokenizer has one, unless the model was trained on plain text (`chat` False)."""
 
     columns = ("generated_text",)
+    unit, done = "prompt", "generated for"  # as predict.py counts its inputs: "generated for 2 prompts"
 
     def __init__(
         self,

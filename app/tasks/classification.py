@@ -518,6 +518,7 @@ class LabelPredictor:
     """predict.py's output for a sequence classifier: each text's most likely label and its probability."""
 
     columns = ("predicted_label", "probability")
+    unit, done = "text", "predicted"  # as predict.py counts its inputs: "predicted 2 texts"
 
     def __init__(
         self, model_path: str, tokenizer, max_length: int, batch_size: int, device: torch.device, say: Callable
