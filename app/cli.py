@@ -243,6 +243,23 @@ def expand_home(cfg: T) -> T:
     return dataclasses.replace(cfg, **home) if home else cfg
 
 
+def check_names_this_locale_can_write(cfg) -> None:
+    """Under a locale whose file names are ASCII (LC_ALL=C without Python's UTF-8 mode) a path or run name that is not
+    cannot be written as given: from a --config YAML Python cannot encode it at all, and from the command line
+    TensorBoard's writer refuses the bytes Python holds for it. One line before any work, not a traceback at the first
+    write."""
+    if sys.getfilesystemencoding() != "ascii":
+        return
+    for name in (*PATH_FLAGS, "run_name"):
+        value = getattr(cfg, name, None)
+        if isinstance(value, str) and not value.isascii():
+            shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # as the user typed it
+            raise UsageError(
+                f"--{name} {shown!r} is not ASCII, and this locale's file names are (LC_ALL=C without Python's UTF-8 "
+                "mode); run with PYTHONUTF8=1 or LC_ALL=C.UTF-8, or give an ASCII name"
+            )
+
+
 A_FLAG = object()  # unknown_flag_advice's `yaml_value` for a name given on the command line
 
 
@@ -354,8 +371,13 @@ class OutputPastItsReader:
         return getattr(self._stream, name)
 
 
-def outlive_readers() -> None:
-    """Stdout and stderr of an entry run as a program (`python app/train.py ... | head`): see OutputPastItsReader."""
+def ready_std_streams() -> None:
+    """Stdout and stderr of an entry run as a program: in UTF-8, as the app's files are, whatever the locale (under
+    LC_ALL=C without Python's UTF-8 mode they were ASCII, and predict.py's CSV of a "café" on stdout stopped with a
+    traceback once every prediction was made); and past their readers (`python app/train.py ... | head`): see
+    OutputPastItsReader."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(encoding="utf-8", errors=stream.errors)  # stderr's backslashreplace kept
     sys.stdout, sys.stderr = OutputPastItsReader(sys.stdout), OutputPastItsReader(sys.stderr)
 
 
@@ -373,6 +395,6 @@ def exit_process(code: int) -> typing.NoReturn:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a closed stream, or a reader gone from a process without outlive_readers()
+        except (OSError, ValueError):  # a closed stream, or a reader gone from a process without ready_std_streams()
             pass
     os._exit(code)

@@ -23,7 +23,7 @@ import yaml
 
 from app import errors
 from app.amp.policy import LAUNCHER_ENV, launcher_choice, picks_fp16
-from app.cli import OneLineParser, expand_home, flag, unknown_flag_advice
+from app.cli import OneLineParser, check_names_this_locale_can_write, expand_home, flag, unknown_flag_advice
 from app.errors import UsageError
 from app.host.device import device_type
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
@@ -543,6 +543,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
             f"{unknown_flag_advice(unknown[0], parser.flag_names(), 'app/train.py', switches=parser.switch_names())}"
         )
     cfg = expand_home(TrainConfig(**{k: v for k, v in vars(namespace).items() if k in names}))
+    check_names_this_locale_can_write(cfg)
     # `--prompt_column ""`: no column has an empty name (pandas names an empty header "Unnamed: 0"), so it unsets one
     # that a --config named.
     cfg = dataclasses.replace(
@@ -602,7 +603,7 @@ def _names(values: list[str]) -> list[str]:
 
 def _read_yaml(path: Path, switches: set[str]) -> dict:
     try:
-        values = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        values = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except OSError as e:
         raise UsageError(f"cannot read --config {path}: {e.strerror}") from None
     except UnicodeDecodeError as e:

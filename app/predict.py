@@ -43,11 +43,12 @@ from app.amp.policy import PrecisionPolicy, launcher_choice, resolve_precision
 from app.cli import (
     PREDICT_OTHER_NAMES,
     OneLineParser,
+    check_names_this_locale_can_write,
     exit_code_of,
     exit_process,
     expand_home,
     flag,
-    outlive_readers,
+    ready_std_streams,
     say_why,
     unknown_flag_advice,
 )
@@ -193,6 +194,7 @@ def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
         )
     names = {f.name for f in dataclasses.fields(PredictConfig)}
     cfg = expand_home(PredictConfig(**{k: v for k, v in vars(namespace).items() if k in names}))
+    check_names_this_locale_can_write(cfg)
     texts = [as_utf8(text) for text in namespace.texts]
     cfg.validate(texts)
     return cfg, texts
@@ -326,7 +328,7 @@ def trained_lengths(cfg: PredictConfig, model_config, tokenizer) -> tuple[int, i
         max_length = cfg.max_length or max_positions(model_config, tokenizer)
         return max_length, cfg.max_new_tokens or default_new_tokens(model_config), default
     try:
-        recorded = yaml.safe_load(args.read_text())
+        recorded = yaml.safe_load(args.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         if not cfg.max_length:  # else what it records is not needed
             raise UsageError(f"{args} cannot be read ({first_line(e)}); restore it, or pass --max_length") from None
@@ -565,5 +567,5 @@ def another_process_ended_line(output_file: str | None) -> str:
 
 
 if __name__ == "__main__":
-    outlive_readers()
+    ready_std_streams()
     exit_process(main())

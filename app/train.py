@@ -35,7 +35,7 @@ from app.adapters.base import base_dtype, refuse_mixed_dtypes_under_fsdp1
 from app.amp import fallback
 from app.amp.policy import PrecisionPolicy, launcher_choice, refuse_amp_under_deepspeed, resolve_precision
 from app.best import stopped_early, untracked_by_a_resume
-from app.cli import exit_code_of, exit_process, outlive_readers, say_why
+from app.cli import exit_code_of, exit_process, ready_std_streams, say_why
 from app.config import TrainConfig, parse_config
 from app.errors import ProcessLost, TrainingHalted, UsageError, counted, with_sources
 from app.host.device import device_type
@@ -302,6 +302,6 @@ def prepare_folders(
 
 
 if __name__ == "__main__":
-    outlive_readers()
+    ready_std_streams()
     keep_freed_memory()  # the process's malloc, so here and not in main(): tests call main() in their own process
     exit_process(main())

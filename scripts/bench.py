@@ -292,7 +292,7 @@ def main() -> int:
         f"app_vs_hf_trainer {result['app_vs_hf_trainer']:.3f} (target >= 1.0); memory: {result['peak_memory_kind']}"
     )
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0
 
 

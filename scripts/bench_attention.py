@@ -194,7 +194,7 @@ def main() -> int:
         + f"; with torch's masks, app / torch's own {result['step_torch_masks_app_vs_torch_own']}"
     )
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0
 
 

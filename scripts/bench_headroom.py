@@ -128,7 +128,7 @@ def main() -> int:
     }
     print(json.dumps(result, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0
 
 

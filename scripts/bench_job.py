@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         out = workdir / f"hf-{strategy}{round_}.json"
         hf_cmd = [sys.executable, __file__, "--hf_worker", str(out), "--precision", policy.mode, "--strategy", strategy]
         wall = timed([*hf_cmd, *_flag("model", model), *samples])
-        return wall, json.loads(out.read_text())["accuracy"]
+        return wall, json.loads(out.read_text(encoding="utf-8"))["accuracy"]
 
     runners = {
         "app": run_app,
@@ -323,7 +323,7 @@ def _device_name() -> str:
 
     model, flags = platform.processor() or platform.machine(), set()
     try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
         model = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
         flags = set(next(line.split(":", 1)[1].split() for line in info if line.startswith("flags")))
     except (OSError, StopIteration):
@@ -403,7 +403,7 @@ def hf_worker(args) -> int:
     )
     trainer.train()
     metrics = trainer.evaluate()
-    args.hf_worker.write_text(json.dumps({"accuracy": metrics["eval_accuracy"]}))
+    args.hf_worker.write_text(json.dumps({"accuracy": metrics["eval_accuracy"]}), encoding="utf-8")
     return 0
 
 

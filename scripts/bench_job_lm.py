@@ -94,7 +94,7 @@ def main(args) -> int:
         worker += ["--hf_worker", str(out), "--precision", policy.mode, "--strategy", strategy, "--model", model]
         worker += ["--use_peft"] if args.use_peft else []
         result[f"{name}_wall_s"] = round(timed([*worker, *samples]), 1)
-        figures = json.loads(out.read_text())
+        figures = json.loads(out.read_text(encoding="utf-8"))
         result[f"{name}_eval_loss"], result[f"{name}_exact_match"] = figures["eval_loss"], figures["exact_match"]
     names = [name for name, _, _ in peers]
     result |= {"precision": policy.mode, "train_samples": train_samples, "eval_samples": eval_samples}
@@ -118,7 +118,7 @@ def main(args) -> int:
         f"{result['hf_eval_loss']:.4f}, ratio {result['eval_loss_app_random_vs_hf']}"
     )
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0
 
 
@@ -190,7 +190,7 @@ def hf_worker(args) -> int:
     eval_loss = trainer.evaluate()["eval_loss"]
     answers = _greedy_answers(trainer.model, tokenizer, task.prompts, task.max_new_tokens(), args.precision)
     exact = sum(a.strip() == r for a, r in zip(answers, task.references)) / max(len(task.references), 1)
-    args.hf_worker.write_text(json.dumps({"eval_loss": eval_loss, "exact_match": exact}))
+    args.hf_worker.write_text(json.dumps({"eval_loss": eval_loss, "exact_match": exact}), encoding="utf-8")
     return 0
 
 

@@ -80,7 +80,7 @@ def main() -> int:
     }
     print(f"LoRA step / full fine-tune step: {result['lora_vs_full']} ({result['device']})")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2), encoding="utf-8")
     return 0
 
 

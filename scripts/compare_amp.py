@@ -76,7 +76,7 @@ def native_matmuls(gpu: bool) -> dict[str, str | None]:
         }
     cpuinfo = Path("/proc/cpuinfo")
     flags = set()
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+    for line in cpuinfo.read_text(encoding="utf-8").splitlines() if cpuinfo.exists() else []:
         if line.startswith("flags"):
             flags = set(line.split(":", 1)[1].split())
             break
@@ -302,7 +302,8 @@ def write_report(runs: dict[str, dict], command: list[str], path: Path, pad_to: 
                 "![comparison](comparison.png)",
                 "",
             ]
-        )
+        ),
+        encoding="utf-8",
     )
     return said
 

@@ -181,7 +181,7 @@ def main() -> int:
         "host_syncs": syncs or "not measured on CPU",
         "tf32_matmul": tf32_matmuls(),
     }
-    args.json.write_text(json.dumps(report, indent=2))
+    args.json.write_text(json.dumps(report, indent=2), encoding="utf-8")
     print(json.dumps(report, indent=2))
     return 0
 

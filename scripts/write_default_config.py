@@ -33,7 +33,7 @@ HEADER = """\
 
 def render() -> str:
     """configs/default.yaml as it should be: every field of TrainConfig at its default, its help as a comment."""
-    source = (ROOT / "app" / "config.py").read_text()
+    source = (ROOT / "app" / "config.py").read_text(encoding="utf-8")
     # The section rulers of the dataclass ("# ---- precision ----"), by the first field under each.
     sections = {m.group(2): m.group(1).strip() for m in re.finditer(r"# ---- ([^-]+?) -+\n\s+(\w+):", source)}
     lines, defaults = [HEADER], TrainConfig()
@@ -51,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path = ROOT / "configs" / "default.yaml"
     if args.check:
-        if not path.is_file() or path.read_text() != render():
+        if not path.is_file() or path.read_text(encoding="utf-8") != render():
             state = "out of date" if path.is_file() else "missing"
             print(f"{path} is {state}: run python scripts/write_default_config.py", file=sys.stderr)
             return 1
         return 0
-    path.write_text(render())
+    path.write_text(render(), encoding="utf-8")
     return 0
 
 

@@ -110,7 +110,7 @@ def load_trained(folder: str, model_class, say: Callable[[str], None], dtype: to
 def _base_record(folder: str) -> dict:
     """ADAPTER_BASE_FILE of an output folder, or {} (folders saved before it was written)."""
     try:
-        record = json.loads((Path(folder) / ADAPTER_BASE_FILE).read_text())
+        record = json.loads((Path(folder) / ADAPTER_BASE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}

@@ -115,7 +115,7 @@ def is_arm(machine: str) -> bool:
 @functools.cache  # asked by the policy and each of its lines; the CPU does not change
 def _cpuinfo() -> str:
     try:
-        return Path("/proc/cpuinfo").read_text()
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:  # not Linux (macOS on Apple silicon): no features to read, so none is taken as native
         return ""
 

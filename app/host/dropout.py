@@ -51,7 +51,7 @@ from app.config import TrainConfig
 def intel_cpu() -> bool:
     """Whether this machine's CPU is Intel's (torch asks cpuinfo the same question before using MKL's Bernoulli)."""
     try:
-        return "GenuineIntel" in Path("/proc/cpuinfo").read_text(errors="replace")
+        return "GenuineIntel" in Path("/proc/cpuinfo").read_text(errors="replace", encoding="utf-8")
     except OSError:  # not Linux
         return "intel" in platform.processor().lower()
 

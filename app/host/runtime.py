@@ -282,7 +282,7 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     try:
-        with open("/proc/cpuinfo") as cpuinfo:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
             model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
         return f"cpu ({model})"
     except (OSError, StopIteration):

@@ -180,7 +180,8 @@ def refuse_quantized(name: str, config: PretrainedConfig) -> None:
 def adapters_base_name(folder: str | Path) -> str | None:
     """The base that peft's adapter_config.json in `folder` names; None if there is none to read."""
     try:
-        base = json.loads((Path(folder) / "adapter_config.json").read_text()).get("base_model_name_or_path")
+        recorded = json.loads((Path(folder) / "adapter_config.json").read_text(encoding="utf-8"))
+        base = recorded.get("base_model_name_or_path")
     except (OSError, ValueError, AttributeError):
         return None
     return base if isinstance(base, str) else None
@@ -222,7 +223,7 @@ def check_weight_files(name: str) -> None:
         )
     for index in indexes:  # a sharded model: every shard it names
         try:
-            shards = set(json.loads(index.read_text())["weight_map"].values())
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise UsageError(f"{index} cannot be read as a shard index: copy the whole folder again") from None
         if missing := sorted(shard for shard in shards if not (folder / shard).is_file()):

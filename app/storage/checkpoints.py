@@ -66,7 +66,7 @@ class CheckpointRecord:
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
         """The record in `checkpoint`. KeyError for a value it lacks; UnfitRecord for one this app never writes."""
-        saved = json.loads((checkpoint / STATE_FILE).read_text())
+        saved = json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
         check_recorded_values(saved)
         counters = {f.name for f in dataclasses.fields(TrainState)}  # counters of older versions are dropped
         state = TrainState(**{k: v for k, v in saved.pop("state").items() if k in counters})
@@ -578,7 +578,7 @@ def is_hf_trainer_checkpoint(path: Path) -> bool:
     """Whether `path` is a checkpoint that HF Trainer wrote: its trainer_state.json (TrainerState) counts global_step
     and keeps a log_history, where this app's records the run and its state."""
     try:
-        saved = json.loads((path / STATE_FILE).read_text())
+        saved = json.loads((path / STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(saved, dict) and {"global_step", "log_history"} <= saved.keys() and "state" not in saved

@@ -29,7 +29,7 @@ _OK, _OTHER_FAILURE, _FULL_DISK = 0, 1, 2  # what a rank reports after a write; 
 def umask() -> int:
     """The process's umask, read without changing it (os.umask can only set it, racing other threads)."""
     try:
-        with open("/proc/self/status") as status:
+        with open("/proc/self/status", encoding="utf-8") as status:
             return int(next(line.split()[1] for line in status if line.startswith("Umask:")), 8)
     except (OSError, StopIteration):
         current = os.umask(0o022)
@@ -52,7 +52,7 @@ def write_atomically(path: Path, text: str | bytes) -> None:
         if isinstance(text, bytes):
             tmp.write_bytes(text)
         else:
-            tmp.write_text(text)
+            tmp.write_text(text, encoding="utf-8")
 
 
 @contextlib.contextmanager

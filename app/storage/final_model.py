@@ -106,7 +106,7 @@ def write_base_of_adapters(model: torch.nn.Module, base: AdaptersBase, folder: P
     config.save_pretrained(folder)
     record = {"base_model_name_or_path": base.name, "fingerprint": base.fingerprint, "frozen_in": base.frozen_in}
     record |= {"gguf_conversion": base.gguf_conversion} if base.gguf_conversion else {}
-    (folder / ADAPTER_BASE_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    (folder / ADAPTER_BASE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 
 def save_merged_model(accelerator: Accelerator, model: torch.nn.Module, tokenizer, output_dir: Path) -> Path:

@@ -476,7 +476,7 @@ def _is_model_card(path: Path) -> bool:
     if path.name != MODEL_CARD or not path.is_file():
         return False
     try:
-        front = path.read_text(errors="replace")[:1000]
+        front = path.read_text(errors="replace", encoding="utf-8")[:1000]
     except OSError:
         return False
     return front.startswith("---") and any(
@@ -487,7 +487,7 @@ def _is_model_card(path: Path) -> bool:
 def recorded_config(folder: Path) -> dict:
     """The training_args.yaml that a run wrote into `folder`, as a mapping; empty if there is none to read."""
     try:
-        recorded = yaml.safe_load((folder / CONFIG_FILE).read_text())
+        recorded = yaml.safe_load((folder / CONFIG_FILE).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     return recorded if isinstance(recorded, dict) else {}

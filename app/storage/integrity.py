@@ -46,7 +46,7 @@ def damage(folder: Path, only: set[str] | None = None) -> str | None:
     A missing random state is not damage (see missing_random_states): Accelerate resumes without it, not exactly.
     """
     try:
-        files = json.loads((folder / RECORD).read_text())["files"]
+        files = json.loads((folder / RECORD).read_text(encoding="utf-8"))["files"]
         entries = [(name, entry["bytes"], entry["sha256"]) for name, entry in files.items() if not only or name in only]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):  # not the record's shape: edited or garbled
         return f"{folder / RECORD} cannot be read as the record of its files"
@@ -75,7 +75,8 @@ def missing_random_states(folder: Path, num_processes: int) -> list[int]:
 def recorded_bytes(folder: Path) -> int | None:
     """A checkpoint's size as recorded, else as it is on disk; None for no checkpoint."""
     try:
-        return sum(entry["bytes"] for entry in json.loads((folder / RECORD).read_text())["files"].values())
+        files = json.loads((folder / RECORD).read_text(encoding="utf-8"))["files"]
+        return sum(entry["bytes"] for entry in files.values())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file()] if folder.is_dir() else None

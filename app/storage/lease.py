@@ -64,7 +64,7 @@ class Holder:
 
 def _machine() -> str:
     try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text(encoding="utf-8").strip()
         return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
     except OSError:  # no /proc: the host name is the best there is
         return socket.gethostname()
@@ -73,7 +73,7 @@ def _machine() -> str:
 def _process_start(pid: int) -> str:
     """The process's start time in kernel ticks; "" if it does not run; "?" if it runs but /proc does not say."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
         return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name before ")" may hold spaces
     except OSError:
         pass
@@ -164,7 +164,7 @@ def _read(path: Path) -> tuple[Holder | None, float | None]:
     """The lease's holder (None if unreadable) and when it was last refreshed (None if the file is gone)."""
     try:
         refreshed = path.stat().st_mtime
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None, None
     try:
@@ -182,7 +182,8 @@ def _create(path: Path, holder: Holder) -> bool:
     """Create the lease file with its content in one step; False if it exists already."""
     draft = path.with_name(f".claim-new-{holder.token}.json")
     try:
-        draft.write_text(json.dumps(asdict(holder)))  # a full disk fails here: the empty draft goes too
+        # A full disk fails here: the empty draft goes too.
+        draft.write_text(json.dumps(asdict(holder)), encoding="utf-8")
         os.link(draft, path)  # atomic, and fails if the name exists: the whole race is decided here
         return True
     except FileExistsError:  # NFS may retry a link that worked and then report it as existing: ask the file

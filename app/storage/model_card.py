@@ -118,7 +118,7 @@ def write_model_card(
         f"The resolved configuration is in `{CONFIG_FILE}`.",
         "",
     ]
-    (output_dir / MODEL_CARD).write_text("\n".join(lines))
+    (output_dir / MODEL_CARD).write_text("\n".join(lines), encoding="utf-8")
 
 
 def base_source(cfg: TrainConfig) -> str:
