@@ -319,19 +319,13 @@ def tensorboard_last(run_dir: Path, tag: str) -> float:
 
 def _device_name() -> str:
     """The CPU's model and core count, and whether it has the instructions that decide bf16 and fp16 speed."""
-    import platform
+    from app.amp.policy import cpu_features, cpu_has_native_bf16, cpu_model
 
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
-        model = next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-        flags = set(next(line.split(":", 1)[1].split() for line in info if line.startswith("flags")))
-    except (OSError, StopIteration):
-        pass
+    flags = cpu_features()
     have = ", ".join(
         f"{flag} {'yes' if flag in flags else 'no'}" for flag in ("avx512_bf16", "amx_bf16", "avx512_fp16")
     )
-    return f"{model}, {os.cpu_count()} cores ({have})"
+    return f"{cpu_model()}, {os.cpu_count()} cores ({have}; native bf16 {'yes' if cpu_has_native_bf16() else 'no'})"
 
 
 def hf_options(cfg: TrainConfig, args, scratch_prefix: str) -> dict:

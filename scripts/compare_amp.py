@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
+from app.amp.policy import cpu_features, cpu_has_native_bf16, is_arm  # noqa: E402
 from app.config import given_fields, parse_config  # noqa: E402
 from app.errors import UsageError  # noqa: E402
 from app.telemetry import layout, tags  # noqa: E402
@@ -74,15 +76,12 @@ def native_matmuls(gpu: bool) -> dict[str, str | None]:
             "fp16": f"tensor cores (sm_{major}{minor})" if major >= 7 else None,
             "bf16": f"tensor cores (sm_{major}{minor})" if major >= 8 else None,
         }
-    cpuinfo = Path("/proc/cpuinfo")
-    flags = set()
-    for line in cpuinfo.read_text(encoding="utf-8").splitlines() if cpuinfo.exists() else []:
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    flags = cpu_features()
     named = {"avx512_fp16": "AVX512-FP16", "amx_fp16": "AMX-FP16", "avx512_bf16": "AVX512-BF16", "amx_bf16": "AMX-BF16"}
     have = lambda *keys: ", ".join(named[k] for k in keys if k in flags) or None  # noqa: E731
-    return {"fp16": have("avx512_fp16", "amx_fp16"), "bf16": have("avx512_bf16", "amx_bf16")}
+    # Arm's BF16 extension, as the app's auto counts it (its fp16 arithmetic is no matmul unit: left out, as before)
+    arm_bf16 = "Arm BF16" if is_arm(platform.machine()) and cpu_has_native_bf16() else None
+    return {"fp16": have("avx512_fp16", "amx_fp16"), "bf16": have("avx512_bf16", "amx_bf16") or arm_bf16}
 
 
 def read_run(run_dir: Path) -> dict:

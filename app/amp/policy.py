@@ -86,7 +86,7 @@ def cpu_has_native_bf16() -> bool:
     BF16 extension (Graviton3 and 4), which torch has no probe for, as the kernel lists the CPU's features."""
     machine = platform.machine()
     if is_arm(machine):
-        return cpuinfo_has_native_bf16(machine, _cpuinfo())
+        return cpuinfo_has_native_bf16(machine, cpuinfo_text())
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
@@ -95,12 +95,33 @@ def cpuinfo_has_native_bf16(machine: str, cpuinfo: str) -> bool:
     """Whether /proc/cpuinfo's text names native bf16 for every CPU it lists: `avx512_bf16` or `amx_bf16` among an
     x86 CPU's `flags`, `bf16` among an Arm CPU's `Features` (Graviton2 has none)."""
     wanted = {"bf16"} if is_arm(machine) else {"avx512_bf16", "amx_bf16"}
-    listed = [
+    listed = cpus_features(cpuinfo)
+    return bool(listed) and all(wanted & features for features in listed)
+
+
+def cpus_features(cpuinfo: str) -> list[set[str]]:
+    """Per CPU that /proc/cpuinfo's text lists, its features: an x86 CPU's `flags`, an Arm CPU's `Features`."""
+    return [
         set(value.split())
         for name, _, value in (line.partition(":") for line in cpuinfo.splitlines())
         if name.strip() in ("flags", "Features")
     ]
-    return bool(listed) and all(wanted & flags for flags in listed)
+
+
+def cpu_features() -> set[str]:
+    """This machine's CPU features, as the benchmarks name them beside their figures (the first CPU's; none where
+    /proc/cpuinfo is missing)."""
+    return next(iter(cpus_features(cpuinfo_text())), set())
+
+
+def cpu_model() -> str:
+    """The CPU's model as lscpu names it on x86 (`model name`), else the machine's architecture."""
+    names = (
+        value.strip()
+        for name, _, value in (line.partition(":") for line in cpuinfo_text().splitlines())
+        if name.strip() == "model name"
+    )
+    return next(names, platform.processor() or platform.machine())
 
 
 def native_bf16_kinds(machine: str) -> tuple[str, ...]:
@@ -112,11 +133,13 @@ def is_arm(machine: str) -> bool:
     return machine.lower() in ARM_MACHINES
 
 
-@functools.cache  # asked by the policy and each of its lines; the CPU does not change
-def _cpuinfo() -> str:
+@functools.cache  # asked by the policy, each of its lines, the backend line and the dropout masks: the CPU stays
+def cpuinfo_text() -> str:
+    """/proc/cpuinfo, read once; empty where there is none (not Linux: macOS on Apple silicon has no features to read,
+    so none is taken as native)."""
     try:
         return Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:  # not Linux (macOS on Apple silicon): no features to read, so none is taken as native
+    except OSError:
         return ""
 
 

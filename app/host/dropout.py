@@ -37,7 +37,6 @@ import functools
 import math
 import platform
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,15 +44,14 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from transformers import PretrainedConfig
 
+from app.amp.policy import cpuinfo_text
 from app.config import TrainConfig
 
 
 def intel_cpu() -> bool:
     """Whether this machine's CPU is Intel's (torch asks cpuinfo the same question before using MKL's Bernoulli)."""
-    try:
-        return "GenuineIntel" in Path("/proc/cpuinfo").read_text(errors="replace", encoding="utf-8")
-    except OSError:  # not Linux
-        return "intel" in platform.processor().lower()
+    text = cpuinfo_text()
+    return "GenuineIntel" in text if text else "intel" in platform.processor().lower()  # no /proc/cpuinfo: not Linux
 
 
 def serial_bernoulli(mkl: bool, intel: bool) -> bool:

@@ -24,7 +24,7 @@ from accelerate.utils import (
     set_seed,
 )
 
-from app.amp.policy import launched_by_accelerate
+from app.amp.policy import cpu_model, launched_by_accelerate
 from app.config import TrainConfig
 from app.errors import ProcessLost, UsageError, counted, first_line
 from app.host.device import device_type, launched_world_size
@@ -278,15 +278,10 @@ class HostCollective:
 
 
 def device_name(device: torch.device) -> str:
-    """The GPU's name, or the CPU's model name where the OS says it."""
+    """The GPU's name, or the CPU's model."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            model = next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name"))
-        return f"cpu ({model})"
-    except (OSError, StopIteration):
-        return device.type
+    return f"{device.type} ({cpu_model()})" if device.type == "cpu" else device.type
 
 
 def tf32_matmuls() -> bool:
