@@ -307,6 +307,20 @@ def test_a_trained_head_keeps_its_label_order():
     with pytest.raises(UsageError, match=expected):
         raw["train"] = Dataset.from_dict({"label": ["pos", "maybe"]})
         classification.infer_labels(raw, "label", fixed={0: "pos", 1: "neg"})
+    # A head trained on ids (HF Trainer's int labels, named LABEL_0 and LABEL_1): "name the labels as the model does"
+    # asked for LABEL_0; the ids are what it was trained on.
+    unnamed = {0: "LABEL_0", 1: "LABEL_1"}
+    expected = (
+        "label 'neg' names a class, but the model's head was trained on class ids 0 to 1 without names (LABEL_0 to "
+        "LABEL_1, as HF Trainer saves int labels): write the labels as those ids, or start from a model without a "
+        "trained classification head"
+    )
+    raw["train"] = Dataset.from_dict({"label": ["pos", "neg"]})
+    with pytest.raises(UsageError) as refused:
+        classification.infer_labels(raw, "label", fixed=unnamed)
+    assert str(refused.value) == expected
+    raw = DatasetDict(train=Dataset.from_dict({"label": [1, 0]}), validation=Dataset.from_dict({"label": [0]}))
+    assert classification.infer_labels(raw, "label", fixed=unnamed).id2label == unnamed
 
 
 def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, capfd):
