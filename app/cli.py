@@ -15,6 +15,7 @@ import threading
 import time
 import typing
 from dataclasses import field
+from pathlib import Path
 from typing import Callable, TypeVar
 
 from transformers import HfArgumentParser
@@ -258,6 +259,25 @@ def check_names_this_locale_can_write(cfg) -> None:
                 f"--{name} {shown!r} is not ASCII, and this locale's file names are (LC_ALL=C without Python's UTF-8 "
                 "mode); run with PYTHONUTF8=1 or LC_ALL=C.UTF-8, or give an ASCII name"
             )
+
+
+# The path flags of a training that it reads from, or writes its runs under: what training_args.yaml records absolute.
+RECORDED_ABSOLUTE = ("model_name_or_path", "dataset_name", "train_file", "validation_file", "logdir")
+
+
+def absolute_if_here(value: str) -> str:
+    """A relative path to a file or folder that exists here, made absolute: read from another working directory, it
+    would name another one, or none. Anything else (a hub id, an absolute path) as given."""
+    path = Path(value)
+    return str(path.resolve()) if not path.is_absolute() and path.exists() else value
+
+
+def local_paths_absolute(cfg: T) -> T:
+    """`cfg` with its RECORDED_ABSOLUTE paths that are local made absolute, as absolute_if_here does."""
+    local = {
+        name: absolute_if_here(value) for name in RECORDED_ABSOLUTE if isinstance(value := getattr(cfg, name), str)
+    }
+    return dataclasses.replace(cfg, **local)
 
 
 A_FLAG = object()  # unknown_flag_advice's `yaml_value` for a name given on the command line

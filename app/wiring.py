@@ -306,7 +306,9 @@ class Training:
         )  # after a fallback too
         path = Path(self.inputs.model_path)
         conversion = path.name if path.resolve().parent == gguf.cache_root().resolve() else None
-        base = AdaptersBase(portable_name(self.cfg), plan.base, self.inputs.model_config.dtype, frozen, conversion)
+        name, given = portable_name(self.cfg), self.cfg.model_name_or_path
+        relative = given if given and given != name else None
+        base = AdaptersBase(name, plan.base, self.inputs.model_config.dtype, frozen, conversion, relative)
         base = base if plan.adapters else None
         last = self.checkpoints.last_saved
         save_final_model(self.accelerator, self.model, self.inputs.tokenizer, output_dir, last, base)

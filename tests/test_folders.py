@@ -376,6 +376,49 @@ def test_a_copy_of_training_args_yaml_runs_the_same_again_as_a_new_run(tmp_path,
     assert (tmp_path / "runs" / again.name).is_dir() and folder_state(tmp_path / "out") == before
 
 
+def test_a_copy_of_training_args_yaml_reads_the_runs_model_and_data_from_another_working_directory(
+    tmp_path, tiny_model_dir, review_files, monkeypatch
+):
+    # Trained on `base` and `train.csv` relative to the project, the file recorded them as typed: from another working
+    # directory its copy found no model, or, where that directory held a train.csv of its own, trained on it without
+    # a word.
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    for folder in (project, elsewhere):
+        shutil.copytree(tiny_model_dir, folder / "base")
+        shutil.copy(review_files["validation"], folder / "validation.csv")
+    shutil.copy(review_files["train"], project / "train.csv")
+    shutil.copy(review_files["validation"], elsewhere / "train.csv")  # other data, under the same name
+    monkeypatch.chdir(project)
+    flags = ["--model_name_or_path", "base", "--train_file", "train.csv", "--validation_file", "validation.csv"]
+    flags += ["--max_length", "64", "--max_steps", "2", "--eval_steps", "0", "--disable_tqdm"]
+    assert run_app([*flags, "--output_dir", "out", "--run_name", "first"]) == 0
+    recorded = yaml.safe_load((project / "out" / "training_args.yaml").read_text())
+    names = ("model_name_or_path", "train_file", "validation_file", "logdir")
+    assert [recorded[name] for name in names] == [
+        str(project / "base"),
+        str(project / "train.csv"),
+        str(project / "validation.csv"),
+        str(project / "runs"),
+    ]
+    monkeypatch.chdir(elsewhere)
+    assert run_app(["--config", project / "out" / "training_args.yaml", "--run_name", "again"]) == 0
+    card = (elsewhere / "outputs" / "again" / "README.md").read_text()
+    assert "96 training, 48 validation" in card, card  # the project's 96 examples, not the 48 of elsewhere's file
+    assert (project / "runs" / "again").is_dir()
+
+
+def test_training_args_yaml_keeps_hub_names_as_typed(tmp_path, monkeypatch):
+    from app.config import TrainConfig
+    from app.storage.folders import write_config
+
+    monkeypatch.chdir(tmp_path)
+    written = TrainConfig(model_name_or_path="owner/model", dataset_name="imdb", train_file="gone.csv")
+    write_config(written, tmp_path)
+    recorded = yaml.safe_load((tmp_path / "training_args.yaml").read_text())
+    assert (recorded["model_name_or_path"], recorded["dataset_name"]) == ("owner/model", "imdb")
+    assert recorded["train_file"] == "gone.csv"  # no file here to name: as typed
+
+
 def test_a_training_args_yaml_of_the_users_own_is_no_failed_start_and_is_kept(tmp_path, quick_args, capfd):
     # `--config exp1/training_args.yaml --output_dir exp1`: taken for what a failed start leaves, the folder was
     # reused and the user's file, comments and all, replaced by the resolved config.

@@ -46,6 +46,14 @@ def lora_args(tmp_path: Path, model: Path, files: dict, name: str = "out", *extr
     ]
 
 
+def trained_on_a_relative_base(tiny_model_dir: Path, review_files: dict, tmp_path: Path, monkeypatch) -> Path:
+    """The output folder of a LoRA run given its base as `base`, a folder in tmp_path, the working directory."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, "base")
+    assert run_app([*lora_args(tmp_path, Path("base"), review_files), *RUN, "--mixed_precision", "no"]) == 0
+    return tmp_path / "out"
+
+
 def stored(path: Path) -> dict[str, torch.Tensor]:
     return load_file(path)
 
@@ -270,15 +278,18 @@ def test_the_adapters_name_a_relative_base_by_its_absolute_path(tiny_model_dir, 
 def test_predict_finds_a_relative_base_from_another_working_directory(
     tiny_model_dir, review_files, tmp_path, monkeypatch, capsys
 ):
-    # training_args.yaml records the base as given, "tiny-bert0": from another directory predict.py took it for a
-    # hub id, retried the hub for two minutes, and failed; adapter_config.json names the folder it was.
+    # A folder saved before training_args.yaml recorded local paths absolute names the base as given, "tiny-bert0":
+    # from another directory predict.py took it for a hub id, retried the hub for two minutes, and failed;
+    # adapter_config.json names the folder it was.
     from app.adapters.trained import base_folder
 
     monkeypatch.chdir(tiny_model_dir.parent)
     args = lora_args(tmp_path, Path(tiny_model_dir.name), review_files)
     assert run_app([*args, *RUN, "--mixed_precision", "no"]) == 0
     out = tmp_path / "out"
-    assert yaml.safe_load((out / "training_args.yaml").read_text())["model_name_or_path"] == tiny_model_dir.name
+    recorded = out / "training_args.yaml"
+    assert yaml.safe_load(recorded.read_text())["model_name_or_path"] == str(tiny_model_dir.resolve())
+    recorded.write_text(recorded.read_text().replace(str(tiny_model_dir.resolve()), tiny_model_dir.name))  # as before
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -286,6 +297,25 @@ def test_predict_finds_a_relative_base_from_another_working_directory(
     from app.predict import main as predict
 
     capsys.readouterr()
+    assert predict(["Fresh coffee.", "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("Fresh coffee.,")
+
+
+def test_a_lora_run_on_a_relative_base_resumes_from_another_working_directory_with_its_training_args(
+    tiny_model_dir, review_files, tmp_path, monkeypatch, capsys
+):
+    # `--config out/training_args.yaml --resume_from_checkpoint latest`, as the docs offer: it recorded `base` as
+    # typed, so from another working directory the resume found no model.
+    from app.predict import main as predict
+
+    out = trained_on_a_relative_base(tiny_model_dir, review_files, tmp_path, monkeypatch)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    resume = ["--config", out / "training_args.yaml", "--output_dir", out, "--resume_from_checkpoint", "latest"]
+    capsys.readouterr()
+    assert run_app([*resume, "--max_steps", "8"]) == 0, capsys.readouterr().err
+    assert "resumed from" in capsys.readouterr().out and (out / "checkpoints" / "step-8").is_dir()
     assert predict(["Fresh coffee.", "--model_name_or_path", str(out), "--mixed_precision", "no"]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("Fresh coffee.,")
 
@@ -752,10 +782,7 @@ def test_predict_checks_a_base_found_in_place_of_one_that_moved(
 
     from app.predict import main as predict
 
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_model_dir, "base")
-    assert run_app([*lora_args(tmp_path, Path("base"), review_files), *RUN, "--mixed_precision", "no"]) == 0
-    out = tmp_path / "out"
+    out = trained_on_a_relative_base(tiny_model_dir, review_files, tmp_path, monkeypatch)
     Path("base").rename("moved-away")
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(tiny_model_dir, elsewhere / "base")

@@ -2,9 +2,10 @@
 adapters merged into it (one plain model, as fast as a full one).
 
 The base is found from the folder's training_args.yaml (the flags the run was given: the embedded model, a hub id, a
-folder, a GGUF file converted once into the cache; a relative folder as the absolute one adapter_config.json names,
-so that it is found from any working directory), else from adapter_config.json's base_model_name_or_path, where the
-embedded models stand under their hub names.
+folder, recorded absolute, a GGUF file converted once into the cache; in folders saved before, a relative folder as the
+absolute one adapter_config.json names, so that it is found from any working directory), else from
+adapter_config.json's base_model_name_or_path, where the embedded models stand under their hub names. A folder that is
+gone is looked for where training was given it, relative to the working directory (a project copied whole).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def base_folder(folder: str, say, record: dict) -> str:
             )
         cfg = embedded_source(name) or TrainConfig(model_name_or_path=name)
     path, gguf_file = resolve_model_path(cfg)
+    if Path(path).is_absolute() and not Path(path).exists():
+        path = _copied_along(record) or path  # its fingerprint is checked (check_same_base)
     if Path(path).is_absolute() and not Path(path).exists():  # else it would be looked up on the hub, by a path
         raise UsageError(
             f"{folder} holds adapters whose base folder {path} does not exist (moved or deleted): put the base back "
@@ -62,9 +65,17 @@ def base_folder(folder: str, say, record: dict) -> str:
     return path
 
 
+def _copied_along(record: dict) -> str | None:
+    """The base folder as training was given it, relative, where this working directory holds one by that name: a
+    project copied whole, or moved, with the base beside it. `record`: the folder's ADAPTER_BASE_FILE."""
+    given = record.get("given_as")
+    return given if isinstance(given, str) and not Path(given).is_absolute() and Path(given).is_dir() else None
+
+
 def _as_trained(given: str | None, named: str | None) -> str | None:
-    """The absolute folder that adapter_config.json names for a base given to training as a relative folder (the
-    flags record it as given: from another working directory it is another folder, or a hub id), else None."""
+    """The absolute folder that adapter_config.json names for a base given to training as a relative folder, as the
+    training_args.yaml of a folder saved before local paths were recorded absolute holds it (from another working
+    directory it is another folder, or a hub id), else None."""
     if not given or not named or Path(given).is_absolute() or not Path(named).is_absolute():
         return None
     parts = Path(given).parts

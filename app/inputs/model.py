@@ -19,6 +19,7 @@ from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_FOR_MASKED_LM_MAPPING_NAMES
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_INDEX_NAME
 
+from app.cli import absolute_if_here
 from app.config import TrainConfig
 from app.errors import UsageError, counted, first_line
 from app.inputs import hub
@@ -62,8 +63,7 @@ def portable_name(cfg: TrainConfig) -> str:
     made absolute (it would mean another folder, or none, from another working directory), or the embedded model's
     hub name (never a site-packages or cache path)."""
     if cfg.model_name_or_path:
-        given = Path(cfg.model_name_or_path)
-        return str(given.resolve()) if given.is_dir() and not given.is_absolute() else cfg.model_name_or_path
+        return absolute_if_here(cfg.model_name_or_path)
     return EMBEDDED_LM_NAME if cfg.task == "causal_lm" else EMBEDDED_MODEL_NAME
 
 

@@ -27,6 +27,7 @@ class AdaptersBase:
     dtype: object = None  # as the base's own config gives it (None: not given), not the dtype it was frozen in
     frozen_in: str | None = None  # the dtype it was frozen in: predict.py rounds the base to it, as it was trained
     gguf_conversion: str | None = None  # a GGUF file's conversion (inputs/gguf.py): its name holds the file's digest
+    given_as: str | None = None  # a relative folder as given, where `name` made it absolute: a project copied whole
 
 
 def save_final_model(
@@ -106,6 +107,7 @@ def write_base_of_adapters(model: torch.nn.Module, base: AdaptersBase, folder: P
     config.save_pretrained(folder)
     record = {"base_model_name_or_path": base.name, "fingerprint": base.fingerprint, "frozen_in": base.frozen_in}
     record |= {"gguf_conversion": base.gguf_conversion} if base.gguf_conversion else {}
+    record |= {"given_as": base.given_as} if base.given_as else {}
     (folder / ADAPTER_BASE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
 

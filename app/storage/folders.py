@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from app.cli import local_paths_absolute
 from app.config import TrainConfig
 from app.errors import ProcessLost, UsageError
 from app.storage.checkpoints import (
@@ -499,9 +500,14 @@ def write_config(cfg: TrainConfig, folder: Path) -> None:
     What one command does to the folders is not recorded: `--config` with a copy of it, to run the same again with a
     change, would have deleted this run (--overwrite_output_dir) or resumed it (--resume_from_checkpoint). Nor are
     the run's own folders (--output_dir, --run_name: the file lies in the one, its header names the other): a copy's
-    run was refused as this run's folders, taken."""
+    run was refused as this run's folders, taken. Local paths are recorded absolute, hub ids as given: from another
+    working directory, a relative one would name other data, another model, or none."""
     once = dataclasses.replace(
-        cfg, overwrite_output_dir=False, resume_from_checkpoint=None, output_dir=None, run_name=None
+        local_paths_absolute(cfg),
+        overwrite_output_dir=False,
+        resume_from_checkpoint=None,
+        output_dir=None,
+        run_name=None,
     )
     header = (
         f"{WRITTEN_BY} for run {cfg.run_name}: every flag as it ran, but the run's folders and what was done to them"
