@@ -23,7 +23,14 @@ import yaml
 
 from app import errors
 from app.amp.policy import LAUNCHER_ENV, launcher_choice, picks_fp16
-from app.cli import OneLineParser, check_names_this_locale_can_write, expand_home, flag, unknown_flag_advice
+from app.cli import (
+    PATH_FLAGS,
+    OneLineParser,
+    check_names_this_locale_can_write,
+    expand_home,
+    flag,
+    unknown_flag_advice,
+)
 from app.errors import UsageError
 from app.host.device import device_type
 from app.telemetry.tags import EVAL_ACCURACY, EVAL_EXACT_MATCH, EVAL_F1, EVAL_LOSS, EVAL_PERPLEXITY
@@ -528,9 +535,10 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     # Where a value came from, for a line that names a flag the user did not type (errors.with_sources); not a
     # default that the file repeats (a training_args.yaml holds every flag), which set nothing.
     defaults = TrainConfig.defaults()
-    errors.set_config_sources(
-        {name: known.config for name, value in from_yaml.items() if name not in given and value != defaults.get(name)}
-    )
+    sources = {
+        name: known.config for name, value in from_yaml.items() if name not in given and value != defaults.get(name)
+    }
+    errors.set_config_sources(sources, relative_paths(from_yaml, sources))
     namespace, unknown = parser.parse_known_args(argv)
     if unknown and not unknown[0].startswith("-"):  # a word where a flag goes: a file meant for --train_file?
         raise UsageError(
@@ -565,6 +573,17 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         raise UsageError(f"--{named[0]} applies to adapters only; add --use_peft, or drop --{named[0]}")
     cfg.validate()
     return cfg
+
+
+def relative_paths(from_yaml: dict, names) -> dict[str, str]:
+    """The path flags among `names` to which a --config gave a relative path: read from the working directory."""
+    return {
+        name: value
+        for name in names
+        if name in PATH_FLAGS
+        and isinstance(value := from_yaml[name], str)
+        and not Path(value).expanduser().is_absolute()
+    }
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

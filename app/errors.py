@@ -3,6 +3,7 @@
 `train.py` turns these into one line on stderr and the exit code; anything else is a bug and keeps its traceback.
 """
 
+import os
 import re
 
 
@@ -62,18 +63,25 @@ def plural(n: float, noun: str) -> str:
 
 # The flags whose values a --config YAML set, not the command line, and the file: app/config.parse_config sets them.
 _config_sources: dict[str, str] = {}
+# Of those, the paths it gave relative (flag -> path): read from the working directory, not from the file's folder.
+_relative_paths: dict[str, str] = {}
 
 
-def set_config_sources(sources: dict[str, str]) -> None:
+def set_config_sources(sources: dict[str, str], relative_paths: dict[str, str] | None = None) -> None:
     _config_sources.clear()
     _config_sources.update(sources)
+    _relative_paths.clear()
+    _relative_paths.update(relative_paths or {})
 
 
 def with_sources(line: str) -> str:
-    """A line that names flags a --config file set says so: the user did not type them."""
+    """A line that names flags a --config file set says so: the user did not type them. A relative path of the file
+    that is not found is said to be read from the working directory: a file beside the YAML is not found by it."""
     named = [name for name in _config_sources if re.search(rf"--{name}\b", line)]
     if not named:
         return line
     files = sorted({_config_sources[name] for name in named})
     flags = ", ".join(f"--{name}" for name in named)
-    return f"{line} ({flags}: from --config {', '.join(files)}; a flag on the command line overrides it)"
+    unfound = any(name in _relative_paths and not os.path.exists(_relative_paths[name]) for name in named)
+    where = f", whose relative paths are read from the working directory ({os.getcwd()})" if unfound else ""
+    return f"{line} ({flags}: from --config {', '.join(files)}{where}; a flag on the command line overrides it)"

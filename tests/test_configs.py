@@ -296,6 +296,24 @@ def test_a_line_that_names_a_flag_the_yaml_set_says_where_it_came_from(tmp_path,
     assert "from --config" not in capsys.readouterr().err
 
 
+def test_a_relative_path_of_a_yaml_that_is_not_found_says_it_is_read_from_the_working_directory(
+    tmp_path, monkeypatch, capsys
+):
+    # As on the command line, and as HF's and accelerate's YAMLs are read: a file beside the YAML is not found by its
+    # name alone, and the line only said "no such file".
+    from tests.conftest import run_app
+
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "train.csv").write_text("text,label\nfine,1\n")
+    (tmp_path / "conf" / "run.yaml").write_text("train_file: train.csv\n")
+    monkeypatch.chdir(tmp_path)
+    assert run_app(["--config", "conf/run.yaml"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: --train_file train.csv: no such file (--train_file: from --config conf/run.yaml, whose relative paths "
+        f"are read from the working directory ({tmp_path}); a flag on the command line overrides it)"
+    )
+
+
 @pytest.mark.parametrize(
     "argv, advice",
     [
