@@ -66,11 +66,13 @@ from app.telemetry.writer import open_writer
 from app.wiring import Training, build_training, load_inputs
 
 
-def main(argv: list[str] | None = None) -> int:
-    return exit_code_of(lambda: _main(argv))
+def main(argv: list[str] | None = None, process_ends: bool = False) -> int:
+    """The run, in this process; its exit code. `process_ends`: the process exits once it returns (app/train.py run
+    as a program), so that a signal from the run's end on is ignored, not given back to the handlers it found."""
+    return exit_code_of(lambda: _main(argv, process_ends))
 
 
-def _main(argv: list[str] | None) -> int:
+def _main(argv: list[str] | None, process_ends: bool) -> int:
     cfg = parse_config(argv)
     show_library_notices(cfg.verbose)
     show_progress_bars(not cfg.disable_tqdm)
@@ -92,7 +94,10 @@ def _main(argv: list[str] | None) -> int:
         say_why(halt)  # before the process group ends (app/cli.py)
         raise
     finally:
-        stop.restore()
+        # A signal from here on (Ctrl-C pressed again) changes nothing, as during the run: given back to Python's
+        # handler, it was a KeyboardInterrupt in the teardown (Accelerate's end, a finalizer, atexit) and a traceback
+        # after the stop's one line. The run's files are complete by now, a checkpoint's included.
+        stop.restore(ignore=process_ends)
         end_accelerator(accelerator)
 
 
@@ -304,4 +309,4 @@ def prepare_folders(
 if __name__ == "__main__":
     ready_std_streams()
     keep_freed_memory()  # the process's malloc, so here and not in main(): tests call main() in their own process
-    exit_process(main())
+    exit_process(main(process_ends=True))

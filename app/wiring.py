@@ -169,6 +169,9 @@ class Training:
     evaluated: tuple[int, dict[str, float]] | None = None  # the last evaluation: its optimizer step and metrics
     # With --load_best_model_at_end, the best step, whose weights the model has at the end (a lost checkpoint: None).
     saved_best: int | None = None
+    # Whether `stop` is this training's own (build_training's), for close() to give back: train.py's handler stays
+    # until the run's line is said, or a Ctrl-C more would be a KeyboardInterrupt in between.
+    owns_stop: bool = False
 
     def dropout_masks(self) -> contextlib.AbstractContextManager:
         """What a training forward runs under: faster CPU dropout masks where torch draws them serially."""
@@ -338,7 +341,8 @@ class Training:
 
     def close(self) -> None:
         self.telemetry.close()
-        self.stop.restore()
+        if self.owns_stop:
+            self.stop.restore()
 
 
 def checkpoint_activations(model: torch.nn.Module, masks: DropoutMasks) -> None:
@@ -383,7 +387,8 @@ def build_training(
         resume: where to continue from, its record with its position in examples (sampling.recorded_in_examples);
             `cfg` has then the batch shape that keeps the run's examples per step (batch_shape.keep_global_batch).
         writer: the TensorBoard writer (main process) or a NullWriter; a NullWriter if not given.
-        stop: the signal handler, installed by the caller before any heavy work; a new one if not given.
+        stop: the signal handler, installed by the caller before any heavy work, who gives it back; a new one if not
+            given, which close() gives back.
         model: a model built elsewhere (e.g. from a config); default: loaded from `inputs.model_path`.
         prepare_folders: readies the run's folders (train.py: storage/folders.prepare); called before anything is
             written there: for a resume once its checkpoint has loaded, so that a refusal or a crash while loading
@@ -392,6 +397,7 @@ def build_training(
             batch (batch_shape.keep_global_batch); the checkpoints record them. Default: `cfg`'s.
     """
     inputs = inputs or load_inputs(cfg, accelerator, policy, resume)
+    owns_stop = stop is None
     stop = stop or StopRequest.for_run(accelerator)
     pad_to = cfg.pad_to_multiple_of or policy.pad_to_multiple_of  # the flag overrides the policy's choice
     collate = inputs.task.collator(pad_to)
@@ -519,4 +525,5 @@ def build_training(
         scaler_state=scaler_state,
         masks=masks,
         draws_masks=draws_masks,
+        owns_stop=owns_stop,
     )

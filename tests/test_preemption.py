@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from app.host.preemption import ACKNOWLEDGED, ACKNOWLEDGED_AFTER_TRAINING, StopRequest
 from app.host.runtime import HostCollective
 from app.storage.checkpoints import completed_checkpoints
+from app.storage.integrity import damage
 from app.tasks.classification import SequenceClassification
 from tests import forked
 from tests.conftest import ROOT, TRAIN_SCRIPT, LineWatch, clean_env, folder_state, run_app
@@ -76,6 +78,28 @@ def test_a_signal_before_training_starts_checkpoints_step_0_and_exits_130(tmp_pa
     code, said = run_app([*args, "--resume_from_checkpoint", "latest"]), capfd.readouterr()
     assert code == 0, said.err[-2000:]
     assert f"resumed from {saved[0]}" in said.out
+
+
+@pytest.mark.slow
+def test_ctrl_c_pressed_again_and_again_leaves_one_line_and_a_complete_checkpoint(tmp_path, quick_args):
+    # Once the stop's line was said, a Ctrl-C more landed in the process's teardown: Python's "Exception ignored in
+    # atexit callback" (or in tqdm's __del__) with a KeyboardInterrupt traceback came after the line.
+    args = [*quick_args, "--max_steps", "100000", "--eval_steps", "0", "--save_steps", "0"]
+    child = start_run(tmp_path, args)
+    child.wait_for("training: ")
+    child.process.send_signal(signal.SIGINT)
+    child.wait_for("SIGINT received: ")
+    while child.process.poll() is None:  # through the step, the checkpoint's write and the teardown, to the exit
+        child.process.send_signal(signal.SIGINT)
+        time.sleep(0.002)
+    output = child.finish()
+    assert child.process.returncode == 130, output[-3000:]
+    saved = completed_checkpoints(tmp_path / "out" / "checkpoints")
+    assert len(saved) == 1 and damage(saved[0]) is None, saved
+    assert not list((tmp_path / "out" / "checkpoints").glob(".staging-*"))
+    step = saved[0].name.removeprefix("step-")
+    after_the_acknowledgement = output[output.index("SIGINT received: ") :].splitlines()[1:]
+    assert after_the_acknowledgement == [f"stopped by signal 2 at optimizer step {step}; resume from {saved[0]}"]
 
 
 def test_a_kill_during_the_final_save_leaves_no_half_written_model(tmp_path, quick_args):

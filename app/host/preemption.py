@@ -51,14 +51,18 @@ class StopRequest:
         return cls(HostCollective(accelerator.num_processes), announce=accelerator.is_main_process)
 
     def _handle(self, signum: int, frame) -> None:
-        if not self.signum and self.announce:
+        if self.signum:
+            return
+        # Kept before anything that calls out: a second signal's handler can run inside this one (Ctrl-C pressed
+        # twice), and it acknowledged the stop a second time while the first still wrote its line.
+        self.signum = signum
+        if self.announce:
             # os.write, not print: the handler may have interrupted a print to the same stream.
             line = f"{signal.Signals(signum).name} received: {self.acknowledged}"
             if self.killed_after_grace:
                 line += f"; if it came through accelerate launch, that kills this process {LAUNCHER_GRACE_S} s after it"
             with contextlib.suppress(OSError):  # a reader that went away must not turn the signal into a crash
                 os.write(2, f"{line}\n".encode())
-        self.signum = self.signum or signum
 
     def agreed(self) -> int:
         """The signal that any rank received (0 if none). Collective when there are several processes."""
@@ -86,7 +90,8 @@ class StopRequest:
         since the acknowledgment promises one."""
         self.announce = False
 
-    def restore(self) -> None:
-        """Put the previous handlers back; safe to call more than once."""
+    def restore(self, ignore: bool = False) -> None:
+        """Put the previous handlers back; safe to call more than once. `ignore`: ignore the signals instead, where the
+        process ends with the run."""
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if ignore else handler)
