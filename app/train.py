@@ -81,13 +81,13 @@ def _main(argv: list[str] | None, process_ends: bool) -> int:
     refuse_amp_under_deepspeed(policy, requested_backend())
     refuse_mixed_dtypes_under_fsdp1(base_dtype(cfg.dtype, policy, cfg.use_peft)[0], requested_backend())
     accelerator = build_accelerator(cfg)
-    stop = StopRequest.for_run(accelerator)
+    stop = StopRequest.for_run(accelerator, loading=True)
     try:
         # The main process's claims on the run's folders, removed after bad input or a process lost while loading.
         # (A process lost once training has started is said by fine_tune, with the checkpoint to resume from.)
         with (
             FolderClaims() as claims,
-            stopped_when_another_process_ends(stop, lambda: lost_while_loading_line(stop), before_training=True),
+            stopped_when_another_process_ends(stop, lost_while_loading_line, before_training=True),
         ):
             return fine_tune(cfg, accelerator, policy, notes, stop, claims)
     except (UsageError, TrainingHalted) as halt:
@@ -202,6 +202,7 @@ def fine_tune(
     try:
         with stopped_when_another_process_ends(stop, lambda: another_process_ended_line(training)):
             # A signal that came while loading or tokenizing: nothing trained yet, a checkpoint to resume from.
+            stop.training_starts()  # before the check: a signal after it is the loop's, and checkpoints a step
             if signum := stop.agreed():
                 path = training.save_checkpoint()
                 raise TrainingHalted(
@@ -277,10 +278,11 @@ def another_process_ended_line(training: Training) -> str:
     return f"stopped: another process of this run ended (killed or crashed), so {unwritten(training.stop)}; {resume}"
 
 
-def lost_while_loading_line(stop: StopRequest) -> str:
+def lost_while_loading_line() -> str:
+    """The same whether a signal came or not: its acknowledgment promised no checkpoint (preemption.py)."""
     return (
-        "stopped: another process of this run ended (killed or crashed) before training started, so "
-        f"{unwritten(stop)}: nothing was trained or saved; run the same command again"
+        "stopped: another process of this run ended (killed or crashed) before training started, so this one stops "
+        "too: nothing was trained or saved; run the same command again"
     )
 
 

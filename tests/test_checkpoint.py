@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from app.host.preemption import ACKNOWLEDGED
+from app.host.preemption import ACKNOWLEDGED, ACKNOWLEDGED_WHILE_LOADING
 from app.storage.checkpoints import completed_checkpoints, find_checkpoint
 from app.telemetry import tags
 from tests import forked, tb
@@ -359,11 +359,13 @@ def test_a_rank_killed_while_the_run_loads_leaves_the_other_one_line_and_no_fold
             rank.kill()
     assert survivor.process.returncode == 1, said[-3000:]
     assert "Traceback" not in said, said[-3000:]
-    unwritten = "the checkpoint that SIGTERM asked for could not be written" if signalled else "this one stops too"
     assert said.strip().splitlines()[-1] == (
-        f"stopped: another process of this run ended (killed or crashed) before training started, so {unwritten}"
-        + ("" if signalled else " (a checkpoint needs every process)")
-        + ": nothing was trained or saved; run the same command again"
+        "stopped: another process of this run ended (killed or crashed) before training started, so this one stops "
+        "too: nothing was trained or saved; run the same command again"
     ), said[-3000:]
+    # The main process acknowledged the SIGTERM with a checkpoint that nothing trained could fill, and that the line
+    # after it said could not be written.
+    acknowledged = said.count(f"SIGTERM received: {ACKNOWLEDGED_WHILE_LOADING}\n")
+    assert acknowledged == (signalled and killed == 1) and "checkpoint" not in said, said[-3000:]
     if killed == 1:  # the main process is left: the folders it created go, as after bad input
         assert not out.exists() and not runs.exists()

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from app.host.preemption import ACKNOWLEDGED, ACKNOWLEDGED_AFTER_TRAINING, StopRequest
+from app.host.preemption import ACKNOWLEDGED, ACKNOWLEDGED_AFTER_TRAINING, ACKNOWLEDGED_WHILE_LOADING, StopRequest
 from app.host.runtime import HostCollective
 from app.storage.checkpoints import completed_checkpoints
 from app.storage.integrity import damage
@@ -70,6 +70,7 @@ def test_a_signal_before_training_starts_checkpoints_step_0_and_exits_130(tmp_pa
     code = child.process.returncode
     assert code == 130, output[-3000:]
     assert "stopped by signal 2 before training started" in output, output[-3000:]
+    assert f"SIGINT received: {ACKNOWLEDGED_WHILE_LOADING}\n" in output, output[-3000:]  # no step to stop after
     saved = completed_checkpoints(tmp_path / "out" / "checkpoints")
     assert [p.name for p in saved] == ["step-0"]
     assert not (tmp_path / "out" / "model.safetensors").exists()

@@ -19,6 +19,8 @@ from app.host.runtime import HostCollective
 
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 ACKNOWLEDGED = "stopping after the step or save in progress, then checkpointing (SIGKILL would stop at once)"
+# Before the first step there is nothing to checkpoint, and a process of the run lost while it loads leaves no way to.
+ACKNOWLEDGED_WHILE_LOADING = "stopping before training starts, nothing trained yet (SIGKILL would stop at once)"
 # Once training has ended there is no step left to stop after: the saves and the final evaluation run to their end.
 ACKNOWLEDGED_AFTER_TRAINING = "letting the final save and evaluation finish, then stopping (SIGKILL would stop at once)"
 LAUNCHER_GRACE_S = 5  # accelerate launch's, with one process
@@ -37,18 +39,19 @@ def killed_after_grace() -> bool:
 
 
 class StopRequest:
-    def __init__(self, host: HostCollective, announce: bool = True):
+    def __init__(self, host: HostCollective, announce: bool = True, loading: bool = False):
         self.signum = 0
         self.host = host
         self.announce = announce  # the main process only: one line per run, not one per rank
         self.killed_after_grace = killed_after_grace()
-        self.acknowledged = ACKNOWLEDGED
+        self.acknowledged = ACKNOWLEDGED_WHILE_LOADING if loading else ACKNOWLEDGED  # until training_starts()
         self._previous = {sig: signal.signal(sig, self._handle) for sig in HANDLED}
 
     @classmethod
-    def for_run(cls, accelerator) -> StopRequest:
-        """The run's handler: collective over its processes, acknowledged by the main one."""
-        return cls(HostCollective(accelerator.num_processes), announce=accelerator.is_main_process)
+    def for_run(cls, accelerator, loading: bool = False) -> StopRequest:
+        """The run's handler: collective over its processes, acknowledged by the main one. `loading`: installed
+        before the run loads, so acknowledged as stopping before training starts until training_starts()."""
+        return cls(HostCollective(accelerator.num_processes), announce=accelerator.is_main_process, loading=loading)
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum:
@@ -80,6 +83,11 @@ class StopRequest:
                 f"and save that take longer, signal this process alone: kill -TERM {os.getpid()}"
             )
         return line
+
+    def training_starts(self) -> None:
+        """Called before the last check for a signal that came while loading: one from here on is caught by the loop
+        after a step, which it checkpoints."""
+        self.acknowledged = ACKNOWLEDGED
 
     def training_ended(self) -> None:
         """From here on a signal stops the run after the final save and evaluation, which are let finish."""
