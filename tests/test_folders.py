@@ -17,7 +17,7 @@ import yaml
 from app.tasks.classification import SequenceClassification
 from app.telemetry import tags
 from tests import forked, tb
-from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, folder_state, run_app
+from tests.conftest import ROOT, TRAIN_SCRIPT, clean_env, data_flags, folder_state, run_app
 
 
 def without_root_powers() -> list[str]:
@@ -469,3 +469,30 @@ def test_the_recorded_config_holds_no_action_on_the_folders_and_a_resume_says_it
         None,
         3,
     )
+
+
+def test_a_resume_from_another_working_directory_keeps_the_runs_curves_in_its_logdir(
+    tmp_path, tiny_model_dir, review_files, monkeypatch, capsys
+):
+    # The default --logdir `runs` is relative: resumed from another directory, the curves' second part went to that
+    # directory's runs/, apart from their first, without a word.
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir(), elsewhere.mkdir()
+    flags = [*map(str, data_flags(tiny_model_dir, review_files)), "--max_length", "64", "--eval_steps", "0"]
+    flags += ["--save_steps", "1", "--run_name", "r", "--disable_tqdm", "--mixed_precision", "no"]
+    monkeypatch.chdir(project)
+    assert run_app([*flags, "--output_dir", "out", "--max_steps", "1"]) == 0
+    monkeypatch.chdir(elsewhere)
+    resume = [*flags, "--output_dir", project / "out", "--resume_from_checkpoint", "latest"]
+    capsys.readouterr()
+    assert run_app([*resume, "--max_steps", "2"]) == 0
+    assert "note: --logdir" not in capsys.readouterr().out
+    assert not (elsewhere / "runs").exists()
+    assert sorted(tb.scalars(project / "runs" / "r")[tags.TRAIN_LOSS]) == [1, 2]
+    # A --logdir given that is not the run's: kept, and said.
+    assert run_app([*resume, "--max_steps", "3", "--logdir", "apart"]) == 0
+    assert (
+        f"note: --logdir apart is not the run's ({project / 'runs'}): the curves of this resume go there, apart from "
+        "the run's earlier steps; leave --logdir out to keep them in one TensorBoard run"
+    ) in capsys.readouterr().out
+    assert sorted(tb.scalars(elsewhere / "apart" / "r")[tags.TRAIN_LOSS]) == [3]

@@ -494,6 +494,23 @@ def recorded_config(folder: Path) -> dict:
     return recorded if isinstance(recorded, dict) else {}
 
 
+def resumed_logdir(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, list[str]]:
+    """The --logdir of a resume: the run's own, as its training_args.yaml records it, where the flag was left at its
+    default (a resume from another working directory put the curves' second part under that directory's runs/, apart
+    from their first); a --logdir given that is another is kept, and said to split the curves."""
+    ran_in = recorded.get("logdir")
+    if not isinstance(ran_in, str) or not Path(ran_in).is_absolute():  # a record from before logdir was absolute
+        return cfg, []
+    if Path(cfg.logdir).resolve() == Path(ran_in).resolve():
+        return cfg, []
+    if cfg.logdir == TrainConfig.defaults()["logdir"]:
+        return dataclasses.replace(cfg, logdir=ran_in), []
+    return cfg, [
+        f"note: --logdir {cfg.logdir} is not the run's ({ran_in}): the curves of this resume go there, apart from the "
+        "run's earlier steps; leave --logdir out to keep them in one TensorBoard run"
+    ]
+
+
 def write_config(cfg: TrainConfig, folder: Path) -> None:
     """The resolved config as `training_args.yaml`, the name HF Trainer users know (its `training_args.bin`, in YAML
     that `--config` reads back). The one config file of an output folder; predict.py reads `max_length` from it.
