@@ -256,7 +256,7 @@ def train(training: Training, budget: int | None = None) -> None:
 
         # ---- the optimizer step --------------------------------------------------------------------------------------
         grad_norm, lr = optimizer_step(training, ledger, (batch, weight))
-        state.opt_step += 1
+        state.take_step(training.policy.mode)  # the precision it ran in, for the summary and the model card
         step = state.opt_step
         loss_watch.after_step(telemetry.step_loss, ledger.overflow.on_device)
         telemetry.add_optimizer_step(grad_norm)

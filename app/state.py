@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# How each precision mode (amp/policy.py) is named where a run's steps are listed by the precision they ran in.
+STEP_PRECISIONS = {"no": "fp32", "fp16": "fp16 with loss scaling", "bf16": "bf16"}
 
 
 @dataclass
@@ -31,9 +34,39 @@ class TrainState:
     interval_losses: list[float] | None = None
     interval_items: list[int] | None = None
     interval_start: list[int] | None = None
+    # The precision the steps ran in, carried across resumes and rewound by a fallback: [first step, mode] where a run
+    # of steps in one mode ("no", "fp16", "bf16") begins. Steps before the first entry were taken by a version of the
+    # app that did not record it (its checkpoints have none).
+    precisions: list[list] = field(default_factory=list)
+
+    def take_step(self, mode: str) -> None:
+        """Count an optimizer step taken in precision `mode` (settled as applied or skipped later: record_outcome)."""
+        self.opt_step += 1
+        if not self.precisions or self.precisions[-1][1] != mode:
+            self.precisions = [*self.precisions, [self.opt_step, mode]]  # a new list: a resume's copy shares the old
 
     def record_outcome(self, skipped: bool) -> None:
         """Settle a taken optimizer step as applied or skipped (the loop counted it in opt_step when it was taken)."""
         self.applied_updates += not skipped
         self.skipped_steps += skipped
         self.consecutive_skips = self.consecutive_skips + 1 if skipped else 0
+
+    def precision_runs(self) -> list[tuple[int, int, str | None]]:
+        """Steps 1 to opt_step as runs of one precision: (first step, last step, mode), mode None where unrecorded."""
+        starts = [(first, mode) for first, mode in self.precisions if first <= self.opt_step]
+        if self.opt_step and (not starts or starts[0][0] > 1):
+            starts.insert(0, (1, None))
+        ends = [first - 1 for first, _ in starts[1:]] + [self.opt_step]
+        return [(first, last, mode) for (first, mode), last in zip(starts, ends)]
+
+    def may_have_skipped(self) -> bool:
+        """Whether any step ran with fp16's loss scaler (or in a precision not recorded), so could have been skipped."""
+        return bool(self.skipped_steps) or any(mode in ("fp16", None) for *_, mode in self.precision_runs())
+
+    def said_precisions(self) -> str:
+        """The steps by the precision they ran in: "fp16 with loss scaling for steps 1-4, then fp32 for steps 5-8"."""
+        return ", then ".join(
+            f"{STEP_PRECISIONS.get(mode, 'a precision not recorded (an earlier version)')} for "
+            + (f"step {first}" if first == last else f"steps {first}-{last}")
+            for first, last, mode in self.precision_runs()
+        )

@@ -324,7 +324,6 @@ class Training:
             cfg=self.cfg,
             task=self.inputs.task,
             policy=self.policy,
-            ended_in=self.checkpoints.record.precision,
             state=self.state,
             total_steps=self.total_steps,
             processes=self.accelerator.num_processes,

@@ -268,7 +268,7 @@ def test_fallback_finishes_in_the_new_precision_and_a_resume_stays_in_it(
 
 
 def test_a_fallback_to_a_checkpoint_after_skipped_steps_counts_them_in_the_summary(
-    quick_args, overflow_model_dir, capsys, monkeypatch
+    quick_args, overflow_model_dir, capsys, monkeypatch, tmp_path
 ):
     # Back to step-2, whose fp16 steps were both skipped: the summary said "(loss scaling off)", the model card
     # "2 skipped".
@@ -277,7 +277,16 @@ def test_a_fallback_to_a_checkpoint_after_skipped_steps_counts_them_in_the_summa
     assert run_app([*args, "--on_scale_collapse", "fallback", "--save_steps", "1", "--max_steps", "6"]) == 0
     out = capsys.readouterr().out
     assert "going back to step-2 (optimizer step 2)" in out, out
-    assert "  optimizer steps  6 (4 applied, 2 skipped)" in out, out
+    steps = (
+        "  optimizer steps  6 (4 applied, 2 skipped); fp16 with loss scaling for steps 1-2, then bf16 for steps 3-6\n"
+    )
+    assert steps in out, out
+    # The model card said bf16 alone: its "fell back from" line compared the last precision with itself.
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert (
+        "| precision | fp16 with loss scaling for steps 1-2, then bf16 for steps 3-6; evaluated in bf16 autocast on "
+        "cpu (from --on_scale_collapse fallback: the loss-scale alarm, handled at optimizer step 3"
+    ) in card
 
 
 def test_fallback_without_a_loss_scale_says_it_has_nothing_to_do_and_saves_no_start(tmp_path, quick_args, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -139,6 +140,59 @@ def test_no_scaler_tags_without_a_scaler(tmp_path, quick_args, capfd, precision)
     amp_health = tb.layout(run_dir)["AMP health"]
     assert [regex for chart in amp_health.values() for regex in chart] == ["^train/grad_norm$"]
     assert "optimizer steps  2 (loss scaling off)" in capfd.readouterr().out
+
+
+def card_rows(output_dir) -> dict[str, str]:
+    """The model card's table of facts, by name."""
+    rows = (line.split(" | ") for line in (output_dir / "README.md").read_text().splitlines() if line.startswith("| "))
+    return {row[0].removeprefix("| "): row[1].removesuffix(" |") for row in rows if len(row) == 2}
+
+
+def summary_of(out: str) -> str:
+    return out[out.index("run summary") :]
+
+
+def test_resumes_in_other_precisions_report_the_runs_steps_by_precision(tmp_path, quick_args, capfd):
+    # The summary read loss scaling from this process's log steps, the model card from the last command's precision:
+    # a resume with nothing left said "loss scaling off" for fp16 steps, and n/a for measures of steps it never took;
+    # a resume in fp32 said all the run's steps were fp32's, without loss scaling.
+    args = [*quick_args, "--eval_steps", "0", "--save_steps", "2", "--max_steps", "2"]
+    assert run_app([*args, "--amp"]) == 0
+    capfd.readouterr()
+    assert run_app([*args, "--amp", "--resume_from_checkpoint", "latest"]) == 0
+    summary = summary_of(capfd.readouterr().out)
+    assert "optimizer steps  2 (2 applied, 0 skipped)\n" in summary, summary
+    assert "samples/s        n/a: no step trained in this run (it resumed at step 2, where training ends)" in summary
+    assert "peak memory      n/a: no step trained in this run;" in summary, summary
+    fp32 = [*args, "--max_steps", "4", "--mixed_precision", "no", "--resume_from_checkpoint", "latest"]
+    assert run_app(fp32) == 0
+    summary = summary_of(capfd.readouterr().out)
+    assert (
+        "optimizer steps  4 (4 applied, 0 skipped); fp16 with loss scaling for steps 1-2, then fp32 for steps 3-4"
+        in (summary)
+    )
+    card = card_rows(tmp_path / "out")
+    assert card["optimizer steps"] == "4 of 4 (4 applied, 0 skipped for fp16 overflow)"
+    assert card["precision"] == (
+        "fp16 with loss scaling for steps 1-2, then fp32 for steps 3-4; evaluated in fp32, no autocast, on cpu (from "
+        "--mixed_precision: no was asked for)"
+    )
+    saved = json.loads((tmp_path / "out" / "checkpoints" / "step-4" / "trainer_state.json").read_text())
+    assert saved["state"]["precisions"] == [[1, "fp16"], [3, "no"]]
+
+
+def test_steps_of_a_checkpoint_that_recorded_no_precision_are_said_unrecorded():
+    from app.state import TrainState
+
+    older = TrainState(opt_step=4, applied_updates=4)  # read from a checkpoint written before precisions were recorded
+    assert older.precision_runs() == [(1, 4, None)] and older.may_have_skipped()
+    older.take_step("no")
+    assert (
+        older.said_precisions() == "a precision not recorded (an earlier version) for steps 1-4, then fp32 for step 5"
+    )
+    fresh = TrainState()
+    fresh.take_step("no")
+    assert fresh.precision_runs() == [(1, 1, "no")] and not fresh.may_have_skipped()
 
 
 def test_forced_overflow_skips_every_step(tmp_path, quick_args):

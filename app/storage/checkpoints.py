@@ -127,6 +127,10 @@ _TEXT: Kind = "text", lambda value: isinstance(value, str)
 _FLAG: Kind = "true or false", lambda value: isinstance(value, bool)
 _MAPPING: Kind = "a mapping", lambda value: isinstance(value, dict)
 _PRECISION: Kind = '"no", "fp16" or "bf16"', lambda value: value in ("no", "fp16", "bf16")
+_STEP_PRECISION: Kind = (
+    'a first step and "no", "fp16" or "bf16"',
+    lambda value: isinstance(value, list) and len(value) == 2 and _POSITIVE[1](value[0]) and _PRECISION[1](value[1]),
+)
 _TWO_POSITIVE: Kind = (
     "two whole numbers of 1 or more",
     lambda value: isinstance(value, list) and len(value) == 2 and all(map(_POSITIVE[1], value)),
@@ -155,6 +159,7 @@ _RECORD_VALUES: dict[str, dict[str, Kind]] = {
         "best_greater_is_better": _optional(_FLAG),
         "interval_losses": _optional(_list_of(_NUMBER)),
         **dict.fromkeys(("interval_items", "interval_start"), _optional(_list_of(_COUNT))),
+        "precisions": _list_of(_STEP_PRECISION),
     },
     "fallback.": {"from": _PRECISION, "at_step": _COUNT},
     "data.": {"order": _MAPPING, "global_batch_size": _POSITIVE, "seed": _WHOLE, "examples": _COUNT},

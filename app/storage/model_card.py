@@ -24,7 +24,6 @@ def write_model_card(
     cfg: TrainConfig,
     task: Task,
     policy: PrecisionPolicy,
-    ended_in: str,
     state: TrainState,
     total_steps: int,
     processes: int,
@@ -38,7 +37,8 @@ def write_model_card(
 
     Args:
         final: the evaluation of the saved model (the best one's with --load_best_model_at_end).
-        policy: the precision the run started in; `ended_in` the mode it ended in (they differ after a fallback).
+        policy: the precision the run ended in (after a fallback, the fallback's), which evaluated the model.
+        state: the run's totals, with the precision each step ran in (across resumes and a fallback).
         examples: the training and validation examples.
         adapters: what the LoRA adapters are (adapters/lora.AdapterPlan.describe), None for a full fine-tune;
             `base_dtype` the dtype their frozen base was stored in.
@@ -46,10 +46,6 @@ def write_model_card(
         best_step: with --load_best_model_at_end, the step of the best evaluation, whose weights were saved; None when
             they are the last step's.
     """
-    if ended_in != policy.mode:
-        precision_line = f"{ended_in} (fell back from {policy.label}; started as: {policy.describe()})"
-    else:
-        precision_line = policy.describe().removeprefix("precision: ")
     saved_from = (
         f"step {best_step}, the best {cfg.metric_for_best_model or 'eval/loss'}"
         if best_step is not None
@@ -66,12 +62,12 @@ def write_model_card(
         "data": _data(cfg),
         "examples": f"{examples[0]} training, {examples[1]} validation",
         **task.card(),
-        "precision": precision_line,
+        "precision": _precision(policy, state),
         "processes": processes,
         "optimizer steps": f"{state.opt_step} of {total_steps} "
         + (
             f"({state.applied_updates} applied, {state.skipped_steps} skipped for fp16 overflow)"
-            if policy.scaler_enabled or state.skipped_steps
+            if state.may_have_skipped()
             else "(loss scaling off)"
         )
         + (" - stopped early" if stopped else ""),
@@ -119,6 +115,14 @@ def write_model_card(
         "",
     ]
     (output_dir / MODEL_CARD).write_text("\n".join(lines), encoding="utf-8")
+
+
+def _precision(policy: PrecisionPolicy, state: TrainState) -> str:
+    """The decision of the run's last command, where every step ran in its precision (or none ran); else the steps by
+    the precision they ran in, then the precision that evaluated the model."""
+    if all(mode == policy.mode for *_, mode in state.precision_runs()):
+        return policy.describe().removeprefix("precision: ")
+    return f"{state.said_precisions()}; evaluated in {policy.describe(inference=True).removeprefix('precision: ')}"
 
 
 def base_source(cfg: TrainConfig) -> str:

@@ -147,7 +147,7 @@ class Telemetry:
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
         self._clock = time.perf_counter()
         self.run_samples, self.run_seconds, self.peak_memory_gib = 0, 0.0, 0.0
-        self.loss_scaling_logged = False  # whether any log step wrote the scaler's tags
+        self.run_steps = 0  # optimizer steps this process took (a resume with nothing left to train takes none)
         self._peak_tag, self.peak_memory_kind = peak_memory_tag(device)
         self._bar = tqdm(
             total=total_steps,
@@ -172,6 +172,7 @@ class Telemetry:
         self.step_loss.zero_()
         self._grad_norm = grad_norm.detach()
         self._timed_steps += 1
+        self.run_steps += 1
         self._bar.update(1)
 
     def restart_clock(self) -> None:
@@ -225,7 +226,6 @@ class Telemetry:
             **memory,
         }
         if loss_scale is not None:
-            self.loss_scaling_logged = True
             scalars |= {
                 AMP_LOSS_SCALE: loss_scale,
                 AMP_SKIPPED_STEPS: state.skipped_steps,
@@ -271,9 +271,7 @@ class Telemetry:
         self._zero_timing(since)  # no synchronize: the read in log() already waited for the device
 
     def rewind(self, state) -> None:
-        """Continue from an earlier `state` (a fallback to a checkpoint): its interval, the bar moved back. A fallback
-        goes on in bf16 or fp32, without a scaler: the summary says so, as after a resume in that precision."""
-        self.loss_scaling_logged = False
+        """Continue from an earlier `state` (a fallback to a checkpoint): its interval, the bar moved back."""
         self.step_loss.zero_()
         self._reset_interval(state)
         self._continue_interval(state)

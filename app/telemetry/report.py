@@ -79,24 +79,33 @@ def summary_table(
         if telemetry.peak_memory_gib > 0
         else "n/a (no step was logged)"
     )
+    if not telemetry.run_steps:  # a resume with nothing left to train
+        samples_per_sec = f"n/a: no step trained in this run (it resumed at step {state.opt_step}, where training ends)"
+        peak_memory = "n/a: no step trained in this run"
     if telemetry.peak_memory_kind == "CPU RSS" and (high_water := high_water_mark_gib()):
         peak_memory += f"; high-water mark {high_water:.2f} GiB (the main process, loading and evaluation included)"
     if estimate:
         peak_memory += f"; estimated at start: {size(estimate.total_bytes)} for weights, gradients and AdamW state"
-    steps = (
-        f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"
-        if telemetry.loss_scaling_logged or state.skipped_steps  # the fp16 steps before a fallback kept their skips
-        else f"{state.opt_step} (loss scaling off)"  # nothing was skipped, nor could be
-    )
     rows = [
         ("wall time", f"{wall_seconds:.1f} s"),
         ("samples/s", samples_per_sec),
         ("peak memory", peak_memory),
-        ("optimizer steps", steps),
+        ("optimizer steps", optimizer_steps_row(state)),
         *((tag, f"{value:.4f}") for tag, value in final.items()),
     ]
     width = max(len(name) for name, _ in rows)
     return "\n".join(["run summary", *(f"  {name:<{width}}  {value}" for name, value in rows)])
+
+
+def optimizer_steps_row(state) -> str:
+    """The run's steps, applied and skipped, from its totals (an earlier process's, or before a fallback, count), and
+    the precisions they ran in where there were several."""
+    steps = (
+        f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"
+        if state.may_have_skipped()
+        else f"{state.opt_step} (loss scaling off)"  # nothing was skipped, nor could be
+    )
+    return steps + (f"; {state.said_precisions()}" if len(state.precision_runs()) > 1 else "")
 
 
 def _code_block(text: str) -> str:
