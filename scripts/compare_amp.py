@@ -179,9 +179,12 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
                 f"{where_first} fp16 runs at about the speed of fp32 ({speed:.2f}x) with {memory:.2f}x the peak "
                 "memory; use --amp only if the memory matters."
             )
-        text += f" Likely cause: {likely_cause(native, skipped)}."
-    if skipped:
-        text += f" Note: the scaler skipped {skipped:.0f} steps; watch amp/loss_scale."
+        text += f" Likely cause: {likely_cause(native)}."
+    if skipped:  # samples/s counts a skipped step's batches as any other's: the skips cost updates, not speed
+        text += (
+            f" Note: the scaler skipped {skipped:.0f} of {steps} steps, so fp16 trained with fewer updates (a matter "
+            "of quality, not speed); watch amp/loss_scale."
+        )
     if fp16["preflight"] and fp16["preflight"].lstrip().startswith("warning"):
         text += " The fp16 pre-flight warned before step 1 (see below)."
     if points is not None and points < -1:
@@ -199,9 +202,9 @@ def quality_change(base: dict, run: dict) -> tuple[str | None, float | None, str
     return None, None, f"an eval/loss change of {run['eval_loss'] - base['eval_loss']:+.4f}"
 
 
-def likely_cause(native: dict[str, str | None], skipped: float) -> str:
-    if skipped:
-        return f"the loss scaler skipped {skipped:.0f} steps, so fewer updates did the work"
+def likely_cause(native: dict[str, str | None]) -> str:
+    """Why fp16 was no faster: the hardware, else the job's size. Not skipped steps: a skipped step computed its
+    forward and backward passes as an applied one did, and samples/s counts its batches."""
     if not native["fp16"]:
         return "this device has no native fp16 matmuls (no tensor cores, AVX512-FP16 or AMX-FP16), so fp16 is emulated"
     return (
