@@ -39,7 +39,7 @@ from app.inputs.model import embedded_model_dir  # noqa: E402
 from app.loop import train  # noqa: E402
 from app.storage.folders import RunPaths  # noqa: E402
 from app.tasks.classification import Columns, LabelSpace, SequenceClassification  # noqa: E402
-from app.telemetry.flops import flops_per_token, peak_flops  # noqa: E402
+from app.telemetry.flops import peak_flops, training_flops  # noqa: E402
 from app.wiring import Inputs, build_training  # noqa: E402
 
 GIB = 2**30
@@ -143,7 +143,7 @@ def main() -> int:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         samples_per_sec = args.batch_size * args.steps / seconds
-        per_token = flops_per_token(run.model)(args.seq_len)
+        per_token = training_flops(run.model).per_token(args.seq_len)  # a classifier: no LM head
         peak = peak_flops(device, mode)
         name = "fp32" if mode == "no" else mode
         results[name] = {

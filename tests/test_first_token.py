@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from app.tasks.first_token import compute_the_first_token_alone, cut_layer
-from app.telemetry.flops import flops_per_token
+from app.telemetry.flops import training_flops
 
 SIZES = dict(
     vocab_size=99,
@@ -124,7 +124,7 @@ def test_the_flops_estimate_follows_what_the_cut_model_computes():
         full = classifier(model_type, num_hidden_layers=2, **options)
         cut = classifier(model_type, num_hidden_layers=2, **options)
         assert compute_the_first_token_alone(cut)
-        estimated = flops_per_token(cut)(20) / flops_per_token(full)(20)
+        estimated = training_flops(cut).per_token(20) / training_flops(full).per_token(20)
         measured = counted(cut) / counted(full)
         assert measured < 0.8, "the cut layer computes less"
         assert abs(estimated - measured) < 0.05, (model_type, estimated, measured)

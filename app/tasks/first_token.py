@@ -60,14 +60,14 @@ def cut_layer(model: torch.nn.Module) -> torch.nn.Module | None:
     return next((m for m in model.modules() if getattr(m, "computes_the_first_token_alone", False)), None)
 
 
-def weights_once_per_sequence(layer: torch.nn.Module) -> int:
+def weights_once_per_sequence(layer: torch.nn.Module) -> list[torch.nn.Parameter]:
     """The cut layer's weights that now compute one row per sequence, not one per token (telemetry/flops.py)."""
     parts = (
         (layer.attention.self.query, layer.attention.output.dense, layer.intermediate, layer.output.dense)
         if hasattr(layer.attention, "self")
         else (layer.attention.q_lin, layer.attention.out_lin, layer.ffn)
     )
-    return sum(p.numel() for part in parts for p in part.parameters())
+    return [p for part in parts for p in part.parameters()]
 
 
 def _last_layer(base: torch.nn.Module):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from accelerate.utils import extract_model_from_parallel
@@ -46,25 +47,59 @@ def peak_tflops(device_name: str, mode: str) -> float | None:
     return None
 
 
-def flops_per_token(model: torch.nn.Module) -> Callable[[float], float] | None:
-    """Training FLOPs per token, 6 per matmul weight plus attention, as a function of the sequence length.
+@dataclass(frozen=True)
+class TrainingFlops:
+    """A training step's FLOPs: per token through the model's body (a function of the sequence length), and per
+    position that its LM head computes logits at."""
 
-    A decoder's attention is causal: its kernels compute half the scores of an encoder's. An LM head tied to the
-    embeddings is left out with them; the causal-LM task computes it at the labelled positions only.
+    per_token: Callable[[float], float]
+    per_head_position: float = 0.0
+
+    def of(self, tokens: int, sequences: int, head_positions: int) -> float:
+        """The FLOPs of `tokens` (padding included) in `sequences`, with the LM head at `head_positions`."""
+        return self.per_token(tokens / max(sequences, 1)) * tokens + self.per_head_position * head_positions
+
+
+def head_positions(batch: dict) -> int:
+    """The positions a batch has its LM head compute: the causal-LM collator's `logit_positions` (tasks/lm_data.py),
+    its fillers included; none for a batch without (a classifier, which has no LM head)."""
+    positions = batch.get("logit_positions")
+    return 0 if positions is None else positions.numel()  # a tensor's shape: no host sync
+
+
+def matmul_flops(weights: Iterable[torch.nn.Parameter]) -> int:
+    """Training FLOPs per row through these weights: 2 per weight forward, 2 for the input's gradient, and 2 for the
+    weight's own gradient where it trains (a frozen base's weights have none: 4, not 6)."""
+    return sum((6 if weight.requires_grad else 4) * weight.numel() for weight in weights)
+
+
+def training_flops(model: torch.nn.Module) -> TrainingFlops | None:
+    """Training FLOPs: per token, each matmul weight's (matmul_flops) plus attention; per head position, the LM head's.
+
+    A decoder's attention is causal: its kernels compute half the scores of an encoder's. The LM head counts where it
+    runs, tied to the embeddings or not (as nanoGPT and PaLM count it): the causal-LM task computes it at the labelled
+    positions only, every position of packed text, a small share of a prompt/response batch.
     """
     model = extract_model_from_parallel(model)  # DDP's wrapper has no config: no MFU on any multi-GPU run
     config = getattr(model, "config", None)
     layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
     if not (layers and hidden):
         return None
-    embeddings = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
-    weights = sum(p.numel() for p in model.parameters()) - embeddings  # lookups cost no FLOPs
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = {id(p): p for p in output.parameters()} if output is not None else {}
+    lookups = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    apart = lookups | head.keys()  # lookups cost no FLOPs; a tied head's weight is an embedding's
+    body = matmul_flops(p for p in model.parameters() if id(p) not in apart)
     causal = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
     attention = 6 if causal else 12
+    per_head_position = matmul_flops(head.values())
     # A classifier's last layer that computes the first token alone (tasks/first_token.py): its query, attention
     # output and feed-forward weights, and its attention, once per sequence rather than once per token.
     cut = cut_layer(model)
     if cut is None:
-        return lambda seq_len: 6 * weights + attention * layers * hidden * seq_len
-    once = weights_once_per_sequence(cut)
-    return lambda seq_len: 6 * (weights - once) + 6 * once / seq_len + attention * ((layers - 1) * seq_len + 1) * hidden
+        return TrainingFlops(lambda seq_len: body + attention * layers * hidden * seq_len, per_head_position)
+    once = matmul_flops(weights_once_per_sequence(cut))
+    return TrainingFlops(
+        lambda seq_len: body - once + once / seq_len + attention * ((layers - 1) * seq_len + 1) * hidden,
+        per_head_position,
+    )

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from app.amp.headroom import HeadroomProbe
 from app.amp.policy import PrecisionPolicy
-from app.telemetry.flops import flops_per_token, peak_flops
+from app.telemetry.flops import head_positions, peak_flops, training_flops
 from app.telemetry.layout import run_layout
 from app.telemetry.tags import (
     AMP_APPLIED_UPDATES,
@@ -126,7 +126,7 @@ class Telemetry:
         device = accelerator.device
         self._memory = memory_probe(device)
         self._synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self._flops = flops_per_token(model)
+        self._flops = training_flops(model)
         peak = peak_flops(device, policy.mode)
         self._peak_flops = peak * accelerator.num_processes if peak else None
         self.headroom = HeadroomProbe(enabled=probe_headroom)  # the loop arms it; log() reads it
@@ -141,7 +141,7 @@ class Telemetry:
         self.step_loss = torch.zeros((), device=device)  # over the current optimizer step's micro-batches
         self._real_tokens = torch.zeros((), device=device, dtype=torch.int64)
         self._grad_norm = torch.zeros((), device=device)
-        self._items = self._samples = self._padded_tokens = self._timed_steps = 0
+        self._items = self._samples = self._padded_tokens = self._head_positions = self._timed_steps = 0
         self._last_log = (start.opt_step, start.skipped_steps)  # where the current interval began
         self._continue_interval(start)
         self._timed_seconds = 0.0  # of the current interval, pauses excluded
@@ -165,6 +165,7 @@ class Telemetry:
         self._items += items
         self._samples += batch["input_ids"].shape[0]
         self._padded_tokens += batch["input_ids"].numel()
+        self._head_positions += head_positions(batch)
 
     def add_optimizer_step(self, grad_norm: torch.Tensor) -> None:
         """Close the step: its summed micro-batch loss joins the interval's. Read `step_loss` before this."""
@@ -181,7 +182,7 @@ class Telemetry:
         self._zero_timing()
 
     def _zero_timing(self, since: float | None = None) -> None:
-        self._samples = self._padded_tokens = self._timed_steps = 0
+        self._samples = self._padded_tokens = self._head_positions = self._timed_steps = 0
         self._real_tokens.zero_()
         self._timed_seconds = 0.0
         self._clock = time.perf_counter() if since is None else since
@@ -204,13 +205,13 @@ class Telemetry:
         """
         device = self._loss_sum.device
         host_counts = torch.tensor(
-            [self._items, self._samples, self._padded_tokens], dtype=torch.float64, device=device
+            [self._items, self._samples, self._padded_tokens, self._head_positions], dtype=torch.float64, device=device
         )
         counts = torch.cat([self._loss_sum.double().view(1), self._real_tokens.double().view(1), host_counts])
         summed = self.accelerator.reduce(counts, "sum").tolist()  # host sync: the one read of this interval
         now = time.perf_counter()
         seconds = self._timed_seconds + now - self._clock
-        loss_sum, real_tokens, items, samples, padded_tokens = summed
+        loss_sum, real_tokens, items, samples, padded_tokens, heads = summed
         memory = self._memory()
         memory = dict(
             zip(memory, self.accelerator.reduce(torch.tensor(list(memory.values()), device=device), "max").tolist())
@@ -247,7 +248,7 @@ class Telemetry:
                 PERF_STEP_TIME_MS: 1000 * seconds / self._timed_steps,
             }
             if self._flops and self._peak_flops:
-                achieved = self._flops(padded_tokens / max(samples, 1)) * padded_tokens / seconds
+                achieved = self._flops.of(padded_tokens, samples, heads) / seconds
                 scalars[PERF_MFU_PCT] = 100 * achieved / self._peak_flops
             self.run_samples += samples
             self.run_seconds += seconds
