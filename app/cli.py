@@ -261,8 +261,10 @@ def check_names_this_locale_can_write(cfg) -> None:
             )
 
 
-# The path flags of a training that it reads from, or writes its runs under: what training_args.yaml records absolute.
-RECORDED_ABSOLUTE = ("model_name_or_path", "dataset_name", "train_file", "validation_file", "logdir")
+# The path flags of a training that it reads from: what training_args.yaml records absolute. Not --logdir: like
+# --output_dir, where a copy's new run writes, under its own working directory (a resume finds the run's own curves
+# from its checkpoint: storage/folders.resumed_logdir).
+RECORDED_ABSOLUTE = ("model_name_or_path", "dataset_name", "train_file", "validation_file")
 
 
 def absolute_if_here(value: str) -> str:

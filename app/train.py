@@ -127,7 +127,7 @@ def fine_tune(
         cfg, seed_notes = keep_the_runs_seed(cfg, resume.record, recorded)
         resume_notes += seed_notes
         cfg, kept_notes = resumed_settings(cfg, recorded)
-        cfg, logdir_notes = folders.resumed_logdir(cfg, recorded)
+        cfg, logdir_notes = folders.resumed_logdir(cfg, resume.output_dir, resume.record)
         kept_notes += logdir_notes
         resume_notes += kept_notes + untracked_by_a_resume(cfg, recorded) + another_model_note(cfg, recorded)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision

@@ -398,13 +398,13 @@ def test_a_copy_of_training_args_yaml_reads_the_runs_model_and_data_from_another
         str(project / "base"),
         str(project / "train.csv"),
         str(project / "validation.csv"),
-        str(project / "runs"),
+        "runs",  # where a run writes is its working directory's, as its output folder is
     ]
     monkeypatch.chdir(elsewhere)
     assert run_app(["--config", project / "out" / "training_args.yaml", "--run_name", "again"]) == 0
     card = (elsewhere / "outputs" / "again" / "README.md").read_text()
     assert "96 training, 48 validation" in card, card  # the project's 96 examples, not the 48 of elsewhere's file
-    assert (project / "runs" / "again").is_dir()
+    assert (elsewhere / "runs" / "again").is_dir() and not (project / "runs" / "again").exists()
 
 
 def test_training_args_yaml_keeps_hub_names_as_typed(tmp_path, monkeypatch):
@@ -489,6 +489,13 @@ def test_a_resume_from_another_working_directory_keeps_the_runs_curves_in_its_lo
     assert "note: --logdir" not in capsys.readouterr().out
     assert not (elsewhere / "runs").exists()
     assert sorted(tb.scalars(project / "runs" / "r")[tags.TRAIN_LOSS]) == [1, 2]
+    # A project copied whole continues its own curves, from any working directory; the original's are untouched.
+    shutil.copytree(project, tmp_path / "copy")
+    before = sorted(path.name for path in (project / "runs" / "r").iterdir())
+    copied = [*flags, "--output_dir", tmp_path / "copy" / "out", "--resume_from_checkpoint", "latest"]
+    assert run_app([*copied, "--max_steps", "3"]) == 0
+    assert sorted(path.name for path in (project / "runs" / "r").iterdir()) == before
+    assert sorted(tb.scalars(tmp_path / "copy" / "runs" / "r")[tags.TRAIN_LOSS]) == [1, 2, 3]
     # A --logdir given that is not the run's: kept, and said.
     assert run_app([*resume, "--max_steps", "3", "--logdir", "apart"]) == 0
     assert (

@@ -26,6 +26,7 @@ from app.cli import local_paths_absolute
 from app.config import TrainConfig
 from app.errors import ProcessLost, UsageError
 from app.storage.checkpoints import (
+    CheckpointRecord,
     ResumePoint,
     checkpoint_around,
     completed_checkpoints,
@@ -494,14 +495,16 @@ def recorded_config(folder: Path) -> dict:
     return recorded if isinstance(recorded, dict) else {}
 
 
-def resumed_logdir(cfg: TrainConfig, recorded: dict) -> tuple[TrainConfig, list[str]]:
-    """The --logdir of a resume: the run's own, as its training_args.yaml records it, where the flag was left at its
-    default (a resume from another working directory put the curves' second part under that directory's runs/, apart
-    from their first); a --logdir given that is another is kept, and said to split the curves."""
-    ran_in = recorded.get("logdir")
-    if not isinstance(ran_in, str) or not Path(ran_in).is_absolute():  # a record from before logdir was absolute
+def resumed_logdir(cfg: TrainConfig, output_dir: Path, record: CheckpointRecord) -> tuple[TrainConfig, list[str]]:
+    """The --logdir of a resume of the run in `output_dir`: the run's own, found from that folder as its checkpoint
+    records it, where the flag is at its default. From another working directory the default `runs` put the curves'
+    second part under that directory's runs/, apart from their first; a project moved or copied whole continues its
+    own. A --logdir given that is another is kept, and said to split the curves. Where the run's curves are not found
+    so (a checkpoint written before it was recorded, a --logdir outside a project since moved), the flag's."""
+    if record.logdir_from_output is None:
         return cfg, []
-    if Path(cfg.logdir).resolve() == Path(ran_in).resolve():
+    ran_in = os.path.normpath(output_dir.resolve() / record.logdir_from_output)
+    if Path(cfg.logdir).resolve() == Path(ran_in) or not (Path(ran_in) / record.run_name).is_dir():
         return cfg, []
     if cfg.logdir == TrainConfig.defaults()["logdir"]:
         return dataclasses.replace(cfg, logdir=ran_in), []
