@@ -207,6 +207,27 @@ def test_a_user_s_own_accelerate_use_cpu_is_not_taken_for_the_launcher(monkeypat
         stop.restore()
 
 
+def test_the_acknowledgement_under_accelerate_launch_says_a_second_ctrl_c_kills_at_once(monkeypatch, capfd):
+    """accelerate launch's own handler kills its one process at a second Ctrl-C, without its 5 s: pressed again, as
+    the app lets a user do, it lost the checkpoint in the making (no stop line, no checkpoint, exit -2)."""
+    for name in [name for name in os.environ if name.startswith("ACCELERATE_") or name == "LOCAL_RANK"]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "false")  # as that launcher sets them, and no rank
+    monkeypatch.setenv("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION", "False")
+    stop = StopRequest(HostCollective(1))
+    try:
+        if not stop.killed_after_grace:
+            pytest.skip("accelerate before 1.16 does not kill its process after a grace period")
+        capfd.readouterr()
+        stop._handle(signal.SIGINT, None)
+    finally:
+        stop.restore()
+    assert capfd.readouterr().err == (
+        f"SIGINT received: {ACKNOWLEDGED}; if it came through accelerate launch, that kills this process 5 s after it, "
+        "or at once on a second Ctrl-C\n"
+    )
+
+
 @pytest.mark.slow
 def test_a_signal_before_an_overwrite_removes_anything_keeps_the_earlier_run(tmp_path, quick_args, capfd, monkeypatch):
     # The earlier model and checkpoints were removed, then a step-0 checkpoint saved, and exit 130: a Ctrl-C on

@@ -63,7 +63,10 @@ class StopRequest:
             # os.write, not print: the handler may have interrupted a print to the same stream.
             line = f"{signal.Signals(signum).name} received: {self.acknowledged}"
             if self.killed_after_grace:
-                line += f"; if it came through accelerate launch, that kills this process {LAUNCHER_GRACE_S} s after it"
+                line += (  # its own handler of a second Ctrl-C kills the process tree without waiting
+                    f"; if it came through accelerate launch, that kills this process {LAUNCHER_GRACE_S} s after it, "
+                    "or at once on a second Ctrl-C"
+                )
             with contextlib.suppress(OSError):  # a reader that went away must not turn the signal into a crash
                 os.write(2, f"{line}\n".encode())
 
