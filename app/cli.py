@@ -32,6 +32,17 @@ def flag(help_text: str, **extra) -> typing.Any:
     return field(metadata={"help": help_text}, **extra)
 
 
+def as_utf8(argument: str) -> str:
+    """A command-line word as the UTF-8 it is: under a locale that is not (LC_ALL=C without Python's UTF-8 mode)
+    Python hands UTF-8 bytes over as lone surrogates, "café" as "caf\\udcc3\\udca9": a column of that name was not
+    found, a text was refused as not UTF-8, and a model card that quoted the command could not be written. Bytes that
+    are no UTF-8 stay as they came, for the lines that refuse them."""
+    try:
+        return os.fsencode(argument).decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):  # encode: a str of this process's own, not from argv
+        return argument
+
+
 class OneLineParser(HfArgumentParser):
     """HfArgumentParser (dataclass fields -> flags) that reports a bad flag as one line and the app's exit code 2,
     where argparse would print a usage block and exit by itself."""
@@ -46,7 +57,7 @@ class OneLineParser(HfArgumentParser):
     def parse_known_args(self, args=None, namespace=None):
         """As argparse, with a negative number after a flag that takes a value as that value: argparse reads `-1e-5`
         as a flag, and `--learning_rate -1e-5` got "expected one argument" instead of the check of its value."""
-        args = [str(arg) for arg in (sys.argv[1:] if args is None else args)]
+        args = [as_utf8(str(arg)) for arg in (sys.argv[1:] if args is None else args)]
         end = args.index("--") if "--" in args else len(args)  # after "--", words alone
         for i in range(end - 1):
             action = self._option_string_actions.get(args[i])
@@ -244,21 +255,33 @@ def expand_home(cfg: T) -> T:
     return dataclasses.replace(cfg, **home) if home else cfg
 
 
-def check_names_this_locale_can_write(cfg) -> None:
+def check_names_this_locale_can_write(cfg=None, config: str | None = None, working_directory: bool = False) -> None:
     """Under a locale whose file names are ASCII (LC_ALL=C without Python's UTF-8 mode) a path or run name that is not
-    cannot be written as given: from a --config YAML Python cannot encode it at all, and from the command line
-    TensorBoard's writer refuses the bytes Python holds for it. One line before any work, not a traceback at the first
-    write."""
+    cannot be used as given: Python cannot encode it (a --config file's name, a path in one), and TensorBoard's writer
+    and the run's records refuse the bytes Python holds for a working directory's. One line before any work, not a
+    traceback at the first write or once the model is trained (its card).
+
+    Args:
+        cfg: a config whose path flags and run name are checked.
+        config: the --config file given, checked before it is read.
+        working_directory: check it too (training, which records its paths absolute).
+    """
     if sys.getfilesystemencoding() != "ascii":
         return
-    for name in (*PATH_FLAGS, "run_name"):
-        value = getattr(cfg, name, None)
+    locale = (
+        "this locale's file names are (LC_ALL=C without Python's UTF-8 mode); run with PYTHONUTF8=1 or LC_ALL=C.UTF-8"
+    )
+    if working_directory and not (cwd := os.getcwd()).isascii():
+        raise UsageError(f"the working directory {_as_typed(cwd)!r} is not ASCII, and {locale}, or from ASCII folders")
+    named = {"config": config, **{name: getattr(cfg, name, None) for name in (*PATH_FLAGS, "run_name")}}
+    for name, value in named.items():
         if isinstance(value, str) and not value.isascii():
-            shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # as the user typed it
-            raise UsageError(
-                f"--{name} {shown!r} is not ASCII, and this locale's file names are (LC_ALL=C without Python's UTF-8 "
-                "mode); run with PYTHONUTF8=1 or LC_ALL=C.UTF-8, or give an ASCII name"
-            )
+            raise UsageError(f"--{name} {_as_typed(value)!r} is not ASCII, and {locale}, or give an ASCII name")
+
+
+def _as_typed(name: str) -> str:
+    """A name as the user typed it, where Python holds its bytes as surrogates."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 # The path flags of a training that it reads from: what training_args.yaml records absolute. Not --logdir: like

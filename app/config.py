@@ -505,6 +505,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         )
     if known.config == "":  # else no config at all would be read, without a word
         raise UsageError("--config is empty; give a YAML file, or leave the flag out")
+    check_names_this_locale_can_write(config=known.config, working_directory=True)
     from_yaml = _read_yaml(Path(known.config).expanduser(), parser.switch_names()) if known.config else {}
     # Two ways to ask for one thing (a precision, a length): the command line's wins over the YAML's. So does a data
     # format, and adapters switched off (--use_peft false) take the YAML's adapter settings with them.

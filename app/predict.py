@@ -195,19 +195,8 @@ def parse_args(argv: list[str] | None) -> tuple[PredictConfig, list[str]]:
     names = {f.name for f in dataclasses.fields(PredictConfig)}
     cfg = expand_home(PredictConfig(**{k: v for k, v in vars(namespace).items() if k in names}))
     check_names_this_locale_can_write(cfg)
-    texts = [as_utf8(text) for text in namespace.texts]
-    cfg.validate(texts)
-    return cfg, texts
-
-
-def as_utf8(argument: str) -> str:
-    """A command-line text as UTF-8: under a locale that is not (LC_ALL=C without Python's UTF-8 mode) Python hands
-    UTF-8 bytes over as lone surrogates, "café" as "caf\\udcc3\\udca9", which validate would refuse as not UTF-8. Bytes
-    that are no UTF-8 stay as they came, for validate's line."""
-    try:
-        return os.fsencode(argument).decode("utf-8")
-    except (UnicodeEncodeError, UnicodeDecodeError):  # encode: a str of this process's own, not from argv
-        return argument
+    cfg.validate(namespace.texts)
+    return cfg, namespace.texts
 
 
 def read_input(

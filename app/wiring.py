@@ -46,6 +46,7 @@ from app.amp.fallback import Fallback
 from app.amp.policy import PrecisionPolicy
 from app.amp.scaler import ScalerCheckpoint, make_scaler
 from app.best import check_best_checkpoint, check_resume_best, final_competes
+from app.cli import as_utf8
 from app.config import TrainConfig, metric_tag
 from app.host.dropout import (
     DropoutMasks,
@@ -455,7 +456,7 @@ def build_training(
         fallback=resume.record.fallback if resume else None,
         dropout_masks=masks,
         adapters=plan.record(),
-        commands=[*run_commands(resume), shlex.join(sys.argv)],
+        commands=[*run_commands(resume), shlex.join(map(as_utf8, sys.argv))],
         first_token_alone=first_token_alone,
         labels=class_names(inputs.task),
         batch_flags=list(batch_flags or (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps)),

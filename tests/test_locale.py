@@ -65,16 +65,18 @@ def test_a_run_and_its_predictions_under_an_ascii_locale_keep_their_utf8(tmp_pat
     probe = [sys.executable, "-c", "import locale, sys; print(locale.getpreferredencoding(), sys.stdout.encoding)"]
     assert subprocess.run(probe, env=env, capture_output=True, text=True).stdout.split() == ["ANSI_X3.4-1968", "ascii"]
     rows = [f"great coffee {i},très bon" if i % 2 else f"stale tea {i},mauvais" for i in range(24)]
-    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    (tmp_path / "train.csv").write_text("text,étiquette\n" + "\n".join(rows) + "\n", encoding="utf-8")
     (tmp_path / "run.yaml").write_text("# the YAML is UTF-8 too: thé\nrun_name: tea\n", encoding="utf-8")
     args = [
         *("--model_name_or_path", tiny_model_no_dropout, "--train_file", tmp_path / "train.csv"),
         *("--output_dir", tmp_path / "model", "--logdir", tmp_path / "runs", "--config", tmp_path / "run.yaml"),
+        *("--label_column", "étiquette"),  # a column named on the command line: Python holds its bytes as surrogates
         *("--max_steps", 2, "--eval_steps", 0, "--max_length", 16, "--mixed_precision", "no", "--disable_tqdm"),
     ]
     trained = subprocess.run([sys.executable, TRAIN_SCRIPT, *map(str, args)], env=env, capture_output=True)
     assert trained.returncode == 0, trained.stderr.decode("utf-8", "replace")[-2000:]
-    assert "| labels | mauvais, très bon |" in (tmp_path / "model" / "README.md").read_text(encoding="utf-8")
+    card = (tmp_path / "model" / "README.md").read_text(encoding="utf-8")
+    assert "| labels | mauvais, très bon |" in card and "--label_column 'étiquette'" in card
     assert (tmp_path / "runs" / "tea").is_dir()
 
     predict = [ROOT / "app" / "predict.py", "café crème", "--model_name_or_path", tmp_path / "model"]
@@ -96,3 +98,11 @@ def test_a_path_this_locale_cannot_name_is_one_line_before_any_work(tmp_path, ti
         "mode); run with PYTHONUTF8=1 or LC_ALL=C.UTF-8, or give an ASCII name\n"
     )
     assert not (tmp_path / "model").exists() and [path.name for path in tmp_path.iterdir()] in ([], ["hf_home"])
+    # A working directory that is not ASCII: the run's records name it (its paths absolute), and its card could not
+    # be written once the model was trained.
+    (tmp_path / "café").mkdir()
+    done = subprocess.run([sys.executable, TRAIN_SCRIPT], env=env, capture_output=True, cwd=tmp_path / "café")
+    assert done.returncode == 2 and done.stderr.decode("utf-8") == (
+        f"error: the working directory '{tmp_path / 'café'}' is not ASCII, and this locale's file names are (LC_ALL=C "
+        "without Python's UTF-8 mode); run with PYTHONUTF8=1 or LC_ALL=C.UTF-8, or from ASCII folders\n"
+    )
