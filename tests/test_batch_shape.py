@@ -86,7 +86,17 @@ def test_a_resume_says_what_it_keeps_and_that_the_flags_asked_for_another_batch_
     assert notes == ([expected] if said else [])
 
 
-@pytest.mark.parametrize("examples, per_device, processes", [(30, 4, 2), (31, 2, 3), (8, 4, 2), (5, 4, 3), (1, 2, 2)])
+UNEVEN_FILLS = {  # what fills the last micro-step: the epoch's first examples, or repeats of all where it has fewer
+    (30, 4, 2): "the epoch's first 2 examples again",
+    (31, 2, 3): "the epoch's first 5 examples again",
+    (8, 4, 2): None,
+    (5, 4, 3): "7 repeats of the epoch's 5 examples",
+    (1, 2, 2): "3 repeats of the epoch's 1 example",
+    (3, 1, 2): "the epoch's first example again",
+}
+
+
+@pytest.mark.parametrize("examples, per_device, processes", list(UNEVEN_FILLS))
 def test_the_repeats_that_fill_an_uneven_epoch_are_named_as_accelerate_makes_them(examples, per_device, processes):
     # 2 processes x 4 on 30 examples trained 0 and 1 twice per epoch (rank 1's last batch [28, 29, 0, 1]) without a
     # word, and did not match 1 process x 8. The count is Accelerate's own, from its batch sampler shards.
@@ -109,8 +119,9 @@ def test_the_repeats_that_fill_an_uneven_epoch_are_named_as_accelerate_makes_the
         assert note == [
             f"note: with {examples} {'training example' if examples == 1 else 'training examples'}, each epoch's last "
             f"micro-step is {repeated} short on {processes} processes x {per_device}: Accelerate fills it with "
-            f"{repeated} of the epoch's first examples, which train {'twice' if most == 2 else 'two or more times'} in "
-            f"that epoch (as under HF Trainer); a multiple of {per_device * processes} examples would not"
+            f"{UNEVEN_FILLS[examples, per_device, processes]}, trained "
+            f"{'twice' if most == 2 else 'two or more times'} in that epoch (as under HF Trainer); a multiple of "
+            f"{per_device * processes} examples would not"
         ]
         assert sorted(set(trained)) == list(range(examples))
         if most == 2:

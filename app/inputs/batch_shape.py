@@ -82,9 +82,14 @@ def uneven_epoch_note(examples: int, per_device: int, num_processes: int) -> lis
     repeated = -examples % per_micro_step
     if num_processes == 1 or repeated == 0:
         return []
+    filled = (
+        f"the epoch's first {'example' if repeated == 1 else f'{repeated} examples'} again"
+        if repeated <= examples
+        else f"{repeated} repeats of the epoch's {counted(examples, 'example')}"
+    )
     return [
         f"note: with {counted(examples, 'training example')}, each epoch's last micro-step is {repeated} short on "
-        f"{num_processes} processes x {per_device}: Accelerate fills it with {repeated} of the epoch's first "
-        f"examples, which train {'twice' if repeated <= examples else 'two or more times'} in that epoch (as under "
-        f"HF Trainer); a multiple of {per_micro_step} examples would not"
+        f"{num_processes} processes x {per_device}: Accelerate fills it with {filled}, trained "
+        f"{'twice' if repeated <= examples else 'two or more times'} in that epoch (as under HF Trainer); a multiple "
+        f"of {per_micro_step} examples would not"
     ]
