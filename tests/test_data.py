@@ -321,6 +321,13 @@ def test_a_trained_head_keeps_its_label_order():
     assert str(refused.value) == expected
     raw = DatasetDict(train=Dataset.from_dict({"label": [1, 0]}), validation=Dataset.from_dict({"label": [0]}))
     assert classification.infer_labels(raw, "label", fixed=unnamed).id2label == unnamed
+    raw["train"] = Dataset.from_dict({"label": ["LABEL_0", "LABEL_5"]})  # the ids' names, one out of range
+    with pytest.raises(UsageError) as refused:
+        classification.infer_labels(raw, "label", fixed=unnamed)
+    assert str(refused.value) == (
+        "label 'LABEL_5' is out of range for the model's 2 labels (LABEL_0 to LABEL_1); fix the labels or start from "
+        "a model without a trained classification head"
+    )
 
 
 def test_an_unreachable_hub_id_is_a_clear_error(tmp_path, capfd):
