@@ -7,11 +7,13 @@ Tiny models built from configs (tests/conftest.py, tests/lm_models.py); the app'
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -801,6 +803,21 @@ def test_predict_checks_a_base_found_in_place_of_one_that_moved(
     shutil.rmtree(elsewhere / "base")
     shutil.copytree(tmp_path / "moved-away", elsewhere / "base")
     assert predict(args) == 0
+
+
+def test_predict_finds_the_relative_base_of_a_moved_project_from_above_it(
+    tiny_model_dir, review_files, tmp_path, monkeypatch, capsys
+):
+    # Found from inside the moved project only: from above it, "its base folder does not exist (moved or deleted)".
+    from app.predict import main as predict
+
+    (tmp_path / "project").mkdir()
+    trained_on_a_relative_base(tiny_model_dir, review_files, tmp_path / "project", monkeypatch)
+    (tmp_path / "project").rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert predict(["Fresh coffee.", "--model_name_or_path", "moved/out", "--mixed_precision", "no"]) == 0
+    assert pd.read_csv(io.StringIO(capsys.readouterr().out))["text"].tolist() == ["Fresh coffee."]
 
 
 def test_predict_merges_adapters_into_the_base_as_it_was_trained_the_same_model_as_merged(

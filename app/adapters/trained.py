@@ -51,7 +51,7 @@ def base_folder(folder: str, say, record: dict) -> str:
         cfg = embedded_source(name) or TrainConfig(model_name_or_path=name)
     path, gguf_file = resolve_model_path(cfg)
     if Path(path).is_absolute() and not Path(path).exists():
-        path = _copied_along(record) or path  # its fingerprint is checked (check_same_base)
+        path = _copied_along(folder, record) or path  # its fingerprint is checked (check_same_base)
     if Path(path).is_absolute() and not Path(path).exists():  # else it would be looked up on the hub, by a path
         raise UsageError(
             f"{folder} holds adapters whose base folder {path} does not exist (moved or deleted): put the base back "
@@ -65,11 +65,15 @@ def base_folder(folder: str, say, record: dict) -> str:
     return path
 
 
-def _copied_along(record: dict) -> str | None:
-    """The base folder as training was given it, relative, where this working directory holds one by that name: a
-    project copied whole, or moved, with the base beside it. `record`: the folder's ADAPTER_BASE_FILE."""
+def _copied_along(folder: str, record: dict) -> str | None:
+    """The base folder as training was given it, relative, found from this working directory, else from a folder
+    above the adapters' `folder`: a project copied whole, or moved, with the base beside it, predicted from inside it or
+    from above it. `record`: the folder's ADAPTER_BASE_FILE."""
     given = record.get("given_as")
-    return given if isinstance(given, str) and not Path(given).is_absolute() and Path(given).is_dir() else None
+    if not isinstance(given, str) or Path(given).is_absolute():
+        return None
+    places = [Path(given), *(above / given for above in Path(folder).resolve().parents)]
+    return next((str(place) for place in places if place.is_dir()), None)
 
 
 def _as_trained(given: str | None, named: str | None) -> str | None:
