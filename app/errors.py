@@ -50,6 +50,20 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+APP_FOLDER = os.path.dirname(os.path.realpath(__file__))
+
+
+def reached_the_app(error: BaseException) -> bool:
+    """Whether an exception was raised in the app's own code or has come up into it, as a bug does on its way out. One
+    that a library raises and handles itself (pandas' KeyError as it adds a column) has not."""
+    frames = error.__traceback__
+    while frames is not None:
+        if os.path.realpath(frames.tb_frame.f_code.co_filename).startswith(APP_FOLDER + os.sep):
+            return True
+        frames = frames.tb_next
+    return False
+
+
 def counted(n: float, noun: str) -> str:
     """A count and its noun, in the plural unless the count is 1: "1 optimizer step", "4 optimizer steps", "0.5
     epochs", "2 processes"."""

@@ -53,7 +53,7 @@ from app.cli import (
     unknown_flag_advice,
 )
 from app.config import TrainConfig, refuse_empty_values
-from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, counted, first_line
+from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, counted, first_line, reached_the_app
 from app.host.device import device_type, launched_world_size
 from app.host.runtime import (
     another_process_ended,
@@ -501,11 +501,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def interrupted(interrupt: KeyboardInterrupt, ask_the_others: bool = False) -> TrainingHalted:
     """A signal's stop, one line, not a traceback. A bug that a signal cut short while it unwound (torchrun's SIGTERM
-    once another process ended of the same bug) keeps its traceback: the signal's line would hide it. `ask_the_others`:
-    said by the first process left to be stopped (the main process may be gone), not by the main process alone."""
+    once another process ended of the same bug) keeps its traceback: the signal's line would hide it. An exception
+    that a library handles itself is no bug: a Ctrl-C that landed in pandas' `except KeyError` as the predictions'
+    column was added gave a traceback. `ask_the_others`: said by the first process left to be stopped (the main
+    process may be gone), not by the main process alone."""
     cause = interrupt.__context__
     stops = (UsageError, TrainingHalted, KeyboardInterrupt)
-    if cause is not None and not isinstance(cause, stops) and not another_process_ended(cause):
+    if (
+        cause is not None
+        and not isinstance(cause, stops)
+        and reached_the_app(cause)
+        and not another_process_ended(cause)
+    ):
         raise interrupt
     code = 128 + (signal.SIGTERM if isinstance(interrupt, Terminated) else signal.SIGINT)
     return TrainingHalted(interrupted_line(interrupt), code, first_to_find_a_process_gone() if ask_the_others else None)

@@ -180,16 +180,29 @@ def test_a_signal_while_a_bug_unwinds_keeps_the_bugs_traceback():
     # torchrun's SIGTERM, once another process ended of the same bug, came while this one unwound its own: "stopped by
     # SIGTERM" took the place of the bug's traceback.
     from app.errors import TrainingHalted
-    from app.predict import Terminated, interrupted
+    from app.predict import Terminated, interrupted, non_finite_rows
 
     try:
         try:
-            raise ValueError("a bug")
-        except ValueError:
+            non_finite_rows([0.5])  # a bug in the app's code: a list where a tensor belongs
+        except TypeError:
             raise Terminated from None  # `from None` hides the context from a traceback, not from __context__
     except Terminated as interrupt:
         with pytest.raises(Terminated):
             interrupted(interrupt)
+    # An exception that a library handles itself is no bug: a Ctrl-C that landed in pandas' `except KeyError`, as the
+    # predictions' column was added, gave a traceback and exit code 1.
+    try:
+        try:
+            pd.DataFrame({"text": ["Fine."]}).columns.get_loc("predicted_label")
+        except KeyError:
+            raise KeyboardInterrupt from None
+    except KeyboardInterrupt as interrupt:
+        try:
+            halt = interrupted(interrupt)
+        except KeyboardInterrupt:  # raised again, as for a bug: caught here, or it would stop pytest
+            halt = None
+        assert halt is not None and halt.exit_code == 130
     try:
         raise Terminated
     except Terminated as interrupt:
