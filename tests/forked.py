@@ -22,6 +22,7 @@ What it does not do, so where these matter a test starts a real interpreter (sub
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing
 import os
@@ -237,7 +238,9 @@ class ForkedProcess:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signum)
+            # As Popen's: the process may end between the poll and the kill (its reaper is the server, not this one).
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
