@@ -55,6 +55,7 @@ from app.cli import (
 from app.config import TrainConfig, refuse_empty_values
 from app.errors import NUMERIC_FAULT_EXIT_CODE, TrainingHalted, UsageError, counted, first_line, reached_the_app
 from app.host.device import device_type, launched_world_size
+from app.host.preemption import HANDLED, give_back
 from app.host.runtime import (
     another_process_ended,
     connect_accelerator,
@@ -467,16 +468,28 @@ class Terminated(KeyboardInterrupt):
     says one line, where the signal's default would end it at once, silently, a partial file left."""
 
 
-# The signals received, kept as well as raised: a raise that lands in a __del__ (while the model loads) is printed
-# and dropped by Python, and the run went on to write its file and exit 0; `raise_if_signalled` raises it again.
+# The signal received, kept as well as raised: a raise in a __del__ (as the model loads) was printed and dropped by
+# Python, and the run went on to write its file and exit 0; none is made there, and `raise_if_signalled` raises it.
 _received: list[int] = []
 
 
 def _on_signal(signum: int, frame) -> None:
-    if signum == signal.SIGTERM:  # once: a launcher passes one on, which must not cut the unwinding
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if _received:
+        # One stop, raised once: a signal more (Ctrl-C pressed again, a launcher passing one on) raised in the stop's
+        # unwinding, which it cut short (its line, the partial file's removal), or in a finalizer, with a traceback.
+        return
     _received.append(signum)
-    raise_if_signalled()
+    if not in_a_finalizer(frame):  # there Python prints the raise and drops it; the next check raises it
+        raise_if_signalled()
+
+
+def in_a_finalizer(frame) -> bool:
+    """Whether the frame runs inside a __del__, where an exception is printed ("Exception ignored in") and dropped."""
+    while frame is not None:
+        if frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def raise_if_signalled() -> None:
@@ -485,18 +498,25 @@ def raise_if_signalled() -> None:
         raise Terminated if _received[0] == signal.SIGTERM else KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, process_ends: bool = False) -> int:
+    """The predictions, in this process; the exit code. `process_ends`: the process exits once it returns
+    (app/predict.py run as a program), so that a signal from then on is ignored, not given back to the handlers it
+    found."""
     _received.clear()  # of an earlier call in this process
-    previous = {signum: signal.signal(signum, _on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, _on_signal) for signum in HANDLED}
     try:
-        return exit_code_of(lambda: _main(argv))
+        code = exit_code_of(lambda: _main(argv))
+        if code == 0:  # a signal since the last check, whose raise was not (as the bar's __del__ ran), stops it too
+            raise_if_signalled()
+        # Given back in the try too: a first signal that comes before they are is the stop's, said in its line.
+        give_back(previous, ignore=process_ends)
+        return code
     except KeyboardInterrupt as interrupt:  # before the model loads, or as the processes part
         halt = interrupted(interrupt)
         say_why(halt)
         return halt.exit_code
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        give_back(previous, ignore=process_ends)
 
 
 def interrupted(interrupt: KeyboardInterrupt, ask_the_others: bool = False) -> TrainingHalted:
@@ -540,7 +560,6 @@ def _main(argv: list[str] | None) -> int:
             try:
                 return predict_and_write(cfg, texts, accelerator, policy, notes)
             except KeyboardInterrupt as interrupt:  # torchrun's SIGTERM to each process left, when rank 0 may be gone
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)  # this stop is said: a second would cut its line short
                 raise interrupted(interrupt, ask_the_others=True) from None
             except Exception:
                 # Whatever stops the run, from its start: torchrun's SIGTERM once a process is gone would cut it short.
@@ -564,4 +583,4 @@ def another_process_ended_line(output_file: str | None) -> str:
 
 if __name__ == "__main__":
     ready_std_streams()
-    exit_process(main())
+    exit_process(main(process_ends=True))

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -417,13 +418,52 @@ def test_sigterm_while_predicting_is_one_line_and_exit_143_and_writes_nothing(tm
     assert [path.name for path in tmp_path.iterdir() if path.is_file()] == []
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # what Python swallowed, reported
+@pytest.mark.parametrize(
+    "phase, signum",
+    [
+        ("backend: ", signal.SIGINT),  # the model loads, then predicts
+        ("predicted ", signal.SIGINT),  # the file is written and renamed into place
+        ("predicted ", signal.SIGTERM),
+        ("predictions written", signal.SIGINT),  # the run's end, the process's
+    ],
+)
+def test_ctrl_c_pressed_again_and_again_leaves_one_line_and_the_file_whole(
+    tmp_path, trained, review_files, phase, signum
+):
+    # The handler raised on every Ctrl-C, and main gave the handlers back before the process ended: a Ctrl-C more raised
+    # in the stop's unwinding (killed by SIGINT, a KeyboardInterrupt traceback, no line), in tqdm's __del__ or atexit
+    # ("Exception ignored in ..."), or, for SIGTERM, killed the process (exit -15).
+    many = tmp_path / "many.csv"
+    pd.concat([pd.read_csv(review_files["validation"])] * 40).to_csv(many, index=False)
+    out = tmp_path / "out.csv"
+    out.write_text("kept\n")
+    cmd = [sys.executable, PREDICT, "--model_name_or_path", trained, "--input_file", many, "--output_file", out]
+    cmd += ["--overwrite_output_file", "--mixed_precision", "no", "--disable_tqdm"]
+    process = forked.popen(cmd, env=clean_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    watch = LineWatch(process)
+    try:
+        watch.wait_for(phase)
+        while process.poll() is None:
+            process.send_signal(signum)
+            time.sleep(0.002)
+        said = watch.finish(timeout=120)
+    finally:
+        process.kill()
+    after = said[said.index(phase) :].splitlines()[1:]
+    stop = "stopped by SIGINT (Ctrl-C)" if signum == signal.SIGINT else "stopped by SIGTERM"
+    stopped = [f"{stop}; an --output_file is written whole or not at all"]
+    # A signal once the handlers are let go, as the process ends, is ignored: the predictions are written by then.
+    assert (process.returncode, after) in [(128 + signum, stopped), (0, [])], said[-3000:]
+    assert out.read_text() == "kept\n" or len(pd.read_csv(out)) == 40 * 48, out.read_text()[-300:]
+    assert sorted(path.name for path in tmp_path.iterdir() if path.is_file()) == ["many.csv", "out.csv"]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_that_python_swallowed_still_stops_the_run_and_writes_nothing(
     tmp_path, trained, monkeypatch, capsys, signum
 ):
     # A signal's raise that lands in a __del__ (regex's, as the model loads) is printed and dropped by Python: the run
-    # went on, replaced the --output_file and exited 0.
+    # went on, replaced the --output_file and exited 0. The handler no longer raises there; the next check does.
     import app.predict
 
     class RaisesInItsDel:

@@ -102,7 +102,13 @@ class StopRequest:
         self.announce = False
 
     def restore(self, ignore: bool = False) -> None:
-        """Put the previous handlers back; safe to call more than once. `ignore`: ignore the signals instead, where the
-        process ends with the run."""
-        for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_IGN if ignore else handler)
+        """Put the previous handlers back; safe to call more than once. `ignore`: see give_back."""
+        give_back(self._previous, ignore)
+
+
+def give_back(previous: dict, ignore: bool = False) -> None:
+    """Put the handlers a run found back (signal number: handler). `ignore`: ignore the signals instead, where the
+    process ends with the run: given back to Python's handler, a Ctrl-C more was a KeyboardInterrupt in the process's
+    end (a finalizer, atexit) and a traceback after the stop's one line."""
+    for sig, handler in previous.items():
+        signal.signal(sig, signal.SIG_IGN if ignore else handler)
