@@ -5,6 +5,7 @@
 
 import os
 import re
+import traceback
 
 
 class UsageError(Exception):
@@ -56,12 +57,8 @@ APP_FOLDER = os.path.dirname(os.path.realpath(__file__))
 def reached_the_app(error: BaseException) -> bool:
     """Whether an exception was raised in the app's own code or has come up into it, as a bug does on its way out. One
     that a library raises and handles itself (pandas' KeyError as it adds a column) has not."""
-    frames = error.__traceback__
-    while frames is not None:
-        if os.path.realpath(frames.tb_frame.f_code.co_filename).startswith(APP_FOLDER + os.sep):
-            return True
-        frames = frames.tb_next
-    return False
+    frames = traceback.walk_tb(error.__traceback__)
+    return any(os.path.realpath(frame.f_code.co_filename).startswith(APP_FOLDER + os.sep) for frame, _ in frames)
 
 
 def counted(n: float, noun: str) -> str:

@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # `python app/predict.py` from a checkout, withou
 import dataclasses
 import math
 import time
+import traceback
 from dataclasses import dataclass
 from textwrap import shorten
 from typing import Literal, Optional
@@ -485,11 +486,8 @@ def _on_signal(signum: int, frame) -> None:
 
 def in_a_finalizer(frame) -> bool:
     """Whether the frame runs inside a __del__, where an exception is printed ("Exception ignored in") and dropped."""
-    while frame is not None:
-        if frame.f_code.co_name == "__del__":
-            return True
-        frame = frame.f_back
-    return False
+    # walk_stack(None) would walk from here instead
+    return frame is not None and any(outer.f_code.co_name == "__del__" for outer, _ in traceback.walk_stack(frame))
 
 
 def raise_if_signalled() -> None:

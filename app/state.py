@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # How each precision mode (amp/policy.py) is named where a run's steps are listed by the precision they ran in.
-STEP_PRECISIONS = {"no": "fp32", "fp16": "fp16 with loss scaling", "bf16": "bf16"}
+STEP_PRECISIONS = {
+    "no": "fp32",
+    "fp16": "fp16 with loss scaling",
+    "bf16": "bf16",
+    None: "a precision not recorded (an earlier version)",
+}
 
 
 @dataclass
@@ -43,7 +48,7 @@ class TrainState:
         """Count an optimizer step taken in precision `mode` (settled as applied or skipped later: record_outcome)."""
         self.opt_step += 1
         if not self.precisions or self.precisions[-1][1] != mode:
-            self.precisions = [*self.precisions, [self.opt_step, mode]]  # a new list: a resume's copy shares the old
+            self.precisions.append([self.opt_step, mode])
 
     def record_outcome(self, skipped: bool) -> None:
         """Settle a taken optimizer step as applied or skipped (the loop counted it in opt_step when it was taken)."""
@@ -63,10 +68,15 @@ class TrainState:
         """Whether any step ran with fp16's loss scaler (or in a precision not recorded), so could have been skipped."""
         return bool(self.skipped_steps) or any(mode in ("fp16", None) for *_, mode in self.precision_runs())
 
+    def said_outcome(self, skipped: str = "skipped") -> str:
+        """The steps' outcome: "(4 applied, 1 skipped)", or "(loss scaling off)" where none could be skipped."""
+        if not self.may_have_skipped():
+            return "(loss scaling off)"
+        return f"({self.applied_updates} applied, {self.skipped_steps} {skipped})"
+
     def said_precisions(self) -> str:
         """The steps by the precision they ran in: "fp16 with loss scaling for steps 1-4, then fp32 for steps 5-8"."""
         return ", then ".join(
-            f"{STEP_PRECISIONS.get(mode, 'a precision not recorded (an earlier version)')} for "
-            + (f"step {first}" if first == last else f"steps {first}-{last}")
+            f"{STEP_PRECISIONS[mode]} for " + (f"step {first}" if first == last else f"steps {first}-{last}")
             for first, last, mode in self.precision_runs()
         )

@@ -128,8 +128,8 @@ def fine_tune(
         resume_notes += seed_notes
         cfg, kept_notes = resumed_settings(cfg, recorded)
         cfg, logdir_notes = folders.resumed_logdir(cfg, resume.output_dir, resume.record)
-        kept_notes += logdir_notes
-        resume_notes += kept_notes + untracked_by_a_resume(cfg, recorded) + another_model_note(cfg, recorded)
+        resume_notes += kept_notes + logdir_notes
+        resume_notes += untracked_by_a_resume(cfg, recorded) + another_model_note(cfg, recorded)
     policy, resumed_notes = fallback.resumed_policy(policy, resume)  # a run that fell back continues in its precision
     notes = resumed_notes or notes  # the requested precision's notes no longer apply
     # ---- what runs: precision with its reason, backend, device ----------------------------------------------------

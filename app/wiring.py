@@ -16,6 +16,7 @@ diagnostics, the model card); every part below it is given what it needs, never 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import shlex
@@ -471,7 +472,7 @@ def build_training(
         prepare_folders()  # only now: a refusal or crash while loading leaves the folders as they were
         follow_the_schedule(schedule)  # for this run's length, which may not be the checkpoint's
         checkpoints.resumed = resume.path
-        state = TrainState(**vars(resume.record.state))
+        state = copy.deepcopy(resume.record.state)  # its lists too: the record stays as the checkpoint holds it
         accelerator.print(f"resumed from {resume.path} at optimizer step {state.opt_step}")
         notes = resume.record.resume_notes(policy.mode, scaler_state.toggled) + position.resume(state, resume.record)
         # The replaced line's curves go aside with its checkpoints, from where the lines part, and first.

@@ -50,13 +50,14 @@ def base_folder(folder: str, say, record: dict) -> str:
             )
         cfg = embedded_source(name) or TrainConfig(model_name_or_path=name)
     path, gguf_file = resolve_model_path(cfg)
-    if Path(path).is_absolute() and not Path(path).exists():
-        path = _copied_along(folder, record) or path  # its fingerprint is checked (check_same_base)
     if Path(path).is_absolute() and not Path(path).exists():  # else it would be looked up on the hub, by a path
-        raise UsageError(
-            f"{folder} holds adapters whose base folder {path} does not exist (moved or deleted): put the base back "
-            "there, or predict with the merged model (--save_merged_model writes it)"
-        )
+        found = _copied_along(folder, record)  # its fingerprint is checked (check_same_base)
+        if found is None:
+            raise UsageError(
+                f"{folder} holds adapters whose base folder {path} does not exist (moved or deleted): put the base "
+                "back there, or predict with the merged model (--save_merged_model writes it)"
+            )
+        path = found
     hub.before_looking_up(path)
     if gguf_file:
         target = gguf.converted_folder(path, gguf_file)

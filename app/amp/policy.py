@@ -101,11 +101,12 @@ def cpuinfo_has_native_bf16(machine: str, cpuinfo: str) -> bool:
 
 def cpus_features(cpuinfo: str) -> list[set[str]]:
     """Per CPU that /proc/cpuinfo's text lists, its features: an x86 CPU's `flags`, an Arm CPU's `Features`."""
-    return [
-        set(value.split())
-        for name, _, value in (line.partition(":") for line in cpuinfo.splitlines())
-        if name.strip() in ("flags", "Features")
-    ]
+    return [set(value.split()) for value in _cpuinfo_values(cpuinfo, ("flags", "Features"))]
+
+
+def _cpuinfo_values(cpuinfo: str, names: tuple[str, ...]) -> list[str]:
+    """The values of /proc/cpuinfo's lines named one of `names` (`model name : AMD EPYC`), one per CPU it lists."""
+    return [value for name, _, value in (line.partition(":") for line in cpuinfo.splitlines()) if name.strip() in names]
 
 
 def cpu_features() -> set[str]:
@@ -116,12 +117,8 @@ def cpu_features() -> set[str]:
 
 def cpu_model() -> str:
     """The CPU's model as lscpu names it on x86 (`model name`), else the machine's architecture."""
-    names = (
-        value.strip()
-        for name, _, value in (line.partition(":") for line in cpuinfo_text().splitlines())
-        if name.strip() == "model name"
-    )
-    return next(names, platform.processor() or platform.machine())
+    models = _cpuinfo_values(cpuinfo_text(), ("model name",))
+    return models[0].strip() if models else platform.processor() or platform.machine()
 
 
 def native_bf16_kinds(machine: str) -> tuple[str, ...]:
@@ -138,7 +135,7 @@ def cpuinfo_text() -> str:
     """/proc/cpuinfo, read once; empty where there is none (not Linux: macOS on Apple silicon has no features to read,
     so none is taken as native)."""
     try:
-        return Path("/proc/cpuinfo").read_text(encoding="utf-8")
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")  # a model name in another encoding
     except OSError:
         return ""
 

@@ -64,12 +64,7 @@ def write_model_card(
         **task.card(),
         "precision": _precision(policy, state),
         "processes": processes,
-        "optimizer steps": f"{state.opt_step} of {total_steps} "
-        + (
-            f"({state.applied_updates} applied, {state.skipped_steps} skipped for fp16 overflow)"
-            if state.may_have_skipped()
-            else "(loss scaling off)"
-        )
+        "optimizer steps": f"{state.opt_step} of {total_steps} {state.said_outcome('skipped for fp16 overflow')}"
         + (" - stopped early" if stopped else ""),
         "weights saved from": f"{saved_from}; {saved}",
     }

@@ -68,20 +68,20 @@ def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator) -> dict:
 def summary_table(
     wall_seconds: float, telemetry: Telemetry, state, final: dict[str, float], estimate: Footprint | None = None
 ) -> str:
-    # The first step of a run is warm-up, left out of throughput: a run of one step has nothing to measure.
-    samples_per_sec = (
-        f"{telemetry.samples_per_sec:.1f} (all ranks, warm-up and evaluation excluded)"
-        if telemetry.samples_per_sec is not None
-        else "n/a (fewer than 2 steps)"
-    )
-    peak_memory = (
-        f"{telemetry.peak_memory_gib:.2f} GiB ({telemetry.peak_memory_kind}, max over ranks)"
-        if telemetry.peak_memory_gib > 0
-        else "n/a (no step was logged)"
-    )
     if not telemetry.run_steps:  # a resume with nothing left to train
         samples_per_sec = f"n/a: no step trained in this run (it resumed at step {state.opt_step}, where training ends)"
         peak_memory = "n/a: no step trained in this run"
+    else:  # the first step of a run is warm-up, left out of throughput: a run of one step has nothing to measure
+        samples_per_sec = (
+            f"{telemetry.samples_per_sec:.1f} (all ranks, warm-up and evaluation excluded)"
+            if telemetry.samples_per_sec is not None
+            else "n/a (fewer than 2 steps)"
+        )
+        peak_memory = (
+            f"{telemetry.peak_memory_gib:.2f} GiB ({telemetry.peak_memory_kind}, max over ranks)"
+            if telemetry.peak_memory_gib > 0
+            else "n/a (no step was logged)"
+        )
     if telemetry.peak_memory_kind == "CPU RSS" and (high_water := high_water_mark_gib()):
         peak_memory += f"; high-water mark {high_water:.2f} GiB (the main process, loading and evaluation included)"
     if estimate:
@@ -100,11 +100,7 @@ def summary_table(
 def optimizer_steps_row(state) -> str:
     """The run's steps, applied and skipped, from its totals (an earlier process's, or before a fallback, count), and
     the precisions they ran in where there were several."""
-    steps = (
-        f"{state.opt_step} ({state.applied_updates} applied, {state.skipped_steps} skipped)"
-        if state.may_have_skipped()
-        else f"{state.opt_step} (loss scaling off)"  # nothing was skipped, nor could be
-    )
+    steps = f"{state.opt_step} {state.said_outcome()}"
     return steps + (f"; {state.said_precisions()}" if len(state.precision_runs()) > 1 else "")
 
 
