@@ -339,7 +339,8 @@ class Training:
 
     def write_hparams_row(self) -> None:
         """The run's row in TensorBoard's HPARAMS tab, at the step it reached."""
-        self.telemetry.write_hparams_row(self.state.opt_step, report.hparams(self.cfg, self.policy, self.accelerator))
+        row = report.hparams(self.cfg, self.policy, self.accelerator, self.state)
+        self.telemetry.write_hparams_row(self.state.opt_step, row)
 
     def close(self) -> None:
         self.telemetry.close()

@@ -179,6 +179,9 @@ def test_resumes_in_other_precisions_report_the_runs_steps_by_precision(tmp_path
     )
     saved = json.loads((tmp_path / "out" / "checkpoints" / "step-4" / "trainer_state.json").read_text())
     assert saved["state"]["precisions"] == [[1, "fp16"], [3, "no"]]
+    # HPARAMS showed the last command's precision alone: "no", loss scaling false.
+    row = tb.hparams_rows(tmp_path / "runs" / "test")[0]
+    assert (row["precision"], row["loss_scaling"]) == ("fp16 then no", "true")
 
 
 def test_steps_of_a_checkpoint_that_recorded_no_precision_are_said_unrecorded():

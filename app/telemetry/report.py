@@ -49,11 +49,13 @@ def scaler_note(policy: PrecisionPolicy) -> str:
     )
 
 
-def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator) -> dict:
-    """The columns of TensorBoard's HPARAMS tab, so AMP-on and AMP-off runs line up side by side."""
+def hparams(cfg: TrainConfig, policy: PrecisionPolicy, accelerator, state) -> dict:
+    """The columns of TensorBoard's HPARAMS tab, so AMP-on and AMP-off runs line up side by side. The precision is the
+    run's steps' (`state`): a run resumed in another one, or fallen back, shows both ("fp16 then no")."""
+    modes = [mode or "unrecorded" for *_, mode in state.precision_runs()] or [policy.mode]
     return {
-        "precision": policy.mode,
-        "loss_scaling": str(policy.scaler_enabled).lower(),  # a bool would be written as the number 0 or 1
+        "precision": " then ".join(modes),
+        "loss_scaling": str(state.may_have_skipped() if state.opt_step else policy.scaler_enabled).lower(),  # not 0/1
         "device": accelerator.device.type,
         "processes": accelerator.num_processes,
         "model": cfg.model_name_or_path or "all-MiniLM-L6-v2 (embedded)",
