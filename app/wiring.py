@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -462,7 +461,7 @@ def build_training(
         first_token_alone=first_token_alone,
         labels=class_names(inputs.task),
         batch_flags=list(batch_flags or (cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps)),
-        logdir_from_output=os.path.relpath(Path(cfg.logdir).resolve(), paths.output_dir.resolve()),
+        folders={"output_dir": str(paths.output_dir.resolve()), "logdir": str(Path(cfg.logdir).resolve())},
     )
     trainable = trainable_names(accelerator.unwrap_model(model)) if plan.adapters else None
     checkpoints = Checkpoints(accelerator, paths.output_dir, cfg.save_total_limit, record, position, trainable)

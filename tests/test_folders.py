@@ -503,3 +503,40 @@ def test_a_resume_from_another_working_directory_keeps_the_runs_curves_in_its_lo
         "the run's earlier steps; leave --logdir out to keep them in one TensorBoard run"
     ) in capsys.readouterr().out
     assert sorted(tb.scalars(elsewhere / "apart" / "r")[tags.TRAIN_LOSS]) == [3]
+
+
+def test_a_copy_s_resume_never_writes_in_the_original_s_curves_outside_the_project(
+    tmp_path, tiny_model_dir, review_files, monkeypatch, capsys
+):
+    # With --logdir outside the project, a copy's resume found the run's curves there, the original's, wrote its
+    # steps into them and moved the original's later points aside as a replaced line.
+    project, outside = tmp_path / "project", tmp_path / "tb"
+    project.mkdir()
+    flags = [*map(str, data_flags(tiny_model_dir, review_files)), "--max_length", "64", "--eval_steps", "0"]
+    flags += ["--save_steps", "1", "--run_name", "r", "--disable_tqdm", "--mixed_precision", "no"]
+    monkeypatch.chdir(project)
+    assert run_app([*flags, "--output_dir", "out", "--max_steps", "2", "--logdir", outside]) == 0
+    shutil.copytree(project, tmp_path / "copy")
+    before = folder_state(outside)
+    monkeypatch.chdir(tmp_path / "copy")
+    resume = [*flags, "--output_dir", "out", "--resume_from_checkpoint", "out/checkpoints/step-1", "--max_steps", "2"]
+    capsys.readouterr()
+    assert run_app([*resume, "--logdir", outside]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --output_dir out is a copy of {project / 'out'}, whose run writes its curves in {outside / 'r'}: this "
+        "resume would write over them; give another --logdir (or --run_name) for the copy's\n"
+    )
+    assert run_app(resume) == 0
+    assert (
+        f"note: out is a copy of {project / 'out'}: the curves of its earlier steps are the original's, in "
+        f"{outside / 'r'}; this resume's go in runs/r"
+    ) in capsys.readouterr().out
+    assert folder_state(outside) == before
+    assert sorted(tb.scalars(tmp_path / "copy" / "runs" / "r")[tags.TRAIN_LOSS]) == [2]
+    # Moved, not copied: the curves outside are its own, and go on there.
+    shutil.rmtree(tmp_path / "copy")
+    project.rename(tmp_path / "moved")
+    monkeypatch.chdir(tmp_path / "moved")
+    assert run_app([*flags, "--output_dir", "out", "--resume_from_checkpoint", "latest", "--max_steps", "3"]) == 0
+    assert sorted(tb.scalars(outside / "r")[tags.TRAIN_LOSS]) == [2, 3]  # logged at each run's end
+    assert not (tmp_path / "moved" / "runs").exists()

@@ -62,9 +62,10 @@ class CheckpointRecord:
     # resume may have changed to keep the global batch (inputs/batch_shape.py): the next resume that gives them again
     # has nothing new to be told. None in checkpoints written before they were recorded.
     batch_flags: list[int] | None = None
-    # The run's --logdir from its output folder ("../runs"): a resume from another working directory, or of a project
-    # moved or copied whole, continues the curves there. None in checkpoints written before it was recorded.
-    logdir_from_output: str | None = None
+    # The run's output folder and --logdir, absolute, as they were when it was saved: a resume from another working
+    # directory, or of a project moved or copied whole, finds its curves from them (storage/folders.resumed_logdir).
+    # None in checkpoints written before they were recorded.
+    folders: dict | None = None
 
     @classmethod
     def read(cls, checkpoint: Path) -> CheckpointRecord:
@@ -86,7 +87,7 @@ class CheckpointRecord:
             saved.get("first_token_alone", False),
             saved.get("labels"),
             saved.get("batch_flags"),
-            saved.get("logdir_from_output"),
+            saved.get("folders"),
         )
 
     def write(self, checkpoint: Path) -> None:
@@ -153,7 +154,7 @@ _RECORD_VALUES: dict[str, dict[str, Kind]] = {
         "first_token_alone": _FLAG,
         "labels": _optional(_list_of(_TEXT)),
         "batch_flags": _optional(_TWO_POSITIVE),
-        "logdir_from_output": _optional(_TEXT),
+        "folders": _optional(_MAPPING),
     },
     "state.": {
         **dict.fromkeys(("epoch", "batches_in_epoch", "opt_step", "applied_updates", "skipped_steps"), _COUNT),

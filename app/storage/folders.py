@@ -496,21 +496,49 @@ def recorded_config(folder: Path) -> dict:
 
 
 def resumed_logdir(cfg: TrainConfig, output_dir: Path, record: CheckpointRecord) -> tuple[TrainConfig, list[str]]:
-    """The --logdir of a resume of the run in `output_dir`: the run's own, found from that folder as its checkpoint
-    records it, where the flag is at its default. From another working directory the default `runs` put the curves'
-    second part under that directory's runs/, apart from their first; a project moved or copied whole continues its
-    own. A --logdir given that is another is kept, and said to split the curves. Where the run's curves are not found
-    so (a checkpoint written before it was recorded, a --logdir outside a project since moved), the flag's."""
-    if record.logdir_from_output is None:
+    """The --logdir of a resume of the run in `output_dir`: the run's own, where the flag is at its default (from
+    another working directory the default `runs` put the curves' second part under that directory's runs/, apart from
+    their first). A --logdir given that is another is kept, and said to split the curves.
+
+    The run's own, from the folders its checkpoint records (`record.folders`): from the same output folder, its
+    --logdir; from a project moved or copied whole, the --logdir at the same place beside it; a --logdir outside the
+    project stays the run's where the project moved, but not where it was copied: the original, still there, writes
+    in it, and a copy's resume would take its curves over."""
+    if not record.folders:  # a checkpoint written before they were recorded
         return cfg, []
-    ran_in = os.path.normpath(output_dir.resolve() / record.logdir_from_output)
-    if Path(cfg.logdir).resolve() == Path(ran_in) or not (Path(ran_in) / record.run_name).is_dir():
+    saved_in, logdir = Path(record.folders["output_dir"]), Path(record.folders["logdir"])
+    beside = Path(os.path.normpath(output_dir.resolve() / os.path.relpath(logdir, saved_in)))
+    if output_dir.resolve() == saved_in or beside != logdir:  # the same folder, or a --logdir that moved with it
+        ran_in = beside
+    elif not saved_in.exists():  # moved, with its --logdir outside
+        ran_in = logdir
+    else:  # copied, and the original writes in that --logdir: its curves are the original's
+        return cfg, copied_runs_curves(cfg, saved_in, logdir / record.run_name, output_dir)
+    if Path(cfg.logdir).resolve() == ran_in or not (ran_in / record.run_name).is_dir():
         return cfg, []
     if cfg.logdir == TrainConfig.defaults()["logdir"]:
-        return dataclasses.replace(cfg, logdir=ran_in), []
+        return dataclasses.replace(cfg, logdir=str(ran_in)), []
     return cfg, [
         f"note: --logdir {cfg.logdir} is not the run's ({ran_in}): the curves of this resume go there, apart from the "
         "run's earlier steps; leave --logdir out to keep them in one TensorBoard run"
+    ]
+
+
+def copied_runs_curves(cfg: TrainConfig, original: Path, curves: Path, output_dir: Path) -> list[str]:
+    """A resume of a copy of the output folder `original`, whose run's `curves` lie outside the project, in a --logdir
+    the original writes in: refused where this resume would write there too (it would move the original's later
+    points aside as a replaced line), else a note that the copy's curves start apart."""
+    if not curves.is_dir():
+        return []
+    goes_to = Path(cfg.logdir) / (cfg.run_name or curves.name)
+    if goes_to.resolve() == curves:
+        raise UsageError(
+            f"--output_dir {output_dir} is a copy of {original}, whose run writes its curves in {curves}: this resume "
+            "would write over them; give another --logdir (or --run_name) for the copy's"
+        )
+    return [
+        f"note: {output_dir} is a copy of {original}: the curves of its earlier steps are the original's, in {curves}; "
+        f"this resume's go in {goes_to}"
     ]
 
 
