@@ -19,7 +19,7 @@ import torch
 import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from app.storage.checkpoints import STATE_FILE
 from app.telemetry import tags
@@ -818,6 +818,10 @@ def test_predict_finds_the_relative_base_of_a_moved_project_from_above_it(
     capsys.readouterr()
     assert predict(["Fresh coffee.", "--model_name_or_path", "moved/out", "--mixed_precision", "no"]) == 0
     assert pd.read_csv(io.StringIO(capsys.readouterr().out))["text"].tolist() == ["Fresh coffee."]
+    # Another model of the base's name in the working directory: the one beside the adapters is theirs.
+    torch.manual_seed(7)
+    AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(tiny_model_dir)).save_pretrained("base")
+    assert predict(["Fresh coffee.", "--model_name_or_path", "moved/out", "--mixed_precision", "no"]) == 0
 
 
 def test_predict_merges_adapters_into_the_base_as_it_was_trained_the_same_model_as_merged(

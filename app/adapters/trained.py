@@ -67,13 +67,14 @@ def base_folder(folder: str, say, record: dict) -> str:
 
 
 def _copied_along(folder: str, record: dict) -> str | None:
-    """The base folder as training was given it, relative, found from this working directory, else from a folder
-    above the adapters' `folder`: a project copied whole, or moved, with the base beside it, predicted from inside it or
-    from above it. `record`: the folder's ADAPTER_BASE_FILE."""
+    """The base folder as training was given it, relative, found from a folder above the adapters' `folder`, nearest
+    first, else from this working directory: a project copied whole, or moved, with the base beside it, predicted from
+    inside it or from above it (where a folder of that name in the working directory may be another model).
+    `record`: the folder's ADAPTER_BASE_FILE."""
     given = record.get("given_as")
     if not isinstance(given, str) or Path(given).is_absolute():
         return None
-    places = [Path(given), *(above / given for above in Path(folder).resolve().parents)]
+    places = [*(above / given for above in Path(folder).resolve().parents), Path(given)]
     return next((str(place) for place in places if place.is_dir()), None)
 
 
