@@ -88,7 +88,7 @@ def counted(model: torch.nn.Module, batch: dict) -> float:
     return counter.get_total_flops()
 
 
-def with_adapters(model: torch.nn.Module) -> torch.nn.Module:
+def with_adapters(model: torch.nn.Module, **flags) -> torch.nn.Module:
     """The adapters --use_peft puts on the model, with peft's own forward: torch's counter does not count the in-place
     product of the app's (adapters/forward.py), which computes the same."""
     from peft import get_peft_model
@@ -96,7 +96,7 @@ def with_adapters(model: torch.nn.Module) -> torch.nn.Module:
     from app.adapters.lora import plan_adapters
     from app.config import TrainConfig
 
-    plan = plan_adapters(TrainConfig(use_peft=True, lora_dropout=0.0), model, [], classifier=False)
+    plan = plan_adapters(TrainConfig(use_peft=True, lora_dropout=0.0, **flags), model, [], classifier=False)
     return get_peft_model(model, plan.lora_config("causal_lm"))
 
 
@@ -117,4 +117,15 @@ def test_the_flops_estimate_counts_the_lm_head_where_it_runs_and_frozen_weights_
     attention = 6 * 4 * 32 * 8 * tokens  # causal, 4 layers, hidden 32, 8 tokens: torch's counter leaves it out on a CPU
     # Within 3%: the app counts the frozen weights of a LoRA run's first layer at 4 FLOPs, though their input needs
     # no gradient (2.5% here), and norms' weights as matmuls'. The code before counted 0.75x to 1.46x.
+    assert estimated - attention == pytest.approx(counted(model, batch), rel=0.03)
+
+
+def test_a_head_trained_in_full_beside_adapters_is_counted_once():
+    # peft keeps the head it copies for --lora_modules_to_save beside the copy: both were counted (4 + 6 FLOPs per
+    # weight per position), though only the copy runs (6).
+    model = with_adapters(tiny_llama(tie=False), lora_modules_to_save=["lm_head"])
+    batch = lm_batch(8)
+    tokens = batch["input_ids"].numel()
+    estimated = training_flops(model).of(tokens, len(batch["input_ids"]), head_positions(batch))
+    attention = 6 * 4 * 32 * 8 * tokens
     assert estimated - attention == pytest.approx(counted(model, batch), rel=0.03)

@@ -85,10 +85,12 @@ def training_flops(model: torch.nn.Module) -> TrainingFlops | None:
     layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
     if not (layers and hidden):
         return None
+    # peft's copy of a module to train in full (--lora_modules_to_save) keeps the module it copied, which never runs
+    idle = {id(p) for name, p in model.named_parameters() if ".original_module." in f".{name}."}
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head = {id(p): p for p in output.parameters()} if output is not None else {}
+    head = {id(p): p for p in output.parameters() if id(p) not in idle} if output is not None else {}
     lookups = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    apart = lookups | head.keys()  # lookups cost no FLOPs; a tied head's weight is an embedding's
+    apart = lookups | head.keys() | idle  # lookups cost no FLOPs; a tied head's weight is an embedding's
     body = matmul_flops(p for p in model.parameters() if id(p) not in apart)
     causal = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
     attention = 6 if causal else 12
