@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import platform
 import shlex
@@ -133,8 +134,11 @@ def largest_deviation(reference: dict[int, float], other: dict[int, float]) -> f
 
 
 def _deviation(base: dict, run: dict) -> str:
-    value = largest_deviation(base["curves"].get(tags.TRAIN_LOSS, {}), run["curves"].get(tags.TRAIN_LOSS, {}))
-    return "no common logged steps" if value != value else f"{value:.2e}"  # NaN: nothing to compare
+    reference, other = base["curves"].get(tags.TRAIN_LOSS, {}), run["curves"].get(tags.TRAIN_LOSS, {})
+    if not reference.keys() & other.keys():
+        return "no common logged steps"
+    value = largest_deviation(reference, other)
+    return f"{value:.2e}" if math.isfinite(value) else "not finite (a loss was inf or nan)"
 
 
 def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
@@ -181,8 +185,9 @@ def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:
             )
         text += f" Likely cause: {likely_cause(native)}."
     if skipped:  # samples/s counts a skipped step's batches as any other's: the skips cost updates, not speed
+        fewer = "no update at all" if skipped >= steps else "fewer updates"
         text += (
-            f" Note: the scaler skipped {skipped:.0f} of {steps} steps, so fp16 trained with fewer updates (a matter "
+            f" Note: the scaler skipped {skipped:.0f} of {steps} steps, so fp16 trained with {fewer} (a matter "
             "of quality, not speed); watch amp/loss_scale."
         )
     if fp16["preflight"] and fp16["preflight"].lstrip().startswith("warning"):

@@ -160,3 +160,15 @@ def test_an_fp16_run_that_fell_back_is_reported_as_such(quick_args, overflow_mod
         if row.startswith("| ")
     }
     assert rows["skipped steps"] == rows["final loss scale"] == "off", rows
+
+
+def test_a_loss_that_is_not_finite_and_steps_all_skipped_are_said_so():
+    # "no common logged steps" where both runs logged the same steps and fp16's losses were nan; "fewer updates"
+    # where fp16 made none.
+    base, fp16 = synthetic(10), synthetic(5, skipped=10)
+    base["curves"] = {tags.TRAIN_LOSS: {5: 0.7, 10: 0.6}}
+    fp16["curves"] = {tags.TRAIN_LOSS: {5: float("nan"), 10: float("nan")}}
+    assert compare_amp._deviation(base, fp16) == "not finite (a loss was inf or nan)"
+    assert compare_amp._deviation(base, {"curves": {tags.TRAIN_LOSS: {7: 0.5}}}) == "no common logged steps"
+    said = compare_amp.verdict({"no": base, "fp16": fp16}, NO_NATIVE)
+    assert "the scaler skipped 10 of 10 steps, so fp16 trained with no update at all" in said, said
