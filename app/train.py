@@ -22,6 +22,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # `python app/train.py` from a checkout, without installing the project
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __name__ == "__main__":  # a stop while the libraries import is one line too
+    from app.host.starting import stop_at_once_while_starting
+
+    stop_at_once_while_starting()
 
 import contextlib
 import dataclasses

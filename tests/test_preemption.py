@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,6 +206,35 @@ def test_a_user_s_own_accelerate_use_cpu_is_not_taken_for_the_launcher(monkeypat
         assert stop.training_line() == "training: SIGTERM or Ctrl-C saves a checkpoint, then stops"
     finally:
         stop.restore()
+
+
+def catches_sigterm(pid: int) -> bool:
+    """Whether the process has a handler of its own for SIGTERM (Python installs none by itself)."""
+    caught = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.parametrize("script", ["train.py", "predict.py"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_libraries_import_is_one_line(tmp_path, script, signum):
+    # A Ctrl-C in the first seconds, as torch and transformers import, was a KeyboardInterrupt traceback from
+    # importlib, and a SIGTERM ended the process without a word (-15).
+    child = subprocess.Popen(
+        [sys.executable, ROOT / "app" / script, "--model_name_or_path", tmp_path / "none"],
+        env=clean_env(tmp_path),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not catches_sigterm(child.pid) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    child.send_signal(signum)
+    _, err = child.communicate(timeout=60)
+    name = signal.Signals(signum).name
+    assert (child.returncode, err) == (
+        128 + signum,
+        f"{name} received while starting: stopped before anything was read or written\n",
+    )
 
 
 def test_the_acknowledgement_under_accelerate_launch_says_a_second_ctrl_c_kills_at_once(monkeypatch, capfd):
