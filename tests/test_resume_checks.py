@@ -590,7 +590,8 @@ def test_a_resume_in_another_precision_replaces_the_runs_hparams_row(finished, t
     resumed[resumed.index("--mixed_precision") + 1] = "bf16"
     assert run_app(resumed) == 0
     rows = tb.hparams_rows(run_dir)
-    assert [(row["precision"], row["loss_scaling"]) for row in rows] == [("bf16", "false")]
+    # One row, the run's: steps 1-2 ran in fp32, the rest in bf16.
+    assert [(row["precision"], row["loss_scaling"]) for row in rows] == [("no then bf16", "false")]
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2, "the earlier run's file kept, less its row"
 
 
