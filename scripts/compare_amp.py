@@ -135,10 +135,12 @@ def largest_deviation(reference: dict[int, float], other: dict[int, float]) -> f
 
 def _deviation(base: dict, run: dict) -> str:
     reference, other = base["curves"].get(tags.TRAIN_LOSS, {}), run["curves"].get(tags.TRAIN_LOSS, {})
-    if not reference.keys() & other.keys():
+    common = reference.keys() & other.keys()
+    if not common:
         return "no common logged steps"
-    value = largest_deviation(reference, other)
-    return f"{value:.2e}" if math.isfinite(value) else "not finite (a loss was inf or nan)"
+    if not all(math.isfinite(reference[step]) and math.isfinite(other[step]) for step in common):
+        return "not finite (a loss was inf or nan)"  # max() would skip a nan that is not first
+    return f"{largest_deviation(reference, other):.2e}"
 
 
 def verdict(runs: dict[str, dict], native: dict[str, str | None]) -> str:

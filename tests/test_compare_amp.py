@@ -169,6 +169,8 @@ def test_a_loss_that_is_not_finite_and_steps_all_skipped_are_said_so():
     base["curves"] = {tags.TRAIN_LOSS: {5: 0.7, 10: 0.6}}
     fp16["curves"] = {tags.TRAIN_LOSS: {5: float("nan"), 10: float("nan")}}
     assert compare_amp._deviation(base, fp16) == "not finite (a loss was inf or nan)"
+    fp16["curves"] = {tags.TRAIN_LOSS: {5: float("nan"), 10: 0.6}}  # one nan among finite losses: max() skipped it
+    assert compare_amp._deviation(base, fp16) == "not finite (a loss was inf or nan)"
     assert compare_amp._deviation(base, {"curves": {tags.TRAIN_LOSS: {7: 0.5}}}) == "no common logged steps"
     said = compare_amp.verdict({"no": base, "fp16": fp16}, NO_NATIVE)
     assert "the scaler skipped 10 of 10 steps, so fp16 trained with no update at all" in said, said
