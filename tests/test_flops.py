@@ -120,10 +120,13 @@ def test_the_flops_estimate_counts_the_lm_head_where_it_runs_and_frozen_weights_
     assert estimated - attention == pytest.approx(counted(model, batch), rel=0.03)
 
 
-def test_a_head_trained_in_full_beside_adapters_is_counted_once():
-    # peft keeps the head it copies for --lora_modules_to_save beside the copy: both were counted (4 + 6 FLOPs per
-    # weight per position), though only the copy runs (6).
-    model = with_adapters(tiny_llama(tie=False), lora_modules_to_save=["lm_head"])
+@pytest.mark.parametrize("copied", ["lm_head", "embed_tokens"])
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_a_module_trained_in_full_beside_adapters_is_counted_as_it_runs(tie, copied):
+    # peft keeps the module it copies for --lora_modules_to_save beside the copy: a copied head was counted twice (4 + 6
+    # FLOPs per weight per position), though only the copy runs (6); and a tied head left out with a copied embedding,
+    # whose original it still runs on.
+    model = with_adapters(tiny_llama(tie), lora_modules_to_save=[copied])
     batch = lm_batch(8)
     tokens = batch["input_ids"].numel()
     estimated = training_flops(model).of(tokens, len(batch["input_ids"]), head_positions(batch))

@@ -85,11 +85,17 @@ def training_flops(model: torch.nn.Module) -> TrainingFlops | None:
     layers, hidden = getattr(config, "num_hidden_layers", None), getattr(config, "hidden_size", None)
     if not (layers and hidden):
         return None
-    # peft's copy of a module to train in full (--lora_modules_to_save) keeps the module it copied, which never runs
-    idle = {id(p) for name, p in model.named_parameters() if ".original_module." in f".{name}."}
+    # peft's copy of a module to train in full (--lora_modules_to_save) keeps the module it copied, which runs no more;
+    # its weights are idle unless another module shares them (a head tied to a copied embedding still runs on them).
+    running = {
+        id(p) for name, p in model.named_parameters(remove_duplicate=False) if ".original_module." not in f".{name}."
+    }
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head = {id(p): p for p in output.parameters() if id(p) not in idle} if output is not None else {}
+    copied = getattr(output, "modules_to_save", None)  # a head copied to train in full: the copy runs
+    output = copied if copied is not None else output
+    head = {id(p): p for p in output.parameters()} if output is not None else {}
     lookups = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    idle = {id(p) for p in model.parameters()} - running
     apart = lookups | head.keys() | idle  # lookups cost no FLOPs; a tied head's weight is an embedding's
     body = matmul_flops(p for p in model.parameters() if id(p) not in apart)
     causal = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
