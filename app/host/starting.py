@@ -13,6 +13,7 @@ def stop_at_once_while_starting() -> None:
 
 
 def _stop_at_once(signum: int, frame) -> None:
-    name = signal.Signals(signum).name
-    os.write(2, f"{name} received while starting: stopped before anything was read or written\n".encode())
+    if os.environ.get("RANK", "0") == "0":  # one line for a launch of several processes, signalled together
+        name = signal.Signals(signum).name
+        os.write(2, f"{name} received while starting: stopped before anything was read or written\n".encode())
     os._exit(128 + signum)
