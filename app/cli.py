@@ -277,6 +277,12 @@ def check_names_this_locale_can_write(cfg=None, config: str | None = None, worki
     for name, value in named.items():
         if isinstance(value, str) and not value.isascii():
             raise UsageError(f"--{name} {_as_typed(value)!r} is not ASCII, and {locale}, or give an ASCII name")
+        # Recorded as it resolves: an ASCII link to a folder that is not ASCII would be recorded as bytes, unreadable.
+        if name in RECORDED_ABSOLUTE and isinstance(value, str) and not (resolved := absolute_if_here(value)).isascii():
+            raise UsageError(
+                f"--{name} {value} leads to {_as_typed(resolved)!r}, which is not ASCII, and {locale}, or give a "
+                "path that resolves to ASCII"
+            )
 
 
 def _as_typed(name: str) -> str:

@@ -98,6 +98,18 @@ def test_a_path_this_locale_cannot_name_is_one_line_before_any_work(tmp_path, ti
         "mode); run with PYTHONUTF8=1 or LC_ALL=C.UTF-8, or give an ASCII name\n"
     )
     assert not (tmp_path / "model").exists() and [path.name for path in tmp_path.iterdir()] in ([], ["hf_home"])
+    # An ASCII link to a folder that is not: recorded as it resolves, the bytes of "é" made a training_args.yaml that
+    # no later run could read back.
+    (tmp_path / "données").mkdir()
+    (tmp_path / "données" / "train.csv").write_text("text,label\ngreat,1\nbad,0\n", encoding="utf-8")
+    (tmp_path / "data").symlink_to(tmp_path / "données")
+    args = ["--train_file", "data/train.csv", "--output_dir", "out"]
+    done = subprocess.run([sys.executable, TRAIN_SCRIPT, *args], env=env, capture_output=True, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.decode("utf-8") == (
+        f"error: --train_file data/train.csv leads to '{tmp_path / 'données' / 'train.csv'}', which is not ASCII, and "
+        "this locale's file names are (LC_ALL=C without Python's UTF-8 mode); run with PYTHONUTF8=1 or "
+        "LC_ALL=C.UTF-8, or give a path that resolves to ASCII\n"
+    )
     # A working directory that is not ASCII: the run's records name it (its paths absolute), and its card could not
     # be written once the model was trained.
     (tmp_path / "café").mkdir()
