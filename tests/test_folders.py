@@ -489,13 +489,14 @@ def test_a_resume_from_another_working_directory_keeps_the_runs_curves_in_its_lo
     assert "note: --logdir" not in capsys.readouterr().out
     assert not (elsewhere / "runs").exists()
     assert sorted(tb.scalars(project / "runs" / "r")[tags.TRAIN_LOSS]) == [1, 2]
-    # A project copied whole continues its own curves, from any working directory; the original's are untouched.
+    # A project copied whole, resumed from its own folder, goes on in its own runs/; the original's are untouched.
     shutil.copytree(project, tmp_path / "copy")
     before = sorted(path.name for path in (project / "runs" / "r").iterdir())
-    copied = [*flags, "--output_dir", tmp_path / "copy" / "out", "--resume_from_checkpoint", "latest"]
-    assert run_app([*copied, "--max_steps", "3"]) == 0
+    monkeypatch.chdir(tmp_path / "copy")
+    assert run_app([*flags, "--output_dir", "out", "--resume_from_checkpoint", "latest", "--max_steps", "3"]) == 0
     assert sorted(path.name for path in (project / "runs" / "r").iterdir()) == before
     assert sorted(tb.scalars(tmp_path / "copy" / "runs" / "r")[tags.TRAIN_LOSS]) == [1, 2, 3]
+    monkeypatch.chdir(elsewhere)
     # A --logdir given that is not the run's: kept, and said.
     assert run_app([*resume, "--max_steps", "3", "--logdir", "apart"]) == 0
     assert (
@@ -509,34 +510,37 @@ def test_a_copy_s_resume_never_writes_in_the_original_s_curves_outside_the_proje
     tmp_path, tiny_model_dir, review_files, monkeypatch, capsys
 ):
     # With --logdir outside the project, a copy's resume found the run's curves there, the original's, wrote its
-    # steps into them and moved the original's later points aside as a replaced line.
+    # steps into them and moved the original's later points aside as a replaced line; at another depth, or beside
+    # another project's --logdir, it found and took over other runs' curves.
     project, outside = tmp_path / "project", tmp_path / "tb"
     project.mkdir()
     flags = [*map(str, data_flags(tiny_model_dir, review_files)), "--max_length", "64", "--eval_steps", "0"]
     flags += ["--save_steps", "1", "--run_name", "r", "--disable_tqdm", "--mixed_precision", "no"]
     monkeypatch.chdir(project)
     assert run_app([*flags, "--output_dir", "out", "--max_steps", "2", "--logdir", outside]) == 0
-    shutil.copytree(project, tmp_path / "copy")
+    copy = tmp_path / "deeper" / "copy"
+    shutil.copytree(project, copy)
     before = folder_state(outside)
-    monkeypatch.chdir(tmp_path / "copy")
+    monkeypatch.chdir(copy)
     resume = [*flags, "--output_dir", "out", "--resume_from_checkpoint", "out/checkpoints/step-1", "--max_steps", "2"]
     capsys.readouterr()
     assert run_app([*resume, "--logdir", outside]) == 2
     assert capsys.readouterr().err == (
-        f"error: --output_dir out is a copy of {project / 'out'}, whose run writes its curves in {outside / 'r'}: this "
-        "resume would write over them; give another --logdir (or --run_name) for the copy's\n"
+        f"error: --output_dir out holds a copy of the run in {project / 'out'}, whose curves in {outside / 'r'} this "
+        "resume would write over; give another --logdir (or --run_name) for this resume's\n"
     )
     assert run_app(resume) == 0
     assert (
-        f"note: out is a copy of {project / 'out'}: the curves of its earlier steps are the original's, in "
-        f"{outside / 'r'}; this resume's go in runs/r"
+        f"note: the curves of this run's earlier steps are in {outside / 'r'} (saved from {project / 'out'}); this "
+        f"resume's go in {copy / 'runs' / 'r'}"
     ) in capsys.readouterr().out
     assert folder_state(outside) == before
-    assert sorted(tb.scalars(tmp_path / "copy" / "runs" / "r")[tags.TRAIN_LOSS]) == [2]
-    # Moved, not copied: the curves outside are its own, and go on there.
-    shutil.rmtree(tmp_path / "copy")
+    assert sorted(tb.scalars(copy / "runs" / "r")[tags.TRAIN_LOSS]) == [2]
+    # Moved, not copied (no checkpoint of the run left where it was saved): its curves outside go on, if asked.
+    shutil.rmtree(tmp_path / "deeper")
     project.rename(tmp_path / "moved")
     monkeypatch.chdir(tmp_path / "moved")
-    assert run_app([*flags, "--output_dir", "out", "--resume_from_checkpoint", "latest", "--max_steps", "3"]) == 0
+    moved = [*flags, "--output_dir", "out", "--resume_from_checkpoint", "latest", "--logdir", outside]
+    assert run_app([*moved, "--max_steps", "3"]) == 0
     assert sorted(tb.scalars(outside / "r")[tags.TRAIN_LOSS]) == [2, 3]  # logged at each run's end
     assert not (tmp_path / "moved" / "runs").exists()

@@ -496,50 +496,55 @@ def recorded_config(folder: Path) -> dict:
 
 
 def resumed_logdir(cfg: TrainConfig, output_dir: Path, record: CheckpointRecord) -> tuple[TrainConfig, list[str]]:
-    """The --logdir of a resume of the run in `output_dir`: the run's own, where the flag is at its default (from
-    another working directory the default `runs` put the curves' second part under that directory's runs/, apart from
-    their first). A --logdir given that is another is kept, and said to split the curves.
+    """The --logdir of a resume of the run in `output_dir`, from the folders its checkpoint records (`record.folders`,
+    absolute, as they were when it was saved).
 
-    The run's own, from the folders its checkpoint records (`record.folders`): from the same output folder, its
-    --logdir; from a project moved or copied whole, the --logdir at the same place beside it; a --logdir outside the
-    project stays the run's where the project moved, but not where it was copied: the original, still there, writes
-    in it, and a copy's resume would take its curves over."""
+    Resumed in the folder that saved it, from any working directory: the run's own --logdir, where the flag is at its
+    default (the default `runs` of another working directory put the curves' second part there, apart from their
+    first); a --logdir given that is another is kept, and said to split the curves. Resumed in another folder (a
+    project moved or copied: the two cannot be told apart): the flag's, as given; one that would write into the curves
+    of a run still in the folder that saved the checkpoint (the original of a copy) is refused, as it would move that
+    run's later points aside; else, where the run's earlier curves lie elsewhere and did not come along, a note says
+    where.
+    """
     if not record.folders:  # a checkpoint written before they were recorded
         return cfg, []
-    saved_in, logdir = Path(record.folders["output_dir"]), Path(record.folders["logdir"])
-    beside = Path(os.path.normpath(output_dir.resolve() / os.path.relpath(logdir, saved_in)))
-    if output_dir.resolve() == saved_in or beside != logdir:  # the same folder, or a --logdir that moved with it
-        ran_in = beside
-    elif not saved_in.exists():  # moved, with its --logdir outside
-        ran_in = logdir
-    else:  # copied, and the original writes in that --logdir: its curves are the original's
-        return cfg, copied_runs_curves(cfg, saved_in, logdir / record.run_name, output_dir)
-    if Path(cfg.logdir).resolve() == ran_in or not (ran_in / record.run_name).is_dir():
-        return cfg, []
-    if cfg.logdir == TrainConfig.defaults()["logdir"]:
-        return dataclasses.replace(cfg, logdir=str(ran_in)), []
-    return cfg, [
-        f"note: --logdir {cfg.logdir} is not the run's ({ran_in}): the curves of this resume go there, apart from the "
-        "run's earlier steps; leave --logdir out to keep them in one TensorBoard run"
-    ]
-
-
-def copied_runs_curves(cfg: TrainConfig, original: Path, curves: Path, output_dir: Path) -> list[str]:
-    """A resume of a copy of the output folder `original`, whose run's `curves` lie outside the project, in a --logdir
-    the original writes in: refused where this resume would write there too (it would move the original's later
-    points aside as a replaced line), else a note that the copy's curves start apart."""
-    if not curves.is_dir():
-        return []
-    goes_to = Path(cfg.logdir) / (cfg.run_name or curves.name)
-    if goes_to.resolve() == curves:
+    saved_in, ran_in = Path(record.folders["output_dir"]), Path(record.folders["logdir"])
+    if cfg.output_dir and Path(cfg.output_dir).resolve() != output_dir.resolve():
+        return cfg, []  # a new run from the checkpoint, in a folder of its own
+    goes_to = Path(cfg.logdir).resolve() / record.run_name
+    if output_dir.resolve() == saved_in:
+        if Path(cfg.logdir).resolve() == ran_in or not (ran_in / record.run_name).is_dir():
+            return cfg, []
+        if cfg.logdir == TrainConfig.defaults()["logdir"]:
+            return dataclasses.replace(cfg, logdir=str(ran_in)), []
+        return cfg, [
+            f"note: --logdir {cfg.logdir} is not the run's ({ran_in}): the curves of this resume go there, apart from "
+            "the run's earlier steps; leave --logdir out to keep them in one TensorBoard run"
+        ]
+    earlier = ran_in / record.run_name
+    if goes_to == earlier and _holds_run(saved_in, record.run_name):
         raise UsageError(
-            f"--output_dir {output_dir} is a copy of {original}, whose run writes its curves in {curves}: this resume "
-            "would write over them; give another --logdir (or --run_name) for the copy's"
+            f"--output_dir {output_dir} holds a copy of the run in {saved_in}, whose curves in {earlier} this resume "
+            "would write over; give another --logdir (or --run_name) for this resume's"
         )
-    return [
-        f"note: {output_dir} is a copy of {original}: the curves of its earlier steps are the original's, in {curves}; "
-        f"this resume's go in {goes_to}"
-    ]
+    if goes_to != earlier and earlier.is_dir() and not goes_to.is_dir():  # not where a copy of them came along
+        return cfg, [
+            f"note: the curves of this run's earlier steps are in {earlier} (saved from {saved_in}); this resume's go "
+            f"in {goes_to}"
+        ]
+    return cfg, []
+
+
+def _holds_run(folder: Path, run_name: str) -> bool:
+    """Whether `folder` still holds a checkpoint of the run `run_name`: the original of a copy, not a folder moved away
+    (nor another run made at its old place)."""
+    for checkpoint in reversed(completed_checkpoints(folder / "checkpoints")):
+        try:
+            return CheckpointRecord.read(checkpoint).run_name == run_name
+        except (OSError, ValueError, KeyError):  # unreadable: the next older one
+            continue
+    return False
 
 
 def write_config(cfg: TrainConfig, folder: Path) -> None:
