@@ -818,9 +818,14 @@ def test_predict_finds_the_relative_base_of_a_moved_project_from_above_it(
     capsys.readouterr()
     assert predict(["Fresh coffee.", "--model_name_or_path", "moved/out", "--mixed_precision", "no"]) == 0
     assert pd.read_csv(io.StringIO(capsys.readouterr().out))["text"].tolist() == ["Fresh coffee."]
-    # Another model of the base's name in the working directory: the one beside the adapters is theirs.
+    # Another model of the base's name in the working directory: the one beside the adapters is theirs; and the other
+    # way round, another model beside them and theirs in the working directory.
     torch.manual_seed(7)
     AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(tiny_model_dir)).save_pretrained("base")
+    assert predict(["Fresh coffee.", "--model_name_or_path", "moved/out", "--mixed_precision", "no"]) == 0
+    (tmp_path / "base").rename(tmp_path / "other")
+    (tmp_path / "moved" / "base").rename(tmp_path / "base")
+    (tmp_path / "other").rename(tmp_path / "moved" / "base")
     assert predict(["Fresh coffee.", "--model_name_or_path", "moved/out", "--mixed_precision", "no"]) == 0
 
 

@@ -74,8 +74,12 @@ def _copied_along(folder: str, record: dict) -> str | None:
     given = record.get("given_as")
     if not isinstance(given, str) or Path(given).is_absolute():
         return None
-    places = [*(above / given for above in Path(folder).resolve().parents), Path(given)]
-    return next((str(place) for place in places if place.is_dir()), None)
+    places = [str(place) for place in (*(above / given for above in Path(folder).resolve().parents), Path(given))]
+    found = [place for place in places if Path(place).is_dir()]
+    # Of several, the one with the recorded fingerprint: another model of that name may stand nearer (check_same_base
+    # refuses the one returned where it differs).
+    recorded = record.get("fingerprint")
+    return next((place for place in found if fingerprint(place) == recorded), found[0] if found else None)
 
 
 def _as_trained(given: str | None, named: str | None) -> str | None:
