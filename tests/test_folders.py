@@ -520,21 +520,22 @@ def test_a_copy_s_resume_never_writes_in_the_original_s_curves_outside_the_proje
     assert run_app([*flags, "--output_dir", "out", "--max_steps", "2", "--logdir", outside]) == 0
     copy = tmp_path / "deeper" / "copy"
     shutil.copytree(project, copy)
-    before = folder_state(outside)
+    before = folder_state(outside / "r")
     monkeypatch.chdir(copy)
     resume = [*flags, "--output_dir", "out", "--resume_from_checkpoint", "out/checkpoints/step-1", "--max_steps", "2"]
     capsys.readouterr()
     assert run_app([*resume, "--logdir", outside]) == 2
     assert capsys.readouterr().err == (
-        f"error: --output_dir out holds a copy of the run in {project / 'out'}, whose curves in {outside / 'r'} this "
-        "resume would write over; give another --logdir (or --run_name) for this resume's\n"
+        f"error: TensorBoard run {outside / 'r'} holds the curves of the run in {project / 'out'}, not of this one in "
+        "out; pass another --logdir or --run_name for this run's\n"
     )
+    assert run_app([*resume, "--logdir", outside, "--run_name", "r2"]) == 0  # as it says
     assert run_app(resume) == 0
     assert (
         f"note: the curves of this run's earlier steps are in {outside / 'r'} (saved from {project / 'out'}); this "
         f"resume's go in {copy / 'runs' / 'r'}"
     ) in capsys.readouterr().out
-    assert folder_state(outside) == before
+    assert folder_state(outside / "r") == before  # the original's curves, untouched
     assert sorted(tb.scalars(copy / "runs" / "r")[tags.TRAIN_LOSS]) == [2]
     # Moved, not copied (no checkpoint of the run left where it was saved): its curves outside go on, if asked.
     shutil.rmtree(tmp_path / "deeper")
@@ -544,3 +545,14 @@ def test_a_copy_s_resume_never_writes_in_the_original_s_curves_outside_the_proje
     assert run_app([*moved, "--max_steps", "3"]) == 0
     assert sorted(tb.scalars(outside / "r")[tags.TRAIN_LOSS]) == [2, 3]  # logged at each run's end
     assert not (tmp_path / "moved" / "runs").exists()
+    # Another project's run of the same name where this resume is told to write: its curves are its own.
+    (tmp_path / "q").mkdir()
+    monkeypatch.chdir(tmp_path / "q")
+    assert run_app([*flags, "--output_dir", "out", "--max_steps", "2"]) == 0
+    into_q = [*flags, "--output_dir", tmp_path / "moved" / "out", "--resume_from_checkpoint", "latest"]
+    capsys.readouterr()
+    assert run_app([*into_q, "--logdir", "./runs", "--max_steps", "4"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: TensorBoard run runs/r holds the curves of the run in {tmp_path / 'q' / 'out'}, not of this one in "
+        f"{tmp_path / 'moved' / 'out'}; pass another --logdir or --run_name for this run's\n"
+    )

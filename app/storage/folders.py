@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import os
 import shutil
 import sys
@@ -43,6 +44,9 @@ CONFIG_FILE = "training_args.yaml"
 MERGED_FOLDER = "merged"  # the adapters merged into their base (--save_merged_model; storage/final_model.py)
 MODEL_CARD = "README.md"
 ADAPTER_BASE_FILE = "adapter_base.json"  # the base adapters were trained on: its name and fingerprint
+# In a TensorBoard run folder: the output folder of the run that writes there, and where that TensorBoard folder was
+# (check_log_dir_owner): a resume of another output folder must not write into a live run's curves.
+OWNER_FILE = "written_for.json"
 CARD_TAG = "amp-trainer"  # among the model card's tags (storage/model_card.py): a README.md that this app wrote
 
 # What save_pretrained writes at the top of a folder for a model, peft's adapters and a tokenizer, and the merged model.
@@ -208,6 +212,7 @@ def _claim(
         claims.claim(paths.log_dir, "TensorBoard run folder", "pass another --run_name")
         claimed.append(paths.log_dir)
         check_log_dir(paths, resuming=name == continued_name, overwrite=cfg.overwrite_output_dir)
+        check_log_dir_owner(paths)
     except Taken:
         for folder in claimed:
             claims.give_back(folder)
@@ -309,6 +314,25 @@ def check_log_dir(paths: RunPaths, resuming: bool, overwrite: bool = False) -> N
         )
 
 
+def check_log_dir_owner(paths: RunPaths) -> None:
+    """A TensorBoard run folder that holds the curves of a run in another output folder, still there, is not this
+    run's to write: a resume of a copy into the original's curves (a --logdir outside the project), or of a project
+    into another's of the same run name, moved that run's later points aside and replaced its HPARAMS row. A folder
+    copied or moved whole (it is not where it was stamped) is the copy's own; one whose output folder is gone (moved) is
+    taken over. Folders of runs written before the stamp have none: as before."""
+    try:
+        stamp = json.loads((paths.log_dir / OWNER_FILE).read_text(encoding="utf-8"))
+        owner, stamped_at = Path(stamp["output_dir"]), Path(stamp["log_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if stamped_at != paths.log_dir.resolve() or owner == paths.output_dir.resolve() or not owner.exists():
+        return
+    raise Taken(
+        f"TensorBoard run {paths.log_dir} holds the curves of the run in {owner}, not of this one in "
+        f"{paths.output_dir}; pass another --logdir or --run_name for this run's"
+    )
+
+
 def _make_folder(path: Path, flag: str) -> list[Path]:
     """Create `path` and its missing parents; return the ones created, outermost first. UsageError if it cannot."""
     missing, existing = [], path
@@ -356,6 +380,9 @@ def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
         try:
+            if folder == paths.log_dir:
+                stamp = {"output_dir": str(paths.output_dir.resolve()), "log_dir": str(folder.resolve())}
+                write_atomically(folder / OWNER_FILE, json.dumps(stamp))
             write_config(cfg, folder)
         except OSError as error:  # TensorBoard's copy on a full disk: its curves go too (telemetry/writer.py says so)
             if folder != paths.log_dir or not is_full_disk(error, folder, None):
@@ -502,19 +529,18 @@ def resumed_logdir(cfg: TrainConfig, output_dir: Path, record: CheckpointRecord)
     Resumed in the folder that saved it, from any working directory: the run's own --logdir, where the flag is at its
     default (the default `runs` of another working directory put the curves' second part there, apart from their
     first); a --logdir given that is another is kept, and said to split the curves. Resumed in another folder (a
-    project moved or copied: the two cannot be told apart): the flag's, as given; one that would write into the curves
-    of a run still in the folder that saved the checkpoint (the original of a copy) is refused, as it would move that
-    run's later points aside; else, where the run's earlier curves lie elsewhere and did not come along, a note says
-    where.
+    project moved or copied: the two cannot be told apart): the flag's, as given, with a note where the run's earlier
+    curves lie elsewhere and did not come along. Whose curves a TensorBoard folder holds is check_log_dir_owner's.
     """
     if not record.folders:  # a checkpoint written before they were recorded
         return cfg, []
     saved_in, ran_in = Path(record.folders["output_dir"]), Path(record.folders["logdir"])
     if cfg.output_dir and Path(cfg.output_dir).resolve() != output_dir.resolve():
         return cfg, []  # a new run from the checkpoint, in a folder of its own
-    goes_to = Path(cfg.logdir).resolve() / record.run_name
+    name = cfg.run_name or record.run_name
+    earlier, goes_to = ran_in / record.run_name, Path(cfg.logdir).resolve() / name
     if output_dir.resolve() == saved_in:
-        if Path(cfg.logdir).resolve() == ran_in or not (ran_in / record.run_name).is_dir():
+        if Path(cfg.logdir).resolve() == ran_in or not earlier.is_dir():
             return cfg, []
         if cfg.logdir == TrainConfig.defaults()["logdir"]:
             return dataclasses.replace(cfg, logdir=str(ran_in)), []
@@ -522,29 +548,12 @@ def resumed_logdir(cfg: TrainConfig, output_dir: Path, record: CheckpointRecord)
             f"note: --logdir {cfg.logdir} is not the run's ({ran_in}): the curves of this resume go there, apart from "
             "the run's earlier steps; leave --logdir out to keep them in one TensorBoard run"
         ]
-    earlier = ran_in / record.run_name
-    if goes_to == earlier and _holds_run(saved_in, record.run_name):
-        raise UsageError(
-            f"--output_dir {output_dir} holds a copy of the run in {saved_in}, whose curves in {earlier} this resume "
-            "would write over; give another --logdir (or --run_name) for this resume's"
-        )
     if goes_to != earlier and earlier.is_dir() and not goes_to.is_dir():  # not where a copy of them came along
         return cfg, [
             f"note: the curves of this run's earlier steps are in {earlier} (saved from {saved_in}); this resume's go "
             f"in {goes_to}"
         ]
     return cfg, []
-
-
-def _holds_run(folder: Path, run_name: str) -> bool:
-    """Whether `folder` still holds a checkpoint of the run `run_name`: the original of a copy, not a folder moved away
-    (nor another run made at its old place)."""
-    for checkpoint in reversed(completed_checkpoints(folder / "checkpoints")):
-        try:
-            return CheckpointRecord.read(checkpoint).run_name == run_name
-        except (OSError, ValueError, KeyError):  # unreadable: the next older one
-            continue
-    return False
 
 
 def write_config(cfg: TrainConfig, folder: Path) -> None:
