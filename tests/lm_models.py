@@ -94,24 +94,30 @@ def save_tiny_llama(path: Path, texts: list[str], dropout: float = 0.0) -> Path:
     return path
 
 
-def tiny_llama_config(tokenizer, tie_word_embeddings: bool = True, **options):
-    """The tests' tiny Llama (2 layers of width 32, grouped-query attention) for `tokenizer`'s vocabulary."""
+def tiny_llama_config(tokenizer=None, tie_word_embeddings: bool = True, **options):
+    """The tests' tiny Llama (2 layers of width 32, grouped-query attention) for `tokenizer`'s vocabulary; without a
+    tokenizer, 512 tokens and no special ones. `options` override any of it."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
+    special = (
+        {}
+        if tokenizer is None
+        else {
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        }
+    )
+    sizes = dict(
+        vocab_size=512 if tokenizer is None else len(tokenizer),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **options,
     )
+    return LlamaConfig(**{**sizes, **special, "tie_word_embeddings": tie_word_embeddings, **options})
 
 
 def save_tiny_gpt2(path: Path, texts: list[str], dropout: float = 0.1, positions: int = 256) -> Path:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from app.telemetry.flops import head_positions, peak_tflops, training_flops
+from tests import lm_models
 from tests.conftest import free_port
 
 
@@ -44,9 +45,7 @@ def one_process_group():
 
 def test_the_flops_estimate_reads_the_model_inside_ddps_wrapper(one_process_group):
     """DDP's wrapper has no config: perf/mfu_pct and its chart were missing from every multi-GPU run."""
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
-    )
+    config = lm_models.tiny_llama_config(vocab_size=64)
     model = LlamaForCausalLM(config)
     wrapped = torch.nn.parallel.DistributedDataParallel(model)
     bare, seen = training_flops(model), training_flops(wrapped)
@@ -56,15 +55,7 @@ def test_the_flops_estimate_reads_the_model_inside_ddps_wrapper(one_process_grou
 
 def tiny_llama(tie: bool) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        tie_word_embeddings=tie,
-    )
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(lm_models.tiny_llama_config(tie_word_embeddings=tie, num_hidden_layers=4))
 
 
 def lm_batch(labelled: int) -> dict:
