@@ -380,7 +380,8 @@ def say_why(halt: UsageError | TrainingHalted) -> None:
         return
     halt.said = True
     alone = launched_world_size() == 1  # a RANK left over in the shell: this process is the only one
-    says = getattr(halt, "says", None)  # a process lost, or a signal to each: the first process left to find it
+    # A process lost, or a signal to each process: said by the first process left to find it.
+    says = halt.says if isinstance(halt, TrainingHalted) else None
     if says if says is not None else alone or os.environ.get("RANK", "0") == "0":
         line = str(halt)
         if isinstance(halt, UsageError):  # with the --config file that set a flag it names, which was not typed

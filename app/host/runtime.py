@@ -67,10 +67,11 @@ def refuse_launcher_accumulation(steps: int) -> None:
 def connect_accelerator(**options) -> Accelerator:
     """An Accelerator with `options` that leaves precision to the app, once the launched processes form one job."""
     # Said only if the others are slow to come: processes started by hand (as srun does) connect at once.
-    waiting = threading.Timer(UNLAUNCHED_WAIT_S, print, [unlaunched_world_note()], {"file": sys.stderr, "flush": True})
-    if waiting.args[0]:
-        waiting.daemon = True
-        waiting.start()
+    note = unlaunched_world_note()
+    waiting = threading.Timer(UNLAUNCHED_WAIT_S, print, [note], {"file": sys.stderr, "flush": True})
+    waiting.daemon = True
+    if note:
+        waiting.start()  # cancel() below is a no-op on a timer never started
     try:
         accelerator = Accelerator(
             # The app autocasts and scales itself; Accelerate's AMP would override our autocast and scale again.

@@ -26,11 +26,11 @@ def resumed_shape(global_batch: int, num_processes: int, most_per_device: int) -
     """
     per_process, rest = divmod(global_batch, num_processes)
     if rest:
-        counts = ", ".join(str(n) for n in range(1, global_batch + 1) if global_batch % n == 0)
+        divisors = [n for n in range(1, global_batch + 1) if global_batch % n == 0]
         raise UsageError(
             f"--resume_from_checkpoint: the run trains {counted(global_batch, 'example')} per optimizer step, which "
-            f"{num_processes} processes cannot share equally; resume with {counts} "
-            f"{plural(global_batch, 'process')}"
+            f"{num_processes} processes cannot share equally; resume with {', '.join(map(str, divisors))} "
+            f"{plural(len(divisors), 'process')}"
         )
     per_device = max(n for n in range(1, min(most_per_device, per_process) + 1) if per_process % n == 0)
     return per_device, per_process // per_device

@@ -380,15 +380,17 @@ def prepare(paths: RunPaths, cfg: TrainConfig) -> None:
     for folder in (paths.output_dir, paths.log_dir):
         folder.mkdir(parents=True, exist_ok=True)
         try:
-            if folder == paths.log_dir:
+            write_config(cfg, folder)
+            if folder == paths.log_dir:  # whose curves these are: check_log_dir_owner
                 stamp = {"output_dir": str(paths.output_dir.resolve()), "log_dir": str(folder.resolve())}
                 write_atomically(folder / OWNER_FILE, json.dumps(stamp))
-            write_config(cfg, folder)
         except OSError as error:  # TensorBoard's copy on a full disk: its curves go too (telemetry/writer.py says so)
             if folder != paths.log_dir or not is_full_disk(error, folder, None):
                 raise
             print(
-                f"warning: the disk under {folder} is full: its copy of {CONFIG_FILE} was not written", file=sys.stderr
+                f"warning: the disk under {folder} is full: its copy of {CONFIG_FILE} or its {OWNER_FILE} was not "
+                "written",
+                file=sys.stderr,
             )
 
 
