@@ -58,7 +58,7 @@ class TrainState:
 
     def precision_runs(self) -> list[tuple[int, int, str | None]]:
         """Steps 1 to opt_step as runs of one precision: (first step, last step, mode), mode None where unrecorded."""
-        starts = [(first, mode) for first, mode in self.precisions if first <= self.opt_step]
+        starts = [(first, mode) for first, mode in self.precisions]  # none beyond opt_step: take_step adds them
         if self.opt_step and (not starts or starts[0][0] > 1):
             starts.insert(0, (1, None))
         ends = [first - 1 for first, _ in starts[1:]] + [self.opt_step]

@@ -74,12 +74,18 @@ def _copied_along(folder: str, record: dict) -> str | None:
     given = record.get("given_as")
     if not isinstance(given, str) or Path(given).is_absolute():
         return None
-    places = [str(place) for place in (*(above / given for above in Path(folder).resolve().parents), Path(given))]
-    found = [place for place in places if Path(place).is_dir()]
-    # Of several, the one with the recorded fingerprint: another model of that name may stand nearer (check_same_base
-    # refuses the one returned where it differs).
+    places = [*(above / given for above in Path(folder).resolve().parents), Path(given)]
+    found, seen = [], set()  # each folder once (the working directory may be one above the adapters), nearest first
+    for place in places:
+        if place.is_dir() and place.resolve() not in seen:
+            seen.add(place.resolve())
+            found.append(str(place))
     recorded = record.get("fingerprint")
-    return next((place for place in found if fingerprint(place) == recorded), found[0] if found else None)
+    if len(found) <= 1 or not isinstance(recorded, str):  # nothing to choose: check_same_base checks the one returned
+        return found[0] if found else None
+    # Of several, the one with the recorded fingerprint (hashing each reads its weights): another model of that name
+    # may stand nearer.
+    return next((place for place in found if fingerprint(place) == recorded), found[0])
 
 
 def _as_trained(given: str | None, named: str | None) -> str | None:

@@ -344,14 +344,13 @@ def _fit_to_trained_head(space: LabelSpace, id2label: dict[int, str], label_colu
     trained = tuple(id2label[i] for i in range(len(id2label)))
     if space.string_labels:
         missing = sorted(set(space.names) - set(trained))
-        unnamed = trained == tuple(f"LABEL_{i}" for i in range(len(trained)))  # transformers' names for class ids
-        if missing and unnamed and re.fullmatch(r"LABEL_\d+", missing[0]):  # an id's name, out of range
-            raise UsageError(
-                f"label {missing[0]!r} is out of range for the model's {len(trained)} labels ({trained[0]} to "
-                f"{trained[-1]}); fix the labels or start from a model without a trained classification head"
-            )
-        if missing and unnamed:  # a class's own name
-            raise UsageError(
+        if missing and trained == tuple(f"LABEL_{i}" for i in range(len(trained))):  # transformers' names for ids
+            if re.fullmatch(r"LABEL_\d+", missing[0]):  # an id's name, out of range
+                raise UsageError(
+                    f"label {missing[0]!r} is out of range for the model's {len(trained)} labels ({trained[0]} to "
+                    f"{trained[-1]}); fix the labels or start from a model without a trained classification head"
+                )
+            raise UsageError(  # a class's own name
                 f"label {missing[0]!r} names a class, but the model's head was trained on class ids 0 to "
                 f"{len(trained) - 1} without names ({trained[0]} to {trained[-1]}, as HF Trainer saves int labels): "
                 "write the labels as those ids, or start from a model without a trained classification head"
