@@ -184,10 +184,16 @@ def test_resumes_in_other_precisions_report_the_runs_steps_by_precision(tmp_path
     assert (row["precision"], row["loss_scaling"]) == ("fp16 then no", "true")
 
 
-def test_steps_of_a_checkpoint_that_recorded_no_precision_are_said_unrecorded():
+def test_steps_of_a_checkpoint_that_recorded_no_precision_are_said_unrecorded(tmp_path):
     from app.state import TrainState
+    from app.storage.checkpoints import STATE_FILE, CheckpointRecord
 
-    older = TrainState(opt_step=4, applied_updates=4)  # read from a checkpoint written before precisions were recorded
+    # A checkpoint written before precisions were recorded: its state has no such key.
+    CheckpointRecord("r", "no", 1, TrainState(opt_step=4, applied_updates=4)).write(tmp_path)
+    saved = json.loads((tmp_path / STATE_FILE).read_text())
+    del saved["state"]["precisions"]
+    (tmp_path / STATE_FILE).write_text(json.dumps(saved))
+    older = CheckpointRecord.read(tmp_path).state
     assert older.precision_runs() == [(1, 4, None)] and older.may_have_skipped()
     older.take_step("no")
     assert (
