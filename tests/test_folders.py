@@ -556,3 +556,25 @@ def test_a_copy_s_resume_never_writes_in_the_original_s_curves_outside_the_proje
         f"error: TensorBoard run runs/r holds the curves of the run in {tmp_path / 'q' / 'out'}, not of this one in "
         f"{tmp_path / 'moved' / 'out'}; pass another --logdir or --run_name for this run's\n"
     )
+
+
+@pytest.mark.parametrize("damage", ["empty", "a folder"])
+def test_a_damaged_owner_stamp_of_a_tensorboard_run_is_one_line_not_taken_as_absent(
+    tmp_path, quick_args, capsys, damage
+):
+    # Read as absent, an empty stamp let a copy's resume take the run's curves over (and restamp them its own); a
+    # folder of that name gave a traceback once the model had loaded.
+    assert run_app([*quick_args, "--max_steps", "2", "--save_steps", "2", "--eval_steps", "0"]) == 0
+    stamp = tmp_path / "runs" / "test" / "written_for.json"
+    stamp.unlink()
+    stamp.write_text("") if damage == "empty" else stamp.mkdir()
+    before = sorted(path.name for path in stamp.parent.iterdir())
+    capsys.readouterr()
+    resume = [*quick_args, "--max_steps", "3", "--eval_steps", "0", "--resume_from_checkpoint", "latest"]
+    assert run_app(resume) == 2
+    assert capsys.readouterr().err == (
+        f"error: {stamp} cannot be read (damaged, or not a file): it names the output folder whose run writes these "
+        f"curves; delete it if they are this run's ({tmp_path / 'out'}), or pass another --logdir or --run_name\n"
+    )
+    assert sorted(path.name for path in stamp.parent.iterdir()) == before  # nothing written there
+    assert stamp.is_dir() if damage == "a folder" else stamp.read_text() == ""  # the stamp not rewritten

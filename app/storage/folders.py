@@ -320,11 +320,18 @@ def check_log_dir_owner(paths: RunPaths) -> None:
     into another's of the same run name, moved that run's later points aside and replaced its HPARAMS row. A folder
     copied or moved whole (it is not where it was stamped) is the copy's own; one whose output folder is gone (moved) is
     taken over. Folders of runs written before the stamp have none: as before."""
-    try:
-        stamp = json.loads((paths.log_dir / OWNER_FILE).read_text(encoding="utf-8"))
-        owner, stamped_at = Path(stamp["output_dir"]), Path(stamp["log_dir"])
-    except (OSError, ValueError, KeyError, TypeError):
+    stamp_file = paths.log_dir / OWNER_FILE
+    if not stamp_file.exists() and not stamp_file.is_symlink():
         return
+    try:
+        stamp = json.loads(stamp_file.read_text(encoding="utf-8"))
+        owner, stamped_at = Path(stamp["output_dir"]), Path(stamp["log_dir"])
+    except (OSError, ValueError, KeyError, TypeError):  # not read as absent: a copy would take the curves over
+        raise Taken(
+            f"{stamp_file} cannot be read (damaged, or not a file): it names the output folder whose run writes "
+            f"these curves; delete it if they are this run's ({paths.output_dir}), or pass another --logdir or "
+            "--run_name"
+        ) from None
     if stamped_at != paths.log_dir.resolve() or owner == paths.output_dir.resolve() or not owner.exists():
         return
     raise Taken(
